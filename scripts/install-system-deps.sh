@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the tests and the demo need, only when something is missing.
+# mosquitto: the real broker the tests start on loopback; socat: pty pairs for serial tests;
+# gcc-arm-none-eabi: the Cortex-M4 firmware build; libsodium-dev: Ed25519 in the firmware tests;
+# systemd: systemd-analyze verify for the unit files.
+set -euo pipefail
+
+need=()
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+command -v socat >/dev/null 2>&1 || need+=(socat)
+command -v arm-none-eabi-gcc >/dev/null 2>&1 || need+=(gcc-arm-none-eabi)
+command -v g++ >/dev/null 2>&1 || need+=(g++)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+dpkg -s libsodium-dev >/dev/null 2>&1 || need+=(libsodium-dev)
+
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "Installing Debian packages: ${need[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then
+    sudo="sudo"
+  else
+    echo "error: need root (or sudo) to install ${need[*]}; install them and re-run." >&2
+    exit 1
+  fi
+fi
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
