@@ -1,0 +1,39 @@
+"""What the ticker hands the publisher: one calibrated (or honestly uncalibrated) period."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["CalibratedReading", "Quality"]
+
+
+class Quality(enum.StrEnum):
+    """Why a published value is or is not a model calibration; subscribers filter on these."""
+
+    OK = "ok"  # calibrated by the model from a valid window
+    WARMING_UP = "warming_up"  # fewer than N periods seen since start or since a long gap
+    GAP = "gap"  # the window holds a gap longer than the gap policy interpolates
+    MISSING_CHANNEL = "missing_channel"  # the sensor does not supply an input the model needs
+    NO_MODEL = "no_model"  # no valid model is loaded for this feature
+    OUT_OF_DOMAIN = "out_of_domain"  # inputs far outside the training data's range
+
+
+@dataclass(frozen=True, slots=True)
+class CalibratedReading:
+    """One closed period of one sensor and feature.
+
+    ``calibrated`` is None unless ``quality`` contains only ``Quality.OK`` (or the advisory
+    ``OUT_OF_DOMAIN``): the gateway never publishes a made-up calibration.
+    """
+
+    sensor_id: str
+    feature: str
+    period_start: float  # Unix seconds, UTC, start of the grid period
+    period_seconds: int
+    raw: float  # mean of the period's raw readings, in ``unit``
+    calibrated: float | None
+    unit: str
+    model_name: str | None
+    model_version: int | None
+    quality: tuple[Quality, ...]
