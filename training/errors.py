@@ -1,0 +1,17 @@
+"""One exception root for the training side, with subclasses by cause.
+
+Callers catch ``TrainingError`` for anything training raises on purpose; each subclass says which
+input to fix (a data file, a configuration, a model).
+"""
+
+from __future__ import annotations
+
+__all__ = ["DataError", "TrainingError"]
+
+
+class TrainingError(Exception):
+    """Root of every error the training code raises deliberately."""
+
+
+class DataError(TrainingError):
+    """Co-location data is missing, malformed or unusable; the message names the file and place."""

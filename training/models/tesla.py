@@ -1,0 +1,68 @@
+"""TESLA (AAAI 2025) as one configurable builder; the paper's ablations are options, not copies.
+
+Shapes: input [B, N] raw µg/m³ oldest first (or [B, N, C] with covariate channels), output [B, 1]
+µg/m³. Normalisation (a fixed input scale) is inside the graph so the FlatBuffer takes raw values.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import keras
+from pydantic import BaseModel, ConfigDict, Field
+
+from training.models.bins import BinKind, bin_count, membership_matrix
+from training.models.layers import (
+    BinnedEmbedding,
+    FeatureAggregator,
+    Projection,
+    Scale,
+    TokenLayerNorm,
+    TokenSelfAttention,
+)
+
+__all__ = ["TeslaConfig", "build_tesla"]
+
+
+class TeslaConfig(BaseModel):
+    """Hyper-parameters the paper leaves open; defaults chosen on validation data (see README)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["tesla"] = "tesla"
+    d_model: int = Field(default=16, ge=1, description="Token width d.")
+    heads: int = Field(default=4, ge=1, description="Attention heads; must divide d_model.")
+    residual: bool = Field(default=True, description="Residual connection around attention.")
+    bins: BinKind = Field(default="log", description="'log' (TESLA) or 'uniform' (ablation).")
+    use_global: bool = Field(default=True, description="Add the global view of the window.")
+    aggregator: Literal["linear", "ffn"] = Field(
+        default="linear", description="TESLA's feature-wise aggregator or a transformer FFN head."
+    )
+    ffn_width: int = Field(default=32, ge=1, description="Hidden width of the 'ffn' ablation.")
+
+
+def build_tesla(
+    config: TeslaConfig, window_length: int, channels: int, input_scale: float
+) -> keras.Model:
+    """Build the Keras model; ``input_scale`` divides raw inputs and multiplies the output."""
+    shape = (window_length,) if channels == 1 else (window_length, channels)
+    inputs = keras.Input(shape=shape, name="window")
+    scaled = Scale(1.0 / input_scale, name="normalise")(inputs)
+    membership = membership_matrix(window_length, config.bins)
+    tokens = BinnedEmbedding(
+        membership, config.d_model, channels, config.use_global, name="binned_embedding"
+    )(scaled)  # [B, z, d]
+    attended = TokenSelfAttention(config.d_model, config.heads, name="attention")(tokens)
+    if config.residual:
+        attended = keras.layers.Add(name="residual")([tokens, attended])
+    normalised = TokenLayerNorm(name="layer_norm")(attended)  # [B, z, d]
+    if config.aggregator == "linear":
+        output = FeatureAggregator(name="aggregator")(normalised)  # [B, 1]
+    else:
+        hidden = Projection(config.ffn_width, activation="relu", name="ffn_in")(normalised)
+        hidden = Projection(config.d_model, name="ffn_out")(hidden)
+        block = TokenLayerNorm(name="ffn_norm")(keras.layers.Add()([normalised, hidden]))
+        flat = keras.layers.Reshape((bin_count(window_length) * config.d_model,))(block)
+        output = Projection(1, name="head")(flat)
+    calibrated = Scale(input_scale, name="denormalise")(output)
+    return keras.Model(inputs, calibrated, name="tesla")

@@ -1,0 +1,275 @@
+"""Train one model on one (region, feature) with the paper's protocol and write a run directory.
+
+The run directory holds everything needed to reproduce, evaluate and export the model:
+``config.json``, ``model.keras``, ``history.json``, ``metrics.json`` and ``data.json``.
+Windows stream from :class:`training.data.WindowSet` (strided views of the gridded series), so
+memory grows with the raw series, not with N × windows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.manifest import DataSummary, ErrorMetrics, InputRange, TestMetrics
+from gateway.series import GapPolicy
+from training.data import (
+    CoLocationData,
+    WindowSet,
+    clean,
+    load_dataset,
+    paper_split,
+    to_grid,
+)
+from training.errors import DataError
+from training.metrics import LinearCalibration, error_metrics
+from training.models import ModelConfig, TeslaConfig, build_model
+
+__all__ = [
+    "PreparedData",
+    "RunResult",
+    "TrainConfig",
+    "WindowBatches",
+    "load_run",
+    "predict_windows",
+    "prepare_data",
+    "train",
+]
+
+PREDICT_CHUNK = 4096
+
+
+class TrainConfig(BaseModel):
+    """One training run; every field has the paper's value or a documented choice as default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset: str = Field(default="ispra-1min", description="Name in training.data's registry.")
+    data_path: Path | None = Field(default=None, description="Folder or file; default: shared.")
+    window_length: int = Field(default=360, ge=1, description="N, periods per window.")
+    max_interpolated_periods: int = Field(
+        default=30, ge=0, description="Gap policy: longest gap filled by interpolation."
+    )
+    channels: tuple[str, ...] = Field(
+        default=("raw",), description="Input channels: 'raw' first, then covariates like 'rh'."
+    )
+    model: ModelConfig = Field(default_factory=TeslaConfig)
+    epochs: int = Field(default=10, ge=1, description="Paper: 10.")
+    batch_size: int = Field(default=32, ge=1, description="Paper: 32.")
+    learning_rate: float = Field(default=1e-3, gt=0, description="Adam step size.")
+    early_stopping_patience: int = Field(default=3, ge=1)
+    seed: int = 0
+    max_train_windows: int | None = Field(
+        default=None, ge=1, description="Cap on training windows (random subset) for quick runs."
+    )
+    input_scale: float | None = Field(
+        default=None, gt=0, description="Divisor for inputs; default: 99th percentile of train raw."
+    )
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    data: CoLocationData
+    train: WindowSet
+    validation: WindowSet
+    test: WindowSet
+    summary: DataSummary
+    input_range: InputRange
+    policy: GapPolicy
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_dir: Path
+    model: keras.Model
+    validation: ErrorMetrics
+    test: TestMetrics
+    history: dict[str, list[float]]
+
+
+class WindowBatches(keras.utils.PyDataset):
+    """Batches gathered on demand from a WindowSet, reshuffled every epoch."""
+
+    def __init__(
+        self, windows: WindowSet, indices: npt.NDArray[np.int64], batch_size: int, seed: int
+    ) -> None:
+        super().__init__()
+        self.windows = windows
+        self.indices = indices.copy()
+        self.batch_size = batch_size
+        self.rng = np.random.default_rng(seed)
+        self.rng.shuffle(self.indices)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.indices) / self.batch_size)
+
+    def __getitem__(self, index: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        chosen = self.indices[index * self.batch_size : (index + 1) * self.batch_size]
+        return self.windows.gather(np.sort(chosen))
+
+    def on_epoch_end(self) -> None:
+        self.rng.shuffle(self.indices)
+
+
+def _input_range(windows: WindowSet) -> InputRange:
+    raw = np.asarray(windows.current_raw(), dtype=np.float64)
+    p = np.percentile(raw, [0, 1, 50, 99, 100])
+    return InputRange(min=p[0], p01=p[1], p50=p[2], p99=p[3], max=p[4])
+
+
+def prepare_data(config: TrainConfig) -> PreparedData:
+    """Load, clean, grid, split and window the data exactly as training and export see it."""
+    loaded = load_dataset(config.dataset, config.data_path)
+    cleaned, report = clean(loaded)
+    sensors = to_grid(cleaned)
+    split = paper_split(sorted(sensors))
+    policy = GapPolicy(max_interpolated_periods=config.max_interpolated_periods)
+
+    def windows(ids: tuple[str, ...]) -> WindowSet:
+        return WindowSet.build(
+            [sensors[i] for i in ids], config.window_length, policy, channels=config.channels
+        )
+
+    train_set = windows(split.train)
+    validation_set = windows((split.validation,))
+    test_set = windows((split.test,))
+    for label, window_set in (
+        ("train", train_set),
+        ("validation", validation_set),
+        ("test", test_set),
+    ):
+        if len(window_set) == 0:
+            raise DataError(
+                f"no valid {label} windows of N={config.window_length} in {config.dataset}: "
+                "use a shorter window or a longer max_interpolated_periods"
+            )
+    summary = DataSummary(
+        source=f"{config.dataset}:{loaded.source}",
+        target=loaded.target,
+        train_sensors=list(split.train),
+        validation_sensor=split.validation,
+        test_sensor=split.test,
+        rows_read=report.rows_read,
+        rows_dropped=dict(report.dropped),
+        sensors_dropped=list(report.sensors_dropped),
+        windows={
+            "train": len(train_set),
+            "validation": len(validation_set),
+            "test": len(test_set),
+        },
+        attribution=loaded.attribution,
+    )
+    return PreparedData(
+        data=cleaned,
+        train=train_set,
+        validation=validation_set,
+        test=test_set,
+        summary=summary,
+        input_range=_input_range(train_set),
+        policy=policy,
+    )
+
+
+def predict_windows(model: keras.Model, windows: WindowSet) -> npt.NDArray[np.float64]:
+    """Model output for every window, gathered in chunks to bound memory."""
+    outputs = []
+    for start in range(0, len(windows), PREDICT_CHUNK):
+        x, _ = windows.gather(np.arange(start, min(start + PREDICT_CHUNK, len(windows))))
+        outputs.append(np.asarray(model.predict(x, verbose=0, batch_size=1024)).reshape(-1))
+    return np.concatenate(outputs).astype(np.float64) if outputs else np.empty(0)
+
+
+def _test_metrics(
+    model: keras.Model, prepared: PreparedData, linear: LinearCalibration
+) -> TestMetrics:
+    target = prepared.test.targets()
+    current = prepared.test.current_raw()
+    return TestMetrics(
+        raw=error_metrics(current, target),
+        linear=error_metrics(linear.predict(current), target),
+        model=error_metrics(predict_windows(model, prepared.test), target),
+    )
+
+
+def _training_indices(config: TrainConfig, windows: WindowSet) -> npt.NDArray[np.int64]:
+    indices = np.arange(len(windows), dtype=np.int64)
+    if config.max_train_windows is not None and len(indices) > config.max_train_windows:
+        rng = np.random.default_rng(config.seed)
+        indices = np.sort(rng.choice(indices, config.max_train_windows, replace=False))
+    return indices
+
+
+def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") -> RunResult:
+    """Fit the configured model and write the run directory."""
+    keras.utils.set_random_seed(config.seed)
+    prepared = prepare_data(config)
+    input_scale = config.input_scale or max(1.0, prepared.input_range.p99)
+    model = build_model(config.model, config.window_length, len(config.channels), input_scale)
+    model.compile(optimizer=keras.optimizers.Adam(config.learning_rate), loss="mse")
+
+    validation_x, validation_y = prepared.validation.gather(np.arange(len(prepared.validation)))
+    history = model.fit(
+        WindowBatches(
+            prepared.train,
+            _training_indices(config, prepared.train),
+            config.batch_size,
+            config.seed,
+        ),
+        validation_data=(validation_x, validation_y),
+        epochs=config.epochs,
+        callbacks=[
+            keras.callbacks.EarlyStopping(
+                monitor="val_loss",
+                patience=config.early_stopping_patience,
+                restore_best_weights=True,
+            )
+        ],
+        verbose=verbose,
+    )
+    linear = LinearCalibration.fit(prepared.train.current_raw(), prepared.train.targets())
+    validation = error_metrics(predict_windows(model, prepared.validation), validation_y)
+    test = _test_metrics(model, prepared, linear)
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model.save(run_dir / "model.keras")
+    history_values = {k: [float(v) for v in vs] for k, vs in history.history.items()}
+    _write_json(run_dir / "config.json", config.model_dump(mode="json"))
+    _write_json(run_dir / "history.json", history_values)
+    _write_json(
+        run_dir / "metrics.json",
+        {
+            "validation": validation.model_dump(),
+            "test": test.model_dump(),
+            "linear": {"slope": linear.slope, "intercept": linear.intercept},
+            "input_scale": input_scale,
+            "parameters": int(model.count_params()),
+        },
+    )
+    _write_json(
+        run_dir / "data.json",
+        {
+            "summary": prepared.summary.model_dump(mode="json"),
+            "input_range": prepared.input_range.model_dump(),
+        },
+    )
+    return RunResult(run_dir, model, validation, test, history_values)
+
+
+def load_run(run_dir: Path) -> tuple[TrainConfig, keras.Model, dict[str, Any]]:
+    """Config, trained model and metrics of a finished run."""
+    config = TrainConfig.model_validate_json((run_dir / "config.json").read_text())
+    model = keras.models.load_model(run_dir / "model.keras")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    return config, model, metrics
+
+
+def _write_json(path: Path, payload: object) -> None:
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
