@@ -64,13 +64,19 @@ class ModelFile(_Strict):
     batch: Literal["dynamic", 1] = Field(
         description="'dynamic' for the gateway's batched graph; 1 for the fixed-shape device graph."
     )
+    activations: Literal["float32", "int8", "int16"] = Field(
+        default="float32",
+        description="Activation type; the device file is 8-bit weights with 16-bit activations.",
+    )
     ops: list[str] = Field(description="Builtin operators the graph uses, sorted.")
     tflm_arena_bytes: int | None = Field(
         default=None, description="TFLite Micro arena measured for this file, if it runs there."
     )
-    input_scale: float | None = Field(default=None, description="int8 input quantisation scale.")
+    input_scale: float | None = Field(default=None, description="Integer input quantisation scale.")
     input_zero_point: int | None = None
-    output_scale: float | None = Field(default=None, description="int8 output quantisation scale.")
+    output_scale: float | None = Field(
+        default=None, description="Integer output quantisation scale."
+    )
     output_zero_point: int | None = None
 
     @field_validator("path")

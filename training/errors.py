@@ -6,7 +6,7 @@ input to fix (a data file, a configuration, a model).
 
 from __future__ import annotations
 
-__all__ = ["DataError", "TrainingError"]
+__all__ = ["DataError", "ExportError", "ExportVerificationError", "TrainingError"]
 
 
 class TrainingError(Exception):
@@ -15,3 +15,11 @@ class TrainingError(Exception):
 
 class DataError(TrainingError):
     """Co-location data is missing, malformed or unusable; the message names the file and place."""
+
+
+class ExportError(TrainingError):
+    """A model could not be converted to a FlatBuffer."""
+
+
+class ExportVerificationError(ExportError):
+    """An exported FlatBuffer disagrees with the Keras model or does not run where it must."""

@@ -47,7 +47,8 @@ def read_graph(flatbuffer: bytes) -> Graph:
     tensors = subgraph.tensors
 
     def shape(index: int) -> tuple[int, ...]:
-        return tuple(int(v) for v in np.asarray(tensors[index].shape).tolist())
+        stored = tensors[index].shape
+        return () if stored is None else tuple(int(v) for v in np.asarray(stored).tolist())
 
     def constant(index: int) -> bool:
         buffer = model.buffers[tensors[index].buffer]

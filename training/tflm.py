@@ -7,7 +7,7 @@ too small can abort the interpreter, so the arena search runs in a child process
 
 from __future__ import annotations
 
-import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -22,6 +22,9 @@ from training.errors import ExportVerificationError
 __all__ = ["measure_arena", "run_tflm"]
 
 _GENEROUS_ARENA = 256 * 1024  # the nRF52840's whole RAM: anything that fits runs here
+_ALIGNMENT = 16
+_HEADROOM_STEPS = (1.0, 1.05, 1.1, 1.2, 1.3, 1.4, 1.6, 2.0)
+_ARENA_TOTAL = re.compile(r"Arena allocation total (\d+) bytes")
 
 
 def run_tflm(
@@ -40,54 +43,60 @@ def run_tflm(
     return np.stack(outputs)
 
 
-def _arena_works(flatbuffer: bytes, sample: npt.NDArray[np.generic], size: int) -> bool:
-    try:
-        interpreter = runtime.Interpreter.from_bytes(flatbuffer, arena_size=size)
-        interpreter.set_input(sample[None, ...], 0)
-        interpreter.invoke()
-    except RuntimeError:
-        return False
-    return True
-
-
-def _search_arena(flatbuffer: bytes, sample: npt.NDArray[np.generic]) -> int:
-    """Smallest arena (16-byte steps) with which the model allocates and invokes."""
-    low, high = 1024, _GENEROUS_ARENA
-    if not _arena_works(flatbuffer, sample, high):
-        raise ExportVerificationError(f"the model does not run in TFLite Micro with {high} bytes")
-    while high - low > 16:
-        middle = (low + high) // 2 // 16 * 16
-        if _arena_works(flatbuffer, sample, middle):
-            high = middle
-        else:
-            low = middle
-    return high
+def _child(mode: str, flatbuffer_path: Path, sample_path: Path, size: int) -> str:
+    completed = subprocess.run(  # noqa: S603 - our own interpreter and module, no shell
+        [sys.executable, "-m", "training.tflm", mode, str(flatbuffer_path), str(sample_path),
+         str(size)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )  # fmt: skip
+    if completed.returncode != 0:
+        raise ExportVerificationError(
+            f"TFLite Micro {mode} with a {size}-byte arena failed "
+            f"(exit {completed.returncode}): {completed.stderr[-400:]}"
+        )
+    return completed.stdout + completed.stderr
 
 
 def measure_arena(flatbuffer_path: Path, sample: npt.NDArray[np.generic]) -> int:
-    """Measure the minimal TFLite Micro arena in a child process (a failed probe may abort)."""
+    """Smallest arena (in 5-10 % steps above the recording allocator's total) that invokes.
+
+    The recorded total omits the interpreter's own bookkeeping, so the first size that really
+    allocates and invokes is what the device must reserve. Each run is a child process: an
+    interpreter given too little memory may abort.
+    """
     with tempfile.TemporaryDirectory() as scratch:
         sample_path = Path(scratch) / "sample.npy"
         np.save(sample_path, sample)
-        completed = subprocess.run(  # noqa: S603 - our own interpreter and module, no shell
-            [sys.executable, "-m", "training.tflm", str(flatbuffer_path), str(sample_path)],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=600,
-        )
-    lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
-    if completed.returncode != 0 or not lines:
-        raise ExportVerificationError(
-            f"arena measurement failed (exit {completed.returncode}): {completed.stderr[-500:]}"
-        )
-    return int(json.loads(lines[-1])["arena_bytes"])
+        report = _child("record", flatbuffer_path, sample_path, _GENEROUS_ARENA)
+        match = _ARENA_TOTAL.search(report)
+        if match is None:
+            raise ExportVerificationError(f"TFLite Micro reported no arena total: {report[-300:]}")
+        recorded = int(match.group(1))
+        for factor in _HEADROOM_STEPS:
+            size = int(recorded * factor + _ALIGNMENT - 1) // _ALIGNMENT * _ALIGNMENT
+            try:
+                _child("invoke", flatbuffer_path, sample_path, size)
+            except ExportVerificationError:
+                continue
+            return size
+    raise ExportVerificationError(
+        f"TFLite Micro recorded {recorded} bytes but no arena up to {_HEADROOM_STEPS[-1]}x works"
+    )
 
 
 def _main(argv: list[str]) -> None:
-    flatbuffer = Path(argv[0]).read_bytes()
-    sample = np.load(argv[1])
-    print(json.dumps({"arena_bytes": _search_arena(flatbuffer, sample)}))
+    mode, flatbuffer_path, sample_path, size = argv[0], argv[1], argv[2], int(argv[3])
+    interpreter = runtime.Interpreter.from_bytes(
+        Path(flatbuffer_path).read_bytes(), arena_size=size
+    )
+    interpreter.set_input(np.load(sample_path)[None, ...], 0)
+    interpreter.invoke()
+    if mode == "record":
+        sys.stdout.flush()
+        interpreter.print_allocations()
 
 
 if __name__ == "__main__":

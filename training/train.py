@@ -54,6 +54,9 @@ class TrainConfig(BaseModel):
 
     dataset: str = Field(default="ispra-1min", description="Name in training.data's registry.")
     data_path: Path | None = Field(default=None, description="Folder or file; default: shared.")
+    dataset_options: dict[str, int | float | str] = Field(
+        default_factory=dict, description="Loader options, e.g. target='opcn3' or n_sensors=4."
+    )
     window_length: int = Field(default=360, ge=1, description="N, periods per window.")
     max_interpolated_periods: int = Field(
         default=30, ge=0, description="Gap policy: longest gap filled by interpolation."
@@ -127,7 +130,7 @@ def _input_range(windows: WindowSet) -> InputRange:
 
 def prepare_data(config: TrainConfig) -> PreparedData:
     """Load, clean, grid, split and window the data exactly as training and export see it."""
-    loaded = load_dataset(config.dataset, config.data_path)
+    loaded = load_dataset(config.dataset, config.data_path, **config.dataset_options)
     cleaned, report = clean(loaded)
     sensors = to_grid(cleaned)
     split = paper_split(sorted(sensors))
@@ -158,7 +161,7 @@ def prepare_data(config: TrainConfig) -> PreparedData:
         validation_sensor=split.validation,
         test_sensor=split.test,
         rows_read=report.rows_read,
-        rows_dropped=dict(report.dropped),
+        rows_dropped=dict(report.rows_dropped),
         sensors_dropped=list(report.sensors_dropped),
         windows={
             "train": len(train_set),

@@ -33,6 +33,14 @@ class TeslaConfig(BaseModel):
     d_model: int = Field(default=16, ge=1, description="Token width d.")
     heads: int = Field(default=4, ge=1, description="Attention heads; must divide d_model.")
     residual: bool = Field(default=True, description="Residual connection around attention.")
+    norm_position: Literal["post", "pre"] = Field(
+        default="post",
+        description=(
+            "'post': LayerNorm(T + MHA(T)) feeds the aggregator (the paper's Eq. 5). 'pre': "
+            "T + MHA(LayerNorm(T)) keeps a linear path from the readings to the output, which "
+            "int8 quantisation preserves (see README)."
+        ),
+    )
     bins: BinKind = Field(default="log", description="'log' (TESLA) or 'uniform' (ablation).")
     use_global: bool = Field(default=True, description="Add the global view of the window.")
     aggregator: Literal["linear", "ffn"] = Field(
@@ -45,6 +53,8 @@ def build_tesla(
     config: TeslaConfig, window_length: int, channels: int, input_scale: float
 ) -> keras.Model:
     """Build the Keras model; ``input_scale`` divides raw inputs and multiplies the output."""
+    if config.norm_position == "pre" and not config.residual:
+        raise ValueError("norm_position='pre' needs residual=True: the residual carries the level")
     shape = (window_length,) if channels == 1 else (window_length, channels)
     inputs = keras.Input(shape=shape, name="window")
     scaled = Scale(1.0 / input_scale, name="normalise")(inputs)
@@ -52,10 +62,15 @@ def build_tesla(
     tokens = BinnedEmbedding(
         membership, config.d_model, channels, config.use_global, name="binned_embedding"
     )(scaled)  # [B, z, d]
-    attended = TokenSelfAttention(config.d_model, config.heads, name="attention")(tokens)
-    if config.residual:
-        attended = keras.layers.Add(name="residual")([tokens, attended])
-    normalised = TokenLayerNorm(name="layer_norm")(attended)  # [B, z, d]
+    attention = TokenSelfAttention(config.d_model, config.heads, name="attention")
+    if config.norm_position == "post":
+        attended = attention(tokens)
+        if config.residual:
+            attended = keras.layers.Add(name="residual")([tokens, attended])
+        normalised = TokenLayerNorm(name="layer_norm")(attended)  # [B, z, d]
+    else:
+        attended = attention(TokenLayerNorm(name="layer_norm")(tokens))
+        normalised = keras.layers.Add(name="residual")([tokens, attended])  # [B, z, d]
     if config.aggregator == "linear":
         output = FeatureAggregator(name="aggregator")(normalised)  # [B, 1]
     else:

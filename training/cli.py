@@ -1,0 +1,186 @@
+"""``python -m training`` / ``tesla-train``: train, evaluate and export calibration models."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway.errors import GatewayError
+from training.errors import TrainingError
+
+__all__ = ["main"]
+
+
+def _add_train(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("train", help="train a model on co-location data")
+    parser.add_argument("--config", type=Path, help="JSON TrainConfig; flags override it")
+    parser.add_argument("--dataset", help="ispra-1min, antwerp-hourly-pm2_5, csv, synthetic, …")
+    parser.add_argument("--data", type=Path, help="data folder or file (default ../shared/data)")
+    parser.add_argument("--window", type=int, help="N, readings per window (paper: 360)")
+    parser.add_argument("--max-gap", type=int, help="longest gap (periods) to interpolate")
+    parser.add_argument("--epochs", type=int)
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--learning-rate", type=float)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--max-train-windows", type=int)
+    parser.add_argument("--run-dir", type=Path, required=True, help="where the run is written")
+
+
+def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("export", help="export a run to a verified model directory")
+    parser.add_argument("--run", type=Path, required=True, help="run directory from `train`")
+    parser.add_argument("--out", type=Path, required=True, help="model directory to write")
+    parser.add_argument("--name", required=True, help="model name, e.g. pm10-ispra-1min")
+    parser.add_argument("--version", type=int, help="release number (default: Unix time)")
+
+
+def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "evaluate", help="score an exported model directory (LiteRT) on any data source"
+    )
+    parser.add_argument("--model", type=Path, required=True, help="model directory")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--csv", type=Path, help="plain CSV: timestamp,sensor_id,raw,reference")
+    source.add_argument("--dataset", help="a registered dataset name, e.g. ispra-1min")
+    parser.add_argument("--data", type=Path, help="folder for --dataset (default ../shared/data)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--predictions", type=Path, help="write every calibrated step as CSV")
+
+
+def _add_defaults(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("default-models", help="retrain the committed default models")
+    parser.add_argument("--data", type=Path, help="shared data folder (default ../shared/data)")
+    parser.add_argument("--out", type=Path, default=Path("models"))
+    parser.add_argument("--runs", type=Path, default=Path("runs"))
+
+
+def _train(args: argparse.Namespace) -> int:
+    from training.train import TrainConfig, train
+
+    base = json.loads(args.config.read_text(encoding="utf-8")) if args.config is not None else {}
+    overrides = {
+        "dataset": args.dataset,
+        "data_path": args.data,
+        "window_length": args.window,
+        "max_interpolated_periods": args.max_gap,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "learning_rate": args.learning_rate,
+        "seed": args.seed,
+        "max_train_windows": args.max_train_windows,
+    }
+    config = TrainConfig.model_validate(
+        {**base, **{k: v for k, v in overrides.items() if v is not None}}
+    )
+    result = train(config, args.run_dir)
+    print(json.dumps({"run_dir": str(args.run_dir), "test": result.test.model_dump()}, indent=2))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from training.model_dir import export_run
+
+    exported = export_run(args.run, args.out, name=args.name, version=args.version)
+    print(
+        json.dumps(
+            {
+                "model_dir": str(exported.model_dir),
+                "version": exported.manifest.version,
+                "files": {k: v.size_bytes for k, v in exported.manifest.files.items()},
+                "verification": exported.verification.as_dict(),
+            },
+            indent=2,
+        )
+    )
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from gateway.manifest import load_manifest
+    from training.data import load_dataset, load_plain_csv
+    from training.evaluate import evaluate_model_dir
+
+    manifest = load_manifest(args.model)
+    if args.csv is not None:
+        data = load_plain_csv(
+            args.csv, feature=manifest.feature, period_seconds=manifest.period_seconds
+        )
+    else:
+        data = load_dataset(args.dataset, args.data)
+    evaluation = evaluate_model_dir(args.model, data)
+    if args.predictions is not None:
+        evaluation.predictions.to_csv(args.predictions, index=False, float_format="%.4f")
+    if args.json:
+        print(json.dumps(evaluation.as_json()))
+    else:
+        print(f"model {manifest.name} v{manifest.version}: {evaluation.n} calibrated periods")
+        for label, scores in (("raw", evaluation.raw), ("model", evaluation.model)):
+            print(f"  {label:<6} RMSE {scores.rmse:8.3f}  MAE {scores.mae:8.3f}  {manifest.unit}")
+    return 0
+
+
+def _default_models(args: argparse.Namespace) -> int:
+    from training.defaults import DEFAULT_MODELS
+    from training.model_dir import export_run
+    from training.train import train
+
+    for default in DEFAULT_MODELS:
+        results = []
+        for seed in default.seeds:
+            config = default.config.model_copy(update={"data_path": args.data, "seed": seed})
+            result = train(config, args.runs / f"{default.name}-seed{seed}")
+            results.append(result)
+            print(
+                json.dumps(
+                    {"model": default.name, "seed": seed, "validation": result.validation.rmse}
+                )
+            )
+        best = min(results, key=lambda result: result.validation.rmse)
+        exported = export_run(best.run_dir, args.out / default.name, name=default.name)
+        print(
+            json.dumps(
+                {
+                    "model": default.name,
+                    "run": str(best.run_dir),
+                    "validation": best.validation.model_dump(),
+                    "test": best.test.model_dump(),
+                    "parameters": exported.manifest.parameter_count,
+                    "sizes": {k: v.size_bytes for k, v in exported.manifest.files.items()},
+                    "verification": exported.verification.as_dict(),
+                },
+                indent=2,
+            )
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tesla-train", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_train(sub)
+    _add_export(sub)
+    _add_evaluate(sub)
+    _add_defaults(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {
+        "train": _train,
+        "export": _export,
+        "evaluate": _evaluate,
+        "default-models": _default_models,
+    }
+    try:
+        return handlers[args.command](args)
+    except (TrainingError, GatewayError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

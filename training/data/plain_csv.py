@@ -1,0 +1,125 @@
+"""Loader for users' own co-location data in one plain CSV.
+
+Header ``timestamp,sensor_id,raw,reference`` plus optional ``rh`` and ``temp_c``, in any order.
+Timestamps are ISO-8601 (a naive one is UTC) or Unix epoch seconds. Problems are reported with
+the file, line and column so a user can fix the file instead of guessing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from gateway.readings import SENSOR_ID_PATTERN
+from training.data._files import parse_timestamps, read_csv
+from training.data.frame import (
+    COVARIATES,
+    REQUIRED_COLUMNS,
+    CoLocationData,
+    Feature,
+    LoadCounts,
+    tidy_frame,
+    unix_seconds,
+)
+from training.errors import DataError
+
+__all__ = ["PLAIN_CSV_ATTRIBUTION", "infer_period_seconds", "load_plain_csv"]
+
+PLAIN_CSV_ATTRIBUTION = "user-supplied co-location data"
+
+
+def load_plain_csv(
+    path: Path, *, feature: Feature = "pm2_5", period_seconds: int | None = None
+) -> CoLocationData:
+    """Read a plain co-location CSV; the period is the median spacing unless given."""
+    path = Path(path)
+    table = read_csv(path, dtype=dict.fromkeys((*REQUIRED_COLUMNS, *COVARIATES), "str"))
+    _check_header(path, list(table.columns))
+    covariates: dict[str, npt.NDArray[np.float64]] = {
+        name: _numeric(path, table, name) for name in COVARIATES if name in table.columns
+    }
+    sensor_ids = table["sensor_id"].astype("str").str.strip()
+    bad_ids = ~sensor_ids.str.fullmatch(SENSOR_ID_PATTERN.pattern).fillna(value=False)
+    if bad_ids.any():
+        position = int(bad_ids.to_numpy().argmax())
+        raise DataError(
+            f"{path}: line {position + 2}, column 'sensor_id': "
+            f"{table['sensor_id'].iloc[position]!r} is not a valid sensor id"
+            f" (must match {SENSOR_ID_PATTERN.pattern})"
+        )
+    frame = tidy_frame(
+        timestamp=parse_timestamps(path, table["timestamp"], "timestamp"),
+        sensor_id=sensor_ids,
+        raw=_numeric(path, table, "raw"),
+        reference=_numeric(path, table, "reference"),
+        covariates=covariates,
+    )
+    if frame.empty:
+        raise DataError(f"{path}: no data rows after the header")
+    period = period_seconds if period_seconds is not None else infer_period_seconds(frame, path)
+    return CoLocationData(
+        frame=frame,
+        feature=feature,
+        period_seconds=period,
+        source=f"csv:{path}",
+        target="reference",
+        attribution=PLAIN_CSV_ATTRIBUTION,
+        load_counts=LoadCounts(rows_read=len(table)),
+    )
+
+
+def infer_period_seconds(frame: pd.DataFrame, path: Path | str = "<frame>") -> int:
+    """Median spacing between a sensor's consecutive distinct timestamps, in whole seconds."""
+    spacings: list[np.ndarray] = []
+    for _, group in frame.groupby("sensor_id", sort=False):
+        seconds = np.unique(unix_seconds(group["timestamp"]))
+        spacings.append(np.diff(seconds))
+    steps = np.concatenate(spacings) if spacings else np.empty(0)
+    if steps.size == 0:
+        raise DataError(
+            f"{path}: cannot infer the period from fewer than two timestamps per sensor; "
+            "pass period_seconds"
+        )
+    period = round(float(np.median(steps)))
+    if period < 1:
+        raise DataError(f"{path}: median spacing is below one second; pass period_seconds")
+    return period
+
+
+def _check_header(path: Path, columns: list[str]) -> None:
+    allowed = (*REQUIRED_COLUMNS, *COVARIATES)
+    expected = ",".join(REQUIRED_COLUMNS) + "[,rh][,temp_c]"
+    duplicated = sorted({name for name in columns if columns.count(name) > 1})
+    # pandas renames a repeated "raw" to "raw.1"; catch that too.
+    renamed = [
+        name for name in columns if name.rsplit(".", 1)[0] in allowed and name not in allowed
+    ]
+    if duplicated or renamed:
+        raise DataError(f"{path}: line 1 (header): repeated column(s) {duplicated or renamed}")
+    unknown = [name for name in columns if name not in allowed]
+    if unknown:
+        raise DataError(
+            f"{path}: line 1 (header): unknown column(s) {unknown}; expected {expected}"
+        )
+    missing = [name for name in REQUIRED_COLUMNS if name not in columns]
+    if missing:
+        raise DataError(
+            f"{path}: line 1 (header): missing column(s) {missing}; expected {expected}"
+        )
+
+
+def _numeric(path: Path, table: pd.DataFrame, column: str) -> npt.NDArray[np.float64]:
+    text = table[column].astype("str").str.strip()
+    blank = table[column].isna() | (text == "")
+    values = pd.to_numeric(text.where(~blank), errors="coerce")
+    bad = values.isna() & ~blank
+    if bad.any():
+        position = int(bad.to_numpy().argmax())
+        raise DataError(
+            f"{path}: line {position + 2}, column {column!r}: not a number: "
+            f"{table[column].iloc[position]!r}"
+        )
+    return np.asarray(values.to_numpy(dtype=np.float64, na_value=np.nan), dtype=np.float64)
