@@ -1,6 +1,9 @@
 """The default models committed under ``models/`` and how each is trained.
 
 Choices were made on the validation sensor (never the test sensor); see README "Default models".
+The paper's protocol (10 epochs at the authors' 1e-4, or our 1e-3) was still improving or noisy
+on validation; 3e-4 for up to 20 epochs with early stopping was better and steadier (Ispra PM10
+validation RMSE 4.25 against 4.6-5.3 over seeds at 1e-3).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ class DefaultModel:
 
     name: str
     config: TrainConfig
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = (0, 1)
 
 
 DEFAULT_MODELS = (
@@ -30,9 +33,9 @@ DEFAULT_MODELS = (
             window_length=360,
             max_interpolated_periods=30,
             model=TeslaConfig(d_model=16, heads=4),
-            epochs=10,
+            epochs=20,
             batch_size=32,
-            learning_rate=1e-3,
+            learning_rate=3e-4,
         ),
     ),
     DefaultModel(
@@ -42,9 +45,9 @@ DEFAULT_MODELS = (
             window_length=168,
             max_interpolated_periods=3,
             model=TeslaConfig(d_model=16, heads=4),
-            epochs=10,
+            epochs=20,
             batch_size=32,
-            learning_rate=1e-3,
+            learning_rate=3e-4,
         ),
     ),
 )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import keras
 import numpy as np
@@ -78,7 +79,7 @@ class ExportVerification:
 
 @dataclass(frozen=True)
 class ExportedFiles:
-    files: dict[str, ModelFile]
+    files: dict[Literal["float32", "int8"], ModelFile]
     verification: ExportVerification
 
 
@@ -126,7 +127,9 @@ def convert_device(model: keras.Model, representative: Array) -> bytes:
     return _convert(converter, "integer")
 
 
-def quantise(values: Array, scale: float, zero_point: int, dtype: np.dtype) -> npt.NDArray:
+def quantise(
+    values: Array, scale: float, zero_point: int, dtype: np.dtype
+) -> npt.NDArray[np.integer]:
     """Real values to the integer input of a quantised graph (round, shift, saturate)."""
     low, high = _INT_LIMITS[np.dtype(dtype)]
     return np.clip(np.round(values / scale + zero_point), low, high).astype(dtype)
@@ -242,7 +245,7 @@ def export_flatbuffers(
         )
     arena = measure_arena(device_path, device_inputs[0])
 
-    files = {
+    files: dict[Literal["float32", "int8"], ModelFile] = {
         "float32": ModelFile(
             path=FLOAT_FILENAME,
             sha256=sha256_file(float_path),

@@ -19,7 +19,7 @@ from training.train import TrainConfig, train
 
 pytestmark = pytest.mark.slow
 
-OPTIONS = {"n_sensors": 4, "days": 2, "period_seconds": 60, "seed": 5}
+OPTIONS: dict[str, int | float | str] = {"n_sensors": 4, "days": 2, "period_seconds": 60, "seed": 5}
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_manifest_describes_the_directory(model_dir: Path, run) -> None:
     assert manifest.test == run.test
     assert (
         manifest.data.test_sensor
-        == sorted(generate_synthetic(**OPTIONS).frame["sensor_id"].unique())[-1]
+        == sorted(generate_synthetic(n_sensors=4, days=2, seed=5).frame["sensor_id"].unique())[-1]
     )
 
 

@@ -1,0 +1,197 @@
+"""``tesla-gateway``: run the daemon, check a configuration, show status, trigger a reload.
+
+Exit codes: 0 success; 1 runtime failure (daemon error, not running, model refused); 2 invalid
+configuration or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway import __version__
+from gateway.config import GatewayConfig, load_config
+from gateway.errors import ConfigError, GatewayError
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"tesla-gateway: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    command: str = args.command
+    if command == "run":
+        return _run(config)
+    if command == "check-config":
+        return _check_config(config, check_models=not args.skip_models)
+    if command == "status":
+        return _status(config, as_json=args.json)
+    return _reload(config)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tesla-gateway",
+        description="Real-time calibration of low-cost PM sensors with the TESLA model.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (
+        ("run", "run the daemon until SIGTERM/SIGINT"),
+        ("check-config", "validate the configuration (and load the models) without running"),
+        ("status", "summarise state_dir/status.json of the running daemon"),
+        ("reload", "ask the running daemon to reload its models (SIGHUP)"),
+    ):
+        command = sub.add_parser(name, help=text, description=text)
+        command.add_argument("--config", type=Path, required=True, help="TOML configuration file")
+        if name == "check-config":
+            command.add_argument(
+                "--skip-models", action="store_true", help="do not load the model directories"
+            )
+        if name == "status":
+            command.add_argument("--json", action="store_true", help="print the raw status JSON")
+    return parser
+
+
+def _run(config: GatewayConfig) -> int:
+    from gateway.logging import configure_logging
+    from gateway.service import GatewayService
+
+    configure_logging(config.logging.format, config.logging.level)
+    service = GatewayService(config)
+    code = EXIT_FAILURE
+    try:
+        code = asyncio.run(service.run())
+    except* GatewayError as group:
+        for error in group.exceptions:
+            print(f"tesla-gateway: {error}", file=sys.stderr)
+    return code
+
+
+def _check_config(config: GatewayConfig, *, check_models: bool) -> int:
+    print(f"configuration OK: gateway {config.gateway_id}, state_dir {config.state_dir}")
+    print(f"  sources: {', '.join(s.kind for s in config.sources) or 'none'}")
+    if not check_models:
+        return EXIT_OK
+    from gateway.calibrator import Calibrator
+
+    failed = False
+    for model in config.models:
+        try:
+            calibrator = Calibrator.load(
+                model.model_dir, config.runtime.preference, num_threads=config.runtime.num_threads
+            )
+        except GatewayError as exc:
+            failed = True
+            print(f"  model {model.feature}: REFUSED: {exc}", file=sys.stderr)
+            continue
+        manifest = calibrator.manifest
+        print(
+            f"  model {model.feature}: {manifest.name} v{manifest.version} "
+            f"(N={manifest.window_length}, period {manifest.period_seconds}s) "
+            f"on {calibrator.runtime_name} {calibrator.runtime_version}"
+        )
+    return EXIT_FAILURE if failed else EXIT_OK
+
+
+def _status(config: GatewayConfig, *, as_json: bool) -> int:
+    from gateway.service import read_pid_file
+
+    path = config.status_file
+    try:
+        status = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        print(f"no status file at {path}: has the gateway ever run here?", file=sys.stderr)
+        return EXIT_FAILURE
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"cannot read {path}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    if as_json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+    else:
+        print(_summary(status, running=read_pid_file(config.pid_file)))
+    return EXIT_OK
+
+
+def _summary(status: dict[str, object], running: int | None) -> str:
+    age = time.time() - float(str(status.get("updated_at", 0)))
+    ticker = status.get("ticker") if isinstance(status.get("ticker"), dict) else {}
+    assert isinstance(ticker, dict)
+    rejected = status.get("rejected") if isinstance(status.get("rejected"), dict) else {}
+    assert isinstance(rejected, dict)
+    lines = [
+        f"gateway {status.get('gateway_id')} (v{status.get('version')}): "
+        + (
+            f"running, pid {running}"
+            if running
+            else f"not running (last phase {status.get('phase')})"
+        ),
+        f"  updated {age:.0f} s ago, uptime {status.get('uptime_s')} s",
+        f"  readings in {status.get('readings_in')}, rejected {rejected.get('total', 0)} "
+        f"{rejected.get('by_reason', {})}",
+        f"  published {ticker.get('published')}, calibrated {ticker.get('calibrated')}, "
+        f"flagged {ticker.get('flagged')}, last inference {ticker.get('last_inference_ms')} ms",
+    ]
+    models = status.get("models")
+    if isinstance(models, dict):
+        for feature, model in sorted(models.items()):
+            if not isinstance(model, dict):
+                continue
+            line = (
+                f"  model {feature}: {model.get('model')} v{model.get('version')} "
+                f"on {model.get('runtime')}, reloads {model.get('reloads')}, "
+                f"rejected {model.get('rejected')}"
+            )
+            if model.get("last_error"):
+                line += f"\n    last error: {model.get('last_error')}"
+            lines.append(line)
+    windows = status.get("windows")
+    if isinstance(windows, dict):
+        for feature, info in sorted(windows.items()):
+            if isinstance(info, dict):
+                lines.append(
+                    f"  windows {feature}: {info.get('sensors')} sensors, {info.get('outcomes')}"
+                )
+    publisher = status.get("publisher")
+    if isinstance(publisher, dict):
+        lines.append(
+            f"  publisher: connected {publisher.get('connected')}, queued "
+            f"{publisher.get('queued')}, published {publisher.get('published')}, dropped "
+            f"{publisher.get('dropped_total')}"
+        )
+    return "\n".join(lines)
+
+
+def _reload(config: GatewayConfig) -> int:
+    from gateway.service import read_pid_file
+
+    pid = read_pid_file(config.pid_file)
+    if pid is None:
+        print(
+            f"no running gateway found (pid file {config.pid_file}); nothing to reload",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except OSError as exc:
+        print(f"cannot signal pid {pid}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"reload requested from gateway pid {pid}")
+    return EXIT_OK

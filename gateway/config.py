@@ -1,0 +1,304 @@
+"""The daemon's configuration: one TOML file, environment overrides, validated once by pydantic.
+
+Environment variables override the file: ``TESLA_GATEWAY__<SECTION>__<KEY>=<value>``, one
+``__`` per nesting level, names case-insensitive, list items by index. The value is read as a
+TOML value when it parses as one (``5``, ``true``, ``["a", "b"]``, ``"text"``) and as a plain
+string otherwise. Examples::
+
+    TESLA_GATEWAY__GATEWAY_ID=roof-1
+    TESLA_GATEWAY__TICK__GRACE_S=5
+    TESLA_GATEWAY__PUBLISHER__BROKER__HOST=mqtt.example.org
+    TESLA_GATEWAY__SOURCES__0__BROKER__PORT=8883
+
+Any problem becomes a :class:`ConfigError` whose message names the key (and the variable, when
+the value came from the environment) and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gateway.errors import ConfigError
+from gateway.logging import LogFormat, LogLevel
+from gateway.publisher import PublisherConfig
+from gateway.readings import SENSOR_ID_PATTERN
+from gateway.runtime import DEFAULT_RUNTIME_PREFERENCE, RuntimeName
+from gateway.sources.mqtt_source import MqttSourceConfig
+from gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig
+
+__all__ = [
+    "ENV_PREFIX",
+    "GatewayConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "MqttSourceEntry",
+    "RuntimeConfig",
+    "SensorPolicy",
+    "SourceConfig",
+    "StateConfig",
+    "TickConfig",
+    "apply_env_overrides",
+    "load_config",
+]
+
+ENV_PREFIX = "TESLA_GATEWAY__"
+Feature = Literal["pm10", "pm2_5", "pm1"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MqttSourceEntry(MqttSourceConfig):
+    """An MQTT source in the ``sources`` list (``kind = "mqtt"`` selects it)."""
+
+    kind: Literal["mqtt"] = Field(description="Source kind: MQTT subscriber.")
+
+
+SourceConfig = Annotated[
+    MqttSourceEntry | NodePortConfig | Pms5003PortConfig, Field(discriminator="kind")
+]
+
+
+class ModelConfig(_Section):
+    """One model in service: the feature it calibrates and the directory it is read from."""
+
+    feature: Feature = Field(description="Feature the model calibrates (one model per feature).")
+    model_dir: Path = Field(
+        description="Model directory (manifest.json + model.tflite); watched for new versions."
+    )
+
+
+class RuntimeConfig(_Section):
+    """Which TFLite interpreter runs the models."""
+
+    preference: list[RuntimeName] = Field(
+        default_factory=lambda: list(DEFAULT_RUNTIME_PREFERENCE),
+        min_length=1,
+        description="Interpreters to try, in order: ai_edge_litert, tflite_runtime, tensorflow.",
+    )
+    num_threads: int | None = Field(
+        default=None, ge=1, le=64, description="Interpreter threads; default: the runtime's."
+    )
+    model_poll_s: float = Field(
+        default=30.0, gt=0, description="Seconds between checks of the model directories."
+    )
+
+
+class LoggingConfig(_Section):
+    """Log output of the daemon (structlog)."""
+
+    format: LogFormat = Field(
+        default="auto", description="json, console, or auto (console on a TTY, else JSON)."
+    )
+    level: LogLevel = Field(default="info", description="Lowest level logged.")
+
+
+class TickConfig(_Section):
+    """When closed periods are calibrated."""
+
+    grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=86_400,
+        description=(
+            "Wall-clock fallback: a sensor's period is closed at most this long after its end "
+            "(or after its last reading, for replayed data) even if no later reading arrives."
+        ),
+    )
+    settle_s: float = Field(
+        default=1.0,
+        ge=0,
+        le=600,
+        description=(
+            "After the first sensor crosses a period boundary, wait this long for the others "
+            "so that all of them are calibrated in one batched invoke."
+        ),
+    )
+
+
+class SensorPolicy(_Section):
+    """Which sensors the gateway calibrates."""
+
+    allow_unknown: bool = Field(
+        default=True,
+        description="Accept any valid sensor id; false accepts only the ids in 'known'.",
+    )
+    known: list[str] = Field(default_factory=list, description="Sensor ids of this deployment.")
+
+    @field_validator("known")
+    @classmethod
+    def _valid_ids(cls, value: list[str]) -> list[str]:
+        for sensor_id in value:
+            if not SENSOR_ID_PATTERN.fullmatch(sensor_id):
+                raise ValueError(f"{sensor_id!r} must match {SENSOR_ID_PATTERN.pattern}")
+        return value
+
+    def allows(self, sensor_id: str) -> bool:
+        return self.allow_unknown or sensor_id in self.known
+
+
+class StateConfig(_Section):
+    """How often the windows and the status file are written."""
+
+    # The directory itself is the top-level ``state_dir``.
+
+    save_interval_s: float = Field(
+        default=60.0, gt=0, description="Seconds between window snapshots (and at shutdown)."
+    )
+    status_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds between updates of state_dir/status.json and the stats snapshot.",
+    )
+
+
+class GatewayConfig(_Section):
+    """The whole daemon configuration (see deploy/gateway.example.toml)."""
+
+    gateway_id: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="This gateway's name: in topics, client ids and logs.",
+    )
+    state_dir: Path = Field(
+        description="Directory for window snapshots, the outbox, status.json and the pid file."
+    )
+    models: list[ModelConfig] = Field(min_length=1, description="Models in service.")
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    sources: list[SourceConfig] = Field(
+        default_factory=list, description="Where readings come from (mqtt, node, pms5003)."
+    )
+    publisher: PublisherConfig = Field(
+        default_factory=PublisherConfig, description="Where calibrated readings go."
+    )
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    tick: TickConfig = Field(default_factory=TickConfig)
+    sensors: SensorPolicy = Field(default_factory=SensorPolicy)
+    state: StateConfig = Field(default_factory=StateConfig)
+
+    @field_validator("models")
+    @classmethod
+    def _one_model_per_feature(cls, value: list[ModelConfig]) -> list[ModelConfig]:
+        features = [model.feature for model in value]
+        duplicates = sorted({f for f in features if features.count(f) > 1})
+        if duplicates:
+            raise ValueError(f"one model per feature; {duplicates} listed more than once")
+        return value
+
+    @property
+    def model_dirs(self) -> dict[str, Path]:
+        return {model.feature: model.model_dir for model in self.models}
+
+    @property
+    def pid_file(self) -> Path:
+        return self.state_dir / "gateway.pid"
+
+    @property
+    def status_file(self) -> Path:
+        return self.state_dir / "status.json"
+
+
+def load_config(path: Path, environ: Mapping[str, str] | None = None) -> GatewayConfig:
+    """Read, override from the environment, validate; every failure is a ConfigError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ConfigError(f"configuration file {path} does not exist") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read configuration file {path}: {exc}") from exc
+    try:
+        data: dict[str, Any] = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    sources = apply_env_overrides(data, os.environ if environ is None else environ)
+    base = path.parent
+    try:
+        config = GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(path, exc, sources)) from exc
+    return _resolve_paths(config, base)
+
+
+def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, str]:
+    """Merge ``TESLA_GATEWAY__...`` variables into ``data``; returns dotted key -> variable."""
+    applied: dict[str, str] = {}
+    for name in sorted(environ):
+        if not name.upper().startswith(ENV_PREFIX) or len(name) == len(ENV_PREFIX):
+            continue
+        parts = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
+        if any(not part for part in parts):
+            raise ConfigError(f"environment variable {name}: empty key between '__'")
+        _set_path(data, parts, _parse_env_value(environ[name]), name)
+        applied[".".join(parts)] = name
+    return applied
+
+
+def _set_path(data: dict[str, Any], parts: list[str], value: object, variable: str) -> None:
+    node: Any = data
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(
+                    f"environment variable {variable}: {'.'.join(parts[:depth])} has no item "
+                    f"{part} (it has {len(node)})"
+                )
+            key: int | str = int(part)
+        elif isinstance(node, dict):
+            key = part
+        else:
+            raise ConfigError(
+                f"environment variable {variable}: {'.'.join(parts[:depth])} is not a section"
+            )
+        if last:
+            node[key] = value
+        else:
+            if isinstance(node, dict) and key not in node:
+                node[key] = {}
+            node = node[key]
+
+
+def _parse_env_value(raw: str) -> object:
+    try:
+        return tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _describe(path: Path, exc: ValidationError, env_keys: Mapping[str, str]) -> str:
+    lines = [f"{path}: {exc.error_count()} problem(s) in the configuration:"]
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "<root>"
+        origin = _env_origin(key, env_keys)
+        suffix = f" (set by {origin})" if origin else ""
+        given = error.get("input")
+        shown = "" if isinstance(given, dict | list) or given is None else f" (got {given!r})"
+        lines.append(f"  {key}: {error['msg']}{shown}{suffix}")
+    return "\n".join(lines)
+
+
+def _env_origin(key: str, env_keys: Mapping[str, str]) -> str | None:
+    # Discriminated unions add the tag to the location (sources.0.mqtt.broker...): drop it.
+    plain = ".".join(part for part in key.split(".") if part not in {"mqtt", "node", "pms5003"})
+    for dotted, variable in env_keys.items():
+        if plain == dotted or plain.startswith(dotted + ".") or dotted.startswith(plain + "."):
+            return variable
+    return None
+
+
+def _resolve_paths(config: GatewayConfig, base: Path) -> GatewayConfig:
+    """Relative paths in the file are relative to the file, not to the working directory."""
+
+    def resolve(path: Path) -> Path:
+        return path if path.is_absolute() else (base / path).resolve()
+
+    models = [
+        model.model_copy(update={"model_dir": resolve(model.model_dir)}) for model in config.models
+    ]
+    return config.model_copy(update={"state_dir": resolve(config.state_dir), "models": models})

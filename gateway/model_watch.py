@@ -1,0 +1,196 @@
+"""The models in service, one per feature, and their validated hot reload.
+
+A new model version is found by polling each configured model directory (a cheap ``stat`` of the
+manifest and model files) or on demand (SIGHUP, ``tesla-gateway reload``). The candidate goes
+through the full :meth:`Calibrator.load` validation before it replaces the running one; if it
+fails, the running model keeps serving and the failure is logged and counted.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from gateway.calibrator import Calibrator
+from gateway.errors import GatewayError
+from gateway.runtime import DEFAULT_RUNTIME_PREFERENCE, RuntimeName
+
+__all__ = ["ModelRefusedError", "ModelSet", "ReloadOutcome", "ReloadResult"]
+
+_log = structlog.get_logger(__name__)
+
+Fingerprint = tuple[tuple[str, int, int, int], ...]
+
+
+class ModelRefusedError(GatewayError):
+    """A valid model that may not replace the serving one (wrong feature, downgrade)."""
+
+
+class ReloadOutcome(enum.StrEnum):
+    LOADED = "loaded"  # a new version replaced the running one (or the first one loaded)
+    UNCHANGED = "unchanged"  # same version and bytes as the one serving
+    REJECTED = "rejected"  # the candidate failed validation; the previous model keeps serving
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    feature: str
+    outcome: ReloadOutcome
+    version: int | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class _Slot:
+    model_dir: Path
+    calibrator: Calibrator | None = None
+    fingerprint: Fingerprint | None = None
+    loads: int = 0
+    rejects: int = 0
+    last_error: str | None = None
+    attempted: set[Fingerprint] = field(default_factory=set)
+
+
+def _fingerprint(model_dir: Path) -> Fingerprint:
+    """Size, mtime and inode of every file in the directory (a replaced file changes one)."""
+    entries: list[tuple[str, int, int, int]] = []
+    try:
+        paths = sorted(p for p in model_dir.iterdir() if p.is_file() and not p.name.startswith("."))
+    except OSError:
+        return ()
+    for path in paths:
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        entries.append((path.name, stat.st_size, stat.st_mtime_ns, stat.st_ino))
+    return tuple(entries)
+
+
+class ModelSet:
+    """Thread-safe holder of the current calibrator per feature.
+
+    ``refresh`` does blocking work (hashing, interpreter creation): call it through
+    ``asyncio.to_thread``. Readers call :meth:`get` from the event loop at any time.
+    """
+
+    def __init__(
+        self,
+        model_dirs: Mapping[str, Path],
+        runtime_preference: Sequence[RuntimeName] = DEFAULT_RUNTIME_PREFERENCE,
+        *,
+        num_threads: int | None = None,
+    ) -> None:
+        self._slots = {feature: _Slot(model_dir=path) for feature, path in model_dirs.items()}
+        self._preference = tuple(runtime_preference)
+        self._num_threads = num_threads
+        self._lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        return tuple(self._slots)
+
+    def get(self, feature: str) -> Calibrator | None:
+        with self._lock:
+            slot = self._slots.get(feature)
+            return None if slot is None else slot.calibrator
+
+    def loaded(self) -> dict[str, Calibrator]:
+        with self._lock:
+            return {f: s.calibrator for f, s in self._slots.items() if s.calibrator is not None}
+
+    def refresh(self, *, force: bool = False) -> list[ReloadResult]:
+        """Load every model whose directory changed (every one when ``force``)."""
+        results: list[ReloadResult] = []
+        with self._refresh_lock:
+            for feature, slot in self._slots.items():
+                fingerprint = _fingerprint(slot.model_dir)
+                if not force and (fingerprint == slot.fingerprint or fingerprint in slot.attempted):
+                    continue
+                results.append(self._try_load(feature, slot, fingerprint))
+        return results
+
+    def _try_load(self, feature: str, slot: _Slot, fingerprint: Fingerprint) -> ReloadResult:
+        current = slot.calibrator
+        try:
+            candidate = Calibrator.load(
+                slot.model_dir, self._preference, num_threads=self._num_threads
+            )
+            self._check_candidate(feature, current, candidate)
+        except GatewayError as exc:
+            slot.attempted.add(fingerprint)
+            slot.rejects += 1
+            slot.last_error = str(exc)
+            _log.error(
+                "model_rejected",
+                feature=feature,
+                model_dir=str(slot.model_dir),
+                error=str(exc),
+                error_type=type(exc).__name__,
+                serving_version=None if current is None else current.version,
+            )
+            return ReloadResult(feature, ReloadOutcome.REJECTED, error=str(exc))
+        slot.fingerprint = fingerprint
+        slot.attempted.clear()
+        if current is not None and (current.version, current.sha256) == (
+            candidate.version,
+            candidate.sha256,
+        ):
+            return ReloadResult(feature, ReloadOutcome.UNCHANGED, version=current.version)
+        with self._lock:
+            slot.calibrator = candidate
+        slot.loads += 1
+        slot.last_error = None
+        _log.info(
+            "model_loaded",
+            feature=feature,
+            model=candidate.name,
+            version=candidate.version,
+            previous_version=None if current is None else current.version,
+            runtime=candidate.runtime_name,
+            runtime_version=candidate.runtime_version,
+            model_dir=str(slot.model_dir),
+        )
+        return ReloadResult(feature, ReloadOutcome.LOADED, version=candidate.version)
+
+    @staticmethod
+    def _check_candidate(feature: str, current: Calibrator | None, candidate: Calibrator) -> None:
+        if candidate.feature != feature:
+            raise ModelRefusedError(
+                f"{candidate.model_dir} holds a {candidate.feature} model but is configured "
+                f"for {feature}"
+            )
+        if current is None:
+            return
+        if candidate.version < current.version:
+            raise ModelRefusedError(
+                f"{candidate.model_dir} holds version {candidate.version}, older than the "
+                f"serving version {current.version}; a release must carry a larger version"
+            )
+        if candidate.version == current.version and candidate.sha256 != current.sha256:
+            raise ModelRefusedError(
+                f"{candidate.model_dir} holds different bytes under the serving version "
+                f"{current.version}; bump the version for a new release"
+            )
+
+    def stats(self) -> dict[str, dict[str, object]]:
+        """Per feature: serving model, version, runtime, reload counters, last error."""
+        with self._lock:
+            return {
+                feature: {
+                    "model": None if slot.calibrator is None else slot.calibrator.name,
+                    "version": None if slot.calibrator is None else slot.calibrator.version,
+                    "runtime": None if slot.calibrator is None else slot.calibrator.runtime_name,
+                    "model_dir": str(slot.model_dir),
+                    "reloads": slot.loads,
+                    "rejected": slot.rejects,
+                    "last_error": slot.last_error,
+                }
+                for feature, slot in self._slots.items()
+            }

@@ -1,0 +1,550 @@
+"""One MQTT connection as an asyncio resource, shared by the MQTT source and the publisher.
+
+paho-mqtt is a threaded library. We keep its network loop in its own thread (``loop_start``) and
+marshal every callback onto the event loop with ``call_soon_threadsafe``, so all of our state is
+touched by exactly one thread (the event loop) and paho's own locks guard paho's state. The
+alternative, driving paho's socket from the event loop through its socket callbacks, needs the
+blocking ``connect()`` to run on the loop thread (DNS and the TCP handshake would block every other
+task) or the socket to be registered from another thread; the thread hand-off is simpler to
+reason about and costs one thread per connection.
+
+Each connection attempt uses a fresh paho client with ``reconnect_on_failure=False``: paho never
+reconnects or replays on its own, so the supervising loop here owns reconnect and backoff, and
+a publish that was not acknowledged fails loudly instead of being replayed behind the caller's
+back (the publisher's outbox does the replaying, in order). A refused CONNACK is a failed attempt:
+``connected`` becomes true only after a successful CONNACK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import structlog
+from paho.mqtt import client as paho
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from gateway.errors import ConfigError, GatewayError
+
+__all__ = [
+    "InboundMessage",
+    "MessageHandler",
+    "MqttBrokerConfig",
+    "MqttConnectError",
+    "MqttConnection",
+    "MqttError",
+    "MqttNotConnectedError",
+    "MqttPublishError",
+    "MqttSubscribeError",
+    "MqttTlsConfig",
+    "Will",
+]
+
+
+class MqttError(GatewayError):
+    """Root of the MQTT connection's errors."""
+
+
+class MqttNotConnectedError(MqttError):
+    """The broker is not connected (now, or the connection dropped before the acknowledgement)."""
+
+
+class MqttConnectError(MqttError):
+    """A connection attempt failed: unreachable broker, TLS failure or refused CONNACK."""
+
+
+class MqttPublishError(MqttError):
+    """The broker acknowledged a publish with a failure reason code (e.g. not authorised)."""
+
+
+class MqttSubscribeError(MqttError):
+    """The broker refused a subscription."""
+
+
+class MqttTlsConfig(BaseModel):
+    """TLS towards the broker; with no ``ca_file`` the system's trust store is used."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ca_file: Path | None = Field(
+        default=None, description="PEM bundle of the CA(s) that signed the broker certificate."
+    )
+    cert_file: Path | None = Field(
+        default=None, description="PEM client certificate, for brokers that require one."
+    )
+    key_file: Path | None = Field(default=None, description="PEM private key of cert_file.")
+    insecure: bool = Field(
+        default=False,
+        description="Skip the broker host name check. Only for testing: it allows impostors.",
+    )
+
+    @model_validator(mode="after")
+    def _cert_and_key_together(self) -> Self:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file must be given together")
+        return self
+
+
+class MqttBrokerConfig(BaseModel):
+    """Where the broker is and how to authenticate; shared by the source and the publisher."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field(default="127.0.0.1", min_length=1, description="Broker host name or IP.")
+    port: int = Field(default=1883, ge=1, le=65535, description="Broker port (8883 for TLS).")
+    transport: Literal["tcp"] = Field(default="tcp", description="Transport; only tcp for now.")
+    protocol: Literal["5", "3.1.1"] = Field(default="5", description="MQTT protocol version.")
+    keepalive: int = Field(
+        default=60, ge=5, le=65535, description="Seconds between keep-alive pings."
+    )
+    tls: MqttTlsConfig | None = Field(default=None, description="TLS settings; omit for plain TCP.")
+    username: str | None = Field(default=None, description="User name for authentication.")
+    password: SecretStr | None = Field(
+        default=None, description="Password; prefer password_file so it stays out of the config."
+    )
+    password_file: Path | None = Field(
+        default=None, description="File whose first line is the password (e.g. a systemd secret)."
+    )
+    connect_timeout_s: float = Field(
+        default=10.0, gt=0, description="Seconds to wait for TCP connect and CONNACK."
+    )
+    reconnect_initial_s: float = Field(
+        default=0.5, gt=0, description="First delay before reconnecting; doubles per failure."
+    )
+    reconnect_max_s: float = Field(default=30.0, gt=0, description="Longest reconnect delay.")
+
+    @model_validator(mode="after")
+    def _credentials_consistent(self) -> Self:
+        if self.password is not None and self.password_file is not None:
+            raise ValueError("give either password or password_file, not both")
+        if (self.password is not None or self.password_file is not None) and not self.username:
+            raise ValueError("a password needs a username")
+        if self.reconnect_max_s < self.reconnect_initial_s:
+            raise ValueError("reconnect_max_s must not be smaller than reconnect_initial_s")
+        return self
+
+    def resolve_password(self) -> SecretStr | None:
+        """The password, reading ``password_file`` if configured (at connect, so rotation works)."""
+        if self.password_file is None:
+            return self.password
+        try:
+            text = self.password_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(
+                f"mqtt password_file {self.password_file} cannot be read: {exc.strerror}"
+            ) from exc
+        lines = text.splitlines()
+        return SecretStr(lines[0] if lines else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Will:
+    """Last will: what the broker publishes for us if we vanish without a clean DISCONNECT."""
+
+    topic: str
+    payload: bytes
+    qos: int = 1
+    retain: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class InboundMessage:
+    """A message received on a subscription."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+
+
+MessageHandler = Callable[[InboundMessage], Awaitable[None]]
+
+
+@dataclass(eq=False)
+class _Attempt:
+    """State of one paho client (one connection attempt); stale callbacks are recognised by it."""
+
+    client: paho.Client
+    connack: asyncio.Future[bool]
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+    publishes: dict[int, asyncio.Future[None]] = field(default_factory=dict)
+    subscribes: dict[int, asyncio.Future[None]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    attempt: _Attempt
+    mid: int
+    message: InboundMessage
+
+
+class MqttConnection:
+    """A supervised MQTT connection: reconnects with backoff until closed.
+
+    ``publish`` completes only when the broker acknowledged (QoS 1/2) and raises
+    :class:`MqttNotConnectedError` when there is no connection; nothing is queued silently.
+    Incoming messages are handed to ``on_message`` one at a time, in order, and acknowledged
+    only after it returns, so a message the gateway never processed is redelivered by a
+    persistent session.
+    """
+
+    def __init__(
+        self,
+        broker: MqttBrokerConfig,
+        *,
+        client_id: str,
+        clean_start: bool,
+        will: Will | None = None,
+        on_message: MessageHandler | None = None,
+        session_expiry_s: int = 0,
+        name: str = "mqtt",
+    ) -> None:
+        self._broker = broker
+        self._client_id = client_id
+        self._clean_start = clean_start
+        self._will = will
+        self._on_message = on_message
+        self._session_expiry_s = session_expiry_s
+        self._log = structlog.get_logger("gateway.mqtt").bind(
+            connection=name, broker=f"{broker.host}:{broker.port}", client_id=client_id
+        )
+        self._attempt: _Attempt | None = None
+        self._connected = False
+        self._connected_event = asyncio.Event()
+        self._generation = 0
+        self._subscriptions: dict[str, int] = {}
+        self._deliveries: asyncio.Queue[_Delivery] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        self._loop = asyncio.get_running_loop()
+        self._tasks.append(asyncio.create_task(self._supervise(), name="mqtt-supervisor"))
+        if self._on_message is not None:
+            self._tasks.append(asyncio.create_task(self._dispatch(), name="mqtt-dispatch"))
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop reconnecting and disconnect cleanly (a clean DISCONNECT suppresses the will)."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        attempt = self._attempt
+        if attempt is not None:
+            await self._teardown(attempt)
+
+    # -- state -----------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """True only between a successful CONNACK and the loss of that connection."""
+        return self._connected
+
+    @property
+    def generation(self) -> int:
+        """Number of successful connections so far; changes on every reconnect."""
+        return self._generation
+
+    async def serve(self) -> None:
+        """Wait while the connection works in the background; raises if its tasks fail."""
+        await asyncio.gather(*self._tasks)
+
+    async def wait_connected(self) -> None:
+        """Return once connected (immediately if already)."""
+        while not self._connected:
+            await self._connected_event.wait()
+
+    async def wait_disconnected(self) -> None:
+        """Return once the current connection is lost (immediately if not connected)."""
+        attempt = self._attempt
+        if not self._connected or attempt is None:
+            return
+        await attempt.lost.wait()
+
+    # -- operations ------------------------------------------------------------------------
+
+    def start_publish(
+        self, topic: str, payload: bytes, qos: int = 1, retain: bool = False
+    ) -> asyncio.Future[None]:
+        """Hand a message to the broker now; the future resolves on its acknowledgement.
+
+        Calls made one after another reach the broker in that order, which lets the publisher
+        keep several messages in flight without reordering them.
+        """
+        attempt = self._attempt
+        if attempt is None or not self._connected:
+            raise MqttNotConnectedError(f"not connected to {self._broker.host}; cannot publish")
+        try:
+            info = attempt.client.publish(topic, payload, qos=qos, retain=retain)
+        except ValueError as exc:  # paho's check of the topic, QoS and payload size
+            raise MqttPublishError(f"cannot publish to {topic!r}: {exc}") from exc
+        if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            raise MqttNotConnectedError(
+                f"publish to {topic} not sent: {paho.error_string(info.rc)}"
+            )
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if qos == 0:
+            future.set_result(None)
+        else:
+            attempt.publishes[info.mid] = future
+        return future
+
+    async def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
+        """Publish and wait for the broker's acknowledgement (QoS 1 PUBACK)."""
+        await self.start_publish(topic, payload, qos=qos, retain=retain)
+
+    async def subscribe(self, topics: Sequence[str], qos: int = 1) -> None:
+        """Subscribe now if connected (waiting for SUBACK) and on every future connection."""
+        for topic in topics:
+            self._subscriptions[topic] = qos
+        attempt = self._attempt
+        if attempt is not None and self._connected:
+            await self._send_subscribe(attempt, dict.fromkeys(topics, qos))
+
+    # -- supervision -----------------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        delay = self._broker.reconnect_initial_s
+        failures = 0
+        while True:
+            try:
+                attempt = await self._connect_once()
+            except MqttConnectError as exc:
+                failures += 1
+                log = self._log.warning if failures == 1 else self._log.debug
+                log("mqtt_connect_failed", error=str(exc), retry_in_s=delay, failures=failures)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._broker.reconnect_max_s)
+                continue
+            delay = self._broker.reconnect_initial_s
+            failures = 0
+            await attempt.lost.wait()
+            self._mark_lost(attempt)
+            self._log.warning("mqtt_connection_lost")
+            await self._teardown(attempt)
+
+    async def _connect_once(self) -> _Attempt:
+        loop = asyncio.get_running_loop()
+        client = self._make_client()
+        attempt = _Attempt(client=client, connack=loop.create_future())
+        self._bind_callbacks(attempt)
+        self._attempt = attempt
+        try:
+            await asyncio.wait_for(
+                asyncio.to_thread(self._blocking_connect, client),
+                timeout=self._broker.connect_timeout_s,
+            )
+            client.loop_start()
+            session_present = await asyncio.wait_for(
+                asyncio.shield(attempt.connack), timeout=self._broker.connect_timeout_s
+            )
+            if self._subscriptions and not session_present:
+                # Before reporting "connected", so nothing published to us in between is missed.
+                await asyncio.wait_for(
+                    self._send_subscribe(attempt, dict(self._subscriptions)),
+                    timeout=self._broker.connect_timeout_s,
+                )
+            if attempt.lost.is_set():  # dropped again between CONNACK and now
+                raise MqttNotConnectedError("the connection closed right after CONNACK")
+        except (MqttNotConnectedError, MqttSubscribeError) as exc:
+            await self._teardown(attempt)
+            raise MqttConnectError(f"connection unusable after CONNACK: {exc}") from exc
+        except (OSError, TimeoutError, ValueError, MqttConnectError) as exc:
+            await self._teardown(attempt)
+            if isinstance(exc, MqttConnectError):
+                raise
+            raise MqttConnectError(
+                f"cannot connect to {self._broker.host}:{self._broker.port}: {exc or type(exc)}"
+            ) from exc
+        except asyncio.CancelledError:
+            await self._teardown(attempt)
+            raise
+        self._connected = True
+        self._generation += 1
+        self._connected_event.set()
+        self._connected_event = asyncio.Event()
+        self._log.info("mqtt_connected", session_present=session_present)
+        return attempt
+
+    def _make_client(self) -> paho.Client:
+        v5 = self._broker.protocol == "5"
+        client = paho.Client(
+            callback_api_version=CallbackAPIVersion.VERSION2,
+            client_id=self._client_id,
+            clean_session=None if v5 else self._clean_start,
+            protocol=MQTTProtocolVersion.MQTTv5 if v5 else MQTTProtocolVersion.MQTTv311,
+            transport=self._broker.transport,
+            reconnect_on_failure=False,
+            manual_ack=True,
+        )
+        client.connect_timeout = self._broker.connect_timeout_s
+        if self._broker.username:
+            password = self._broker.resolve_password()
+            client.username_pw_set(
+                self._broker.username,
+                password.get_secret_value() if password is not None else None,
+            )
+        tls = self._broker.tls
+        if tls is not None:
+            try:
+                client.tls_set(
+                    ca_certs=str(tls.ca_file) if tls.ca_file else None,
+                    certfile=str(tls.cert_file) if tls.cert_file else None,
+                    keyfile=str(tls.key_file) if tls.key_file else None,
+                )
+            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+                raise ConfigError(
+                    f"mqtt tls: cannot load ca_file/cert_file/key_file ({exc}); "
+                    "check the paths and that the key matches the certificate"
+                ) from exc
+            client.tls_insecure_set(tls.insecure)
+        if self._will is not None:
+            client.will_set(
+                self._will.topic, self._will.payload, qos=self._will.qos, retain=self._will.retain
+            )
+        return client
+
+    def _blocking_connect(self, client: paho.Client) -> None:
+        """Runs in a worker thread: DNS, TCP (and TLS) handshake and sending CONNECT."""
+        if self._broker.protocol == "5":
+            properties = None
+            if self._session_expiry_s > 0:
+                properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+                properties.SessionExpiryInterval = self._session_expiry_s
+            client.connect(
+                self._broker.host,
+                self._broker.port,
+                self._broker.keepalive,
+                clean_start=self._clean_start,
+                properties=properties,
+            )
+        else:
+            client.connect(self._broker.host, self._broker.port, self._broker.keepalive)
+
+    async def _teardown(self, attempt: _Attempt) -> None:
+        """Stop one client for good: DISCONNECT if open (no will), end its thread."""
+        self._mark_lost(attempt)
+        client = attempt.client
+        client.disconnect()  # also tells paho's thread to exit instead of reconnecting
+        await asyncio.to_thread(client.loop_stop)
+        with contextlib.suppress(OSError):
+            sock = client.socket()
+            if sock is not None:
+                sock.close()
+
+    def _mark_lost(self, attempt: _Attempt) -> None:
+        attempt.lost.set()
+        if self._attempt is attempt:
+            self._attempt = None
+            self._connected = False
+        error = MqttNotConnectedError(
+            "the connection to the broker was lost before it acknowledged"
+        )
+        for pending in (attempt.publishes, attempt.subscribes):
+            for future in pending.values():
+                if not future.done():
+                    future.set_exception(error)
+                    future.exception()  # retrieved here so an abandoned future does not warn
+            pending.clear()
+
+    async def _send_subscribe(self, attempt: _Attempt, topics: dict[str, int]) -> None:
+        result, mid = attempt.client.subscribe(list(topics.items()))
+        if result != MQTTErrorCode.MQTT_ERR_SUCCESS or mid is None:
+            raise MqttNotConnectedError(f"subscribe not sent: {paho.error_string(result)}")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        attempt.subscribes[mid] = future
+        await future
+        self._log.info("mqtt_subscribed", topics=sorted(topics))
+
+    async def _dispatch(self) -> None:
+        handler = self._on_message
+        assert handler is not None
+        while True:
+            delivery = await self._deliveries.get()
+            await handler(delivery.message)
+            attempt = delivery.attempt
+            if delivery.message.qos > 0 and attempt is self._attempt and self._connected:
+                attempt.client.ack(delivery.mid, delivery.message.qos)
+
+    # -- paho callbacks (paho's thread) -> event loop -------------------------------------
+
+    def _bind_callbacks(self, attempt: _Attempt) -> None:
+        loop = self._loop or asyncio.get_running_loop()
+
+        def later(callback: Callable[..., None], *args: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # loop already closed at interpreter exit
+                loop.call_soon_threadsafe(callback, attempt, *args)
+
+        client = attempt.client
+        client.on_connect = lambda _c, _u, flags, rc, _p: later(self._on_connack, flags, rc)
+        client.on_disconnect = lambda _c, _u, _f, rc, _p: later(self._on_disconnect, rc)
+        client.on_publish = lambda _c, _u, mid, rc, _p: later(self._on_puback, mid, rc)
+        client.on_subscribe = lambda _c, _u, mid, rcs, _p: later(self._on_suback, mid, rcs)
+        client.on_message = lambda _c, _u, msg: later(self._on_inbound, msg)
+
+    def _on_connack(self, attempt: _Attempt, flags: paho.ConnectFlags, rc: ReasonCode) -> None:
+        if attempt.connack.done():
+            return
+        if rc.is_failure:
+            attempt.connack.set_exception(
+                MqttConnectError(f"broker refused the connection: {rc}; check credentials/ACL")
+            )
+            attempt.connack.exception()
+        else:
+            attempt.connack.set_result(bool(flags.session_present))
+
+    def _on_disconnect(self, attempt: _Attempt, rc: ReasonCode) -> None:
+        if not attempt.connack.done():
+            attempt.connack.set_exception(MqttConnectError(f"disconnected before CONNACK: {rc}"))
+            attempt.connack.exception()
+        self._mark_lost(attempt)
+
+    def _on_puback(self, attempt: _Attempt, mid: int, rc: ReasonCode) -> None:
+        future = attempt.publishes.pop(mid, None)
+        if future is None or future.done():
+            return
+        if rc.is_failure:
+            future.set_exception(MqttPublishError(f"broker rejected the publish: {rc}"))
+        else:
+            future.set_result(None)
+
+    def _on_suback(self, attempt: _Attempt, mid: int, codes: list[ReasonCode]) -> None:
+        future = attempt.subscribes.pop(mid, None)
+        if future is None or future.done():
+            return
+        refused = [str(code) for code in codes if code.is_failure]
+        if refused:
+            future.set_exception(MqttSubscribeError(f"broker refused subscription: {refused}"))
+        else:
+            future.set_result(None)
+
+    def _on_inbound(self, attempt: _Attempt, message: paho.MQTTMessage) -> None:
+        inbound = InboundMessage(
+            topic=message.topic,
+            payload=bytes(message.payload),
+            qos=message.qos,
+            retain=bool(message.retain),
+        )
+        self._deliveries.put_nowait(_Delivery(attempt=attempt, mid=message.mid, message=inbound))

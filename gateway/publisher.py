@@ -1,0 +1,410 @@
+"""Calibrated readings out over MQTT, with store-and-forward (topics: docs/mqtt.md).
+
+``submit`` never waits for the network: messages go into the persisted :class:`Outbox` and a
+delivery task sends them in order whenever the broker is connected, keeping up to ``in_flight``
+messages awaiting PUBACK and deleting each from the outbox only once acknowledged. The
+availability topic is ``online`` while connected and ``offline`` (the retained last will, or an
+explicit message on clean shutdown) otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Literal, Self
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gateway.calibrated import CalibratedReading
+from gateway.discovery import discovery_message
+from gateway.errors import GatewayError
+from gateway.mqtt_connection import (
+    MqttBrokerConfig,
+    MqttConnection,
+    MqttNotConnectedError,
+    MqttPublishError,
+    Will,
+)
+from gateway.outbox import Outbox, OutboxMessage, QueuedMessage
+from gateway.readings import SENSOR_ID_PATTERN
+
+__all__ = [
+    "OUTBOX_FILENAME",
+    "Publisher",
+    "PublisherConfig",
+    "PublisherError",
+    "iso8601",
+    "reading_payload",
+]
+
+OUTBOX_FILENAME = "outbox.sqlite3"
+DISPLAY_UNIT = "µg/m³"
+_UNIT_ALIASES = {"ug/m3": DISPLAY_UNIT, "µg/m3": DISPLAY_UNIT, DISPLAY_UNIT: DISPLAY_UNIT}
+
+
+class PublisherError(GatewayError):
+    """A calibrated reading cannot be turned into a valid topic (a bug upstream)."""
+
+
+class PublisherConfig(BaseModel):
+    """Where and how calibrated readings are published."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    broker: MqttBrokerConfig = Field(
+        default_factory=MqttBrokerConfig, description="Broker to publish to."
+    )
+    topic_prefix: str | None = Field(
+        default=None, description="Topic prefix; default 'tesla/<gateway_id>'."
+    )
+    client_id: str | None = Field(
+        default=None, max_length=64, description="Client id; default tesla-gateway-<id>-out."
+    )
+    qos: Literal[1, 2] = Field(
+        default=1, description="QoS of calibrated readings (at least 1: the outbox needs acks)."
+    )
+    retain: bool = Field(default=True, description="Retain the latest value of each topic.")
+    stats_interval_s: float = Field(
+        default=60.0, gt=0, description="How often the stats topic is published."
+    )
+    discovery: bool = Field(default=False, description="Publish Home Assistant discovery configs.")
+    discovery_prefix: str = Field(
+        default="homeassistant", min_length=1, description="Home Assistant discovery prefix."
+    )
+    outbox_max_messages: int = Field(
+        default=100_000,
+        ge=1,
+        description="Bound of the store-and-forward queue; beyond it the oldest are dropped.",
+    )
+    in_flight: int = Field(
+        default=32, ge=1, le=1000, description="Messages sent ahead while awaiting PUBACKs."
+    )
+    shutdown_flush_s: float = Field(
+        default=5.0, ge=0, description="On shutdown, how long to keep delivering queued messages."
+    )
+
+    @field_validator("topic_prefix", "discovery_prefix")
+    @classmethod
+    def _plain_topic(cls, value: str | None) -> str | None:
+        if value is not None and (
+            not value
+            or "+" in value
+            or "#" in value
+            or value.startswith("/")
+            or value.endswith("/")
+            or "//" in value
+        ):
+            raise ValueError(
+                f"{value!r} must be a topic without wildcards or empty/leading/trailing levels"
+            )
+        return value
+
+
+def iso8601(timestamp: float) -> str:
+    """UTC ISO-8601 with a 'Z', as every timestamp on our topics."""
+    text = datetime.fromtimestamp(timestamp, UTC).isoformat()
+    return text.replace("+00:00", "Z")
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def reading_payload(reading: CalibratedReading) -> dict[str, object]:
+    """The JSON document of a calibrated topic (docs/mqtt.md)."""
+    return {
+        "ts": iso8601(reading.period_start + reading.period_seconds),
+        "period_start": iso8601(reading.period_start),
+        "period_s": reading.period_seconds,
+        "raw": _finite(reading.raw),
+        "calibrated": _finite(reading.calibrated),
+        "unit": _UNIT_ALIASES.get(reading.unit, reading.unit),
+        "model": reading.model_name,
+        "model_version": reading.model_version,
+        "quality": [quality.value for quality in reading.quality],
+    }
+
+
+class Publisher:
+    """Publishes calibrated readings, availability, stats and discovery; owns its outbox.
+
+    The outbox is opened at construction so :meth:`submit` works before the network side runs;
+    ``async with publisher`` (or ``await publisher.run()``) connects and delivers.
+    """
+
+    def __init__(self, config: PublisherConfig, *, gateway_id: str, state_dir: Path) -> None:
+        if not SENSOR_ID_PATTERN.fullmatch(gateway_id):
+            raise PublisherError(
+                f"gateway id {gateway_id!r} must match {SENSOR_ID_PATTERN.pattern}"
+            )
+        self._config = config
+        self._gateway_id = gateway_id
+        self.topic_prefix = config.topic_prefix or f"tesla/{gateway_id}"
+        self._client_id = config.client_id or f"tesla-gateway-{gateway_id}-out"
+        self._outbox = Outbox.open(
+            state_dir / OUTBOX_FILENAME, max_messages=config.outbox_max_messages
+        )
+        self._log = structlog.get_logger("gateway.publisher").bind(prefix=self.topic_prefix)
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._known: dict[tuple[str, str], None] = {}  # (sensor, feature), insertion-ordered
+        self._announced: set[tuple[str, str]] = set()
+        self._stats: dict[str, object] | None = None
+        self._published = 0
+        self._dropped = 0
+        self._refused = 0
+        self._connection: MqttConnection | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- topics ----------------------------------------------------------------------------
+
+    @property
+    def status_topic(self) -> str:
+        return f"{self.topic_prefix}/status"
+
+    @property
+    def stats_topic(self) -> str:
+        return f"{self.topic_prefix}/stats"
+
+    def state_topic(self, sensor_id: str, feature: str) -> str:
+        return f"{self.topic_prefix}/{sensor_id}/{feature}"
+
+    # -- the non-blocking side -------------------------------------------------------------
+
+    def submit(self, readings: Sequence[CalibratedReading]) -> None:
+        """Queue calibrated readings for delivery (persisted; returns at once)."""
+        messages: list[OutboxMessage] = []
+        for reading in readings:
+            if not SENSOR_ID_PATTERN.fullmatch(
+                reading.sensor_id
+            ) or not SENSOR_ID_PATTERN.fullmatch(reading.feature):
+                raise PublisherError(
+                    f"sensor {reading.sensor_id!r} / feature {reading.feature!r} cannot be a topic"
+                )
+            payload = json.dumps(reading_payload(reading), ensure_ascii=False).encode("utf-8")
+            messages.append(
+                OutboxMessage(
+                    topic=self.state_topic(reading.sensor_id, reading.feature),
+                    payload=payload,
+                    qos=self._config.qos,
+                    retain=self._config.retain,
+                )
+            )
+            self._known.setdefault((reading.sensor_id, reading.feature), None)
+        dropped = self._outbox.append(messages)
+        if dropped:
+            self._dropped += dropped
+            self._log.warning(
+                "outbox_full_dropped_oldest",
+                dropped=dropped,
+                dropped_total=self._outbox.dropped_total,
+                bound=self._config.outbox_max_messages,
+            )
+        if messages:
+            self._idle.clear()
+            self._wake.set()
+
+    def submit_stats(self, stats: Mapping[str, object]) -> None:
+        """Replace the snapshot published on the stats topic every ``stats_interval_s``."""
+        self._stats = dict(stats)
+
+    def stats(self) -> dict[str, object]:
+        """The publisher's own counters (also merged into the stats topic under 'publisher')."""
+        return {
+            "connected": self.connected,
+            "queued": len(self._outbox),
+            "published": self._published,
+            "dropped": self._dropped,
+            "dropped_total": self._outbox.dropped_total,
+            "refused": self._refused,
+        }
+
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None and self._connection.connected
+
+    @property
+    def queued(self) -> int:
+        return len(self._outbox)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        connection = MqttConnection(
+            self._config.broker,
+            client_id=self._client_id,
+            clean_start=True,
+            will=Will(self.status_topic, b"offline", qos=1, retain=True),
+            name="publisher",
+        )
+        await connection.__aenter__()
+        self._connection = connection
+        self._tasks = [
+            asyncio.create_task(self._deliver_forever(connection), name="publisher-deliver"),
+            asyncio.create_task(self._stats_forever(connection), name="publisher-stats"),
+        ]
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def run(self) -> None:
+        """Connect and deliver until cancelled, then shut down cleanly."""
+        async with self:
+            await self.serve()
+
+    async def serve(self) -> None:
+        """Wait while delivering; raises if a background task fails."""
+        connection = self._connection
+        if connection is None:
+            raise PublisherError("Publisher.serve() needs 'async with publisher' first")
+        await asyncio.gather(connection.serve(), *self._tasks)
+
+    async def wait_idle(self) -> None:
+        """Return once everything queued so far has been acknowledged by the broker."""
+        while len(self._outbox):
+            self._idle.clear()
+            await self._idle.wait()
+
+    async def aclose(self) -> None:
+        """Deliver what can be delivered within ``shutdown_flush_s``, say offline, disconnect."""
+        connection, self._connection = self._connection, None
+        try:
+            if connection is not None and connection.connected and len(self._outbox):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wait_idle(), self._config.shutdown_flush_s)
+            tasks, self._tasks = self._tasks, []
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if connection is not None:
+                if connection.connected:
+                    with contextlib.suppress(MqttNotConnectedError, TimeoutError):
+                        await asyncio.wait_for(
+                            connection.publish(self.status_topic, b"offline", retain=True), 2.0
+                        )
+                await connection.close()
+        finally:
+            self._log.info("publisher_closed", queued=len(self._outbox))
+            self._outbox.close()
+
+    # -- delivery --------------------------------------------------------------------------
+
+    async def _deliver_forever(self, connection: MqttConnection) -> None:
+        while True:
+            await connection.wait_connected()
+            try:
+                await self._publish_or_log(connection, self.status_topic, b"online")
+                self._announced.clear()
+                await self._drain(connection)
+            except MqttNotConnectedError:
+                self._log.info("publisher_waiting_for_broker", queued=len(self._outbox))
+
+    async def _drain(self, connection: MqttConnection) -> None:
+        """Send the outbox in order until the connection is lost (then raise)."""
+        while True:
+            batch = self._outbox.peek(self._config.in_flight)
+            if not batch:
+                self._idle.set()
+                self._wake.clear()
+                if not len(self._outbox):
+                    await self._wait_for_work(connection)
+                continue
+            await self._announce(connection)
+            futures = [
+                connection.start_publish(m.topic, m.payload, qos=m.qos, retain=m.retain)
+                for m in batch
+            ]
+            results = await asyncio.gather(*futures, return_exceptions=True)
+            self._settle(batch, results)
+
+    def _settle(self, batch: list[QueuedMessage], results: list[BaseException | None]) -> None:
+        done: list[int] = []
+        lost = False
+        for message, result in zip(batch, results, strict=True):
+            if result is None:
+                done.append(message.id)
+                self._published += 1
+            elif isinstance(result, MqttPublishError):
+                # The broker will never take it (e.g. ACL): retrying would block the queue.
+                done.append(message.id)
+                self._refused += 1
+                self._log.error("publish_refused", topic=message.topic, error=str(result))
+            elif isinstance(result, MqttNotConnectedError):
+                lost = True
+            else:
+                raise result
+        self._outbox.remove(done)
+        if lost:
+            raise MqttNotConnectedError("connection lost during delivery; will resume in order")
+
+    async def _wait_for_work(self, connection: MqttConnection) -> None:
+        wake = asyncio.create_task(self._wake.wait())
+        lost = asyncio.create_task(connection.wait_disconnected())
+        try:
+            await asyncio.wait({wake, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wake.cancel()
+            lost.cancel()
+        if not connection.connected:
+            raise MqttNotConnectedError("connection lost while idle")
+
+    async def _announce(self, connection: MqttConnection) -> None:
+        if not self._config.discovery:
+            return
+        pending = [pair for pair in self._known if pair not in self._announced]
+        for sensor_id, feature in pending:
+            topic, payload = discovery_message(
+                discovery_prefix=self._config.discovery_prefix,
+                gateway_id=self._gateway_id,
+                sensor_id=sensor_id,
+                feature=feature,
+                state_topic=self.state_topic(sensor_id, feature),
+                availability_topic=self.status_topic,
+            )
+            await self._publish_or_log(connection, topic, payload)
+            self._announced.add((sensor_id, feature))
+
+    async def _publish_or_log(self, connection: MqttConnection, topic: str, payload: bytes) -> None:
+        """Retained QoS 1 publish whose refusal by the broker (an ACL) must not stop delivery."""
+        try:
+            await connection.publish(topic, payload, qos=1, retain=True)
+        except MqttPublishError as exc:
+            self._refused += 1
+            self._log.error("publish_refused", topic=topic, error=str(exc))
+
+    async def _stats_forever(self, connection: MqttConnection) -> None:
+        while True:
+            await asyncio.sleep(self._config.stats_interval_s)
+            await self.publish_stats(connection)
+
+    async def publish_stats(self, connection: MqttConnection | None = None) -> bool:
+        """Publish the stats snapshot now; False if not connected (the next one replaces it)."""
+        connection = connection or self._connection
+        if connection is None or not connection.connected:
+            return False
+        document = {**(self._stats or {}), "publisher": self.stats(), "ts": iso8601(_now())}
+        payload = json.dumps(document, ensure_ascii=False, default=str).encode("utf-8")
+        try:
+            await connection.publish(self.stats_topic, payload, qos=1, retain=True)
+        except MqttNotConnectedError:
+            return False
+        return True
+
+
+def _now() -> float:
+    return datetime.now(UTC).timestamp()

@@ -1,0 +1,415 @@
+"""The daemon: wires sources, windows, ticker, models and publisher under one TaskGroup.
+
+Data flows one way: sources -> queue -> ingest (windows) -> tick (batched invoke) -> publisher.
+SIGTERM and SIGINT set one stop event; the one shutdown path then stops the sources, feeds what
+they already queued, runs a final tick, saves the windows, lets the publisher flush its outbox,
+and stops every other loop, so the TaskGroup ends and the process exits 0. SIGHUP asks for a
+model reload. systemd is told READY when the service runs and WATCHDOG only while the ingest and
+tick loops are making progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+
+import structlog
+
+from gateway import __version__
+from gateway.config import GatewayConfig, MqttSourceEntry
+from gateway.errors import GatewayError, ModelLoadError
+from gateway.model_watch import ModelSet, ReloadOutcome
+from gateway.outbox import OutboxError
+from gateway.publisher import Publisher, PublisherError
+from gateway.readings import Reading, RejectReason
+from gateway.rejects import RejectCounter
+from gateway.sd_notify import SdNotifier
+from gateway.sources.mqtt_source import MqttSource
+from gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig, SerialSource
+from gateway.state import StateStore
+from gateway.ticker import Ticker
+from gateway.window_store import WindowStore
+
+__all__ = ["AlreadyRunningError", "GatewayService", "read_pid_file", "write_json_atomic"]
+
+_log = structlog.get_logger(__name__)
+
+_QUEUE_BOUND = 10_000  # readings waiting for ingest; sources wait (backpressure) beyond it
+_HEARTBEAT_S = 1.0  # the ingest and tick loops wake at least this often
+_PROGRESS_TIMEOUT_S = 30.0  # WATCHDOG=1 only if both loops beat within this
+
+
+_SourceRun = Callable[[asyncio.Queue[Reading], RejectCounter], Coroutine[None, None, None]]
+
+
+class AlreadyRunningError(GatewayError):
+    """Another gateway process holds the pid file of this state directory."""
+
+
+def write_json_atomic(path: Path, document: object) -> None:
+    """Replace ``path`` by a rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump(document, out, indent=2, sort_keys=True, default=str)
+            out.write("\n")
+        Path(temp_name).replace(path)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+
+
+def read_pid_file(path: Path) -> int | None:
+    """The pid recorded in ``path`` if that process is alive, else None."""
+    try:
+        pid = int(path.read_text(encoding="ascii").strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid  # alive, owned by someone else
+    try:  # after a crash and a reboot the pid may belong to an unrelated process
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return pid  # no /proc: trust the pid
+    return pid if _is_gateway_command(args) else None
+
+
+def _is_gateway_command(args: list[str]) -> bool:
+    """``tesla-gateway run ...`` or ``python -m gateway run ...``."""
+    if "run" not in args:
+        return False
+    if any(Path(arg).name == "tesla-gateway" for arg in args[:3]):
+        return True
+    return any(a == "-m" and b == "gateway" for a, b in itertools.pairwise(args))
+
+
+class GatewayService:
+    """One run of the daemon; construct, then ``await run()``."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        notifier: SdNotifier | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.notifier = notifier if notifier is not None else SdNotifier()
+        self._clock = clock
+        self.rejects = RejectCounter()
+        self.models = ModelSet(
+            config.model_dirs, config.runtime.preference, num_threads=config.runtime.num_threads
+        )
+        self.store = WindowStore()
+        self.state = StateStore(config.state_dir, clock=clock)
+        self.ticker = Ticker(self.store, self.models, grace_s=config.tick.grace_s, clock=clock)
+        self.publisher: Publisher | None = None
+        self._started_at = clock()
+        self._phase = "starting"
+        self._ingest_beat = time.monotonic()
+        self._tick_beat = time.monotonic()
+        self._publish_failures = 0
+        self._publisher_final: dict[str, object] | None = None  # its outbox is closed after run
+        self._stop: asyncio.Event | None = None
+        self._reload: asyncio.Event | None = None
+        self._tick_wanted: asyncio.Event | None = None
+        self._mqtt_sources: dict[str, MqttSource] = {}
+
+    # -- control ----------------------------------------------------------------------------
+
+    def request_stop(self, reason: str = "requested") -> None:
+        if self._stop is not None and not self._stop.is_set():
+            _log.info("shutdown_requested", reason=reason)
+            self._stop.set()
+
+    def request_reload(self) -> None:
+        if self._reload is not None:
+            _log.info("reload_requested")
+            self._reload.set()
+
+    # -- the run ----------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Run until stopped; returns the process exit code (0 after a clean shutdown)."""
+        loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._reload = asyncio.Event()
+        self._tick_wanted = asyncio.Event()
+        self._claim_pid_file()
+        handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        try:
+            loop.add_signal_handler(signal.SIGTERM, self.request_stop, "SIGTERM")
+            loop.add_signal_handler(signal.SIGINT, self.request_stop, "SIGINT")
+            loop.add_signal_handler(signal.SIGHUP, self.request_reload)
+            await self._start_models()
+            self.publisher = Publisher(
+                self.config.publisher,
+                gateway_id=self.config.gateway_id,
+                state_dir=self.config.state_dir,
+            )
+            await self._serve(self.publisher)
+        finally:
+            for signum in handled:
+                loop.remove_signal_handler(signum)
+            self._phase = "stopped"
+            self.state.save_all(self.store)  # also after a crash: keep what we have
+            self._write_status()
+            self.config.pid_file.unlink(missing_ok=True)
+        _log.info("gateway_stopped")
+        return 0
+
+    def _claim_pid_file(self) -> None:
+        pid_file = self.config.pid_file
+        other = read_pid_file(pid_file)
+        if other is not None and other != os.getpid():
+            raise AlreadyRunningError(
+                f"a gateway (pid {other}) already runs with state_dir {self.config.state_dir}; "
+                "stop it first or give this one its own state_dir"
+            )
+        try:
+            self.config.state_dir.mkdir(parents=True, exist_ok=True)
+            temp = pid_file.with_name(f".{pid_file.name}.tmp")
+            temp.write_text(f"{os.getpid()}\n", encoding="ascii")
+            temp.replace(pid_file)
+        except OSError as exc:
+            raise GatewayError(
+                f"cannot write to state_dir {self.config.state_dir}: {exc.strerror or exc}"
+            ) from exc
+
+    async def _start_models(self) -> None:
+        results = await asyncio.to_thread(self.models.refresh, force=True)
+        if not self.models.loaded():
+            problems = "; ".join(f"{r.feature}: {r.error}" for r in results)
+            raise ModelLoadError(f"no model could be loaded, nothing to calibrate ({problems})")
+        self._sync_windows()
+
+    def _sync_windows(self) -> None:
+        """Give loaded models windows, restoring the saved ones where the geometry matches."""
+        for feature in self.ticker.sync_models():
+            calibrator = self.models.get(feature)
+            if calibrator is None:
+                continue
+            restored = self.state.restore(feature, calibrator.geometry)
+            if restored is not None:
+                self.store.install(feature, restored)
+
+    async def _serve(self, publisher: Publisher) -> None:
+        assert self._stop is not None
+        queue: asyncio.Queue[Reading] = asyncio.Queue(maxsize=_QUEUE_BOUND)
+        sources = self._make_sources()
+        async with asyncio.TaskGroup() as group:
+            publisher_task = group.create_task(publisher.run(), name="publisher")
+            source_tasks: list[asyncio.Task[None]] = [
+                group.create_task(run(queue, self.rejects), name=name) for name, run in sources
+            ]
+            ingest_task = group.create_task(self._ingest_loop(queue), name="ingest")
+            tick_task = group.create_task(self._tick_loop(publisher), name="tick")
+            helpers = [
+                group.create_task(self._watch_loop(), name="model-watch"),
+                group.create_task(self._status_loop(publisher), name="status"),
+                group.create_task(self._save_loop(), name="state-save"),
+                group.create_task(self._watchdog_loop(), name="watchdog"),
+            ]
+            self._phase = "running"
+            self.notifier.ready(self._status_line())
+            _log.info(
+                "gateway_started",
+                gateway_id=self.config.gateway_id,
+                version=__version__,
+                models={f: f"{c.name} v{c.version}" for f, c in self.models.loaded().items()},
+                runtime=sorted({c.runtime_name for c in self.models.loaded().values()}),
+                sources=[name for name, _ in sources],
+            )
+            await self._stop.wait()
+            # The one shutdown path, in data-flow order.
+            self._phase = "stopping"
+            self.notifier.stopping("stopping: flushing windows and outbox")
+            await _cancel_and_wait(source_tasks)
+            await _cancel_and_wait([ingest_task])
+            while not queue.empty():
+                self._ingest(queue.get_nowait())
+            await _cancel_and_wait([tick_task])
+            await self._tick_once(publisher)
+            await _cancel_and_wait(helpers)
+            self.state.save_all(self.store)
+            self._publisher_final = publisher.stats()
+            await _cancel_and_wait([publisher_task])  # delivers within shutdown_flush_s
+
+    def _make_sources(self) -> list[tuple[str, _SourceRun]]:
+        made: list[tuple[str, _SourceRun]] = []
+        serial_ports: list[NodePortConfig | Pms5003PortConfig] = []
+        for index, source in enumerate(self.config.sources):
+            if isinstance(source, MqttSourceEntry):
+                mqtt = MqttSource(source, gateway_id=self.config.gateway_id, clock=self._clock)
+                self._mqtt_sources[f"mqtt-source-{index}"] = mqtt
+                made.append((f"mqtt-source-{index}", mqtt.run))
+            else:
+                serial_ports.append(source)
+        if serial_ports:
+            made.append(("serial-sources", SerialSource(serial_ports, clock=self._clock).run))
+        return made
+
+    # -- loops ------------------------------------------------------------------------------
+
+    async def _ingest_loop(self, queue: asyncio.Queue[Reading]) -> None:
+        while True:
+            try:
+                reading = await asyncio.wait_for(queue.get(), _HEARTBEAT_S)
+            except TimeoutError:
+                self._ingest_beat = time.monotonic()
+                continue
+            self._ingest(reading)
+
+    def _ingest(self, reading: Reading) -> None:
+        self._ingest_beat = time.monotonic()
+        policy = self.config.sensors
+        if not policy.allows(reading.sensor_id):
+            self.rejects.reject(
+                RejectReason.UNKNOWN_SENSOR,
+                source=reading.source,
+                detail=f"sensor {reading.sensor_id} is not in sensors.known",
+            )
+            return
+        self.ticker.ingest(reading)
+        if self.ticker.has_closed_periods and self._tick_wanted is not None:
+            self._tick_wanted.set()
+
+    async def _tick_loop(self, publisher: Publisher) -> None:
+        assert self._tick_wanted is not None
+        poll_s = min(_HEARTBEAT_S, max(self.config.tick.grace_s / 2, 0.05))
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._tick_wanted.wait(), poll_s)
+                await asyncio.sleep(self.config.tick.settle_s)  # let the others cross too
+            self._tick_wanted.clear()
+            await self._tick_once(publisher)
+
+    async def _tick_once(self, publisher: Publisher) -> None:
+        readings = await self.ticker.tick()
+        self._tick_beat = time.monotonic()
+        if not readings:
+            return
+        try:
+            publisher.submit(readings)
+        except (OutboxError, PublisherError) as exc:
+            self._publish_failures += len(readings)
+            _log.error("publish_submit_failed", readings=len(readings), error=str(exc))
+
+    async def _watch_loop(self) -> None:
+        assert self._reload is not None
+        while True:
+            force = False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._reload.wait(), self.config.runtime.model_poll_s)
+                force = True
+            self._reload.clear()
+            results = await asyncio.to_thread(self.models.refresh, force=force)
+            if any(r.outcome is ReloadOutcome.LOADED for r in results):
+                self._sync_windows()
+            if force:
+                _log.info(
+                    "reload_done",
+                    results={r.feature: r.outcome.value for r in results},
+                )
+
+    async def _status_loop(self, publisher: Publisher) -> None:
+        while True:
+            self._write_status()
+            publisher.submit_stats(self._stats())
+            self.notifier.status(self._status_line())
+            await asyncio.sleep(self.config.state.status_interval_s)
+
+    async def _save_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.state.save_interval_s)
+            snapshots = self.state.snapshot(self.store)  # on the loop: a consistent copy
+            await asyncio.to_thread(self.state.write_snapshots, snapshots)
+
+    async def _watchdog_loop(self) -> None:
+        interval = self.notifier.watchdog_interval_s
+        if interval is None:
+            return
+        # Both loops beat at least every _HEARTBEAT_S; a stall longer than the systemd watchdog
+        # period itself (twice our ping interval), or _PROGRESS_TIMEOUT_S, withholds the ping.
+        timeout = max(3 * _HEARTBEAT_S, min(_PROGRESS_TIMEOUT_S, 2 * interval))
+        while True:
+            now = time.monotonic()
+            if now - self._ingest_beat < timeout and now - self._tick_beat < timeout:
+                self.notifier.watchdog()
+            else:
+                _log.error(
+                    "watchdog_withheld",
+                    ingest_idle_s=round(now - self._ingest_beat, 1),
+                    tick_idle_s=round(now - self._tick_beat, 1),
+                )
+            await asyncio.sleep(interval)
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def _stats(self) -> dict[str, object]:
+        return {
+            "gateway_id": self.config.gateway_id,
+            "version": __version__,
+            "uptime_s": round(self._clock() - self._started_at, 1),
+            "readings_in": self.ticker.stats.readings_in,
+            "rejected": self.rejects.snapshot(),
+            "windows": {
+                feature: {
+                    "sensors": len(windows.sensor_ids),
+                    "outcomes": {o.value: n for o, n in windows.counts.items()},
+                }
+                for feature, windows in self.store.items()
+            },
+            "ticker": self.ticker.stats.as_dict(),
+            "models": self.models.stats(),
+            "state": self.state.stats.as_dict(),
+            "publish_failures": self._publish_failures,
+            "mqtt_sources_connected": {
+                name: source.connected for name, source in self._mqtt_sources.items()
+            },
+        }
+
+    def _status_line(self) -> str:
+        stats = self.ticker.stats
+        return (
+            f"{self._phase}: {stats.readings_in} readings, {stats.published} published, "
+            f"{sum(len(w.sensor_ids) for _, w in self.store.items())} sensor windows"
+        )
+
+    def _write_status(self) -> None:
+        document: dict[str, object] = {
+            "pid": os.getpid(),
+            "phase": self._phase,
+            "started_at": self._started_at,
+            "updated_at": self._clock(),
+            **self._stats(),
+        }
+        if self._publisher_final is not None:
+            document["publisher"] = self._publisher_final
+        elif self.publisher is not None and self._phase == "running":
+            document["publisher"] = self.publisher.stats()
+        try:
+            write_json_atomic(self.config.status_file, document)
+        except OSError as exc:
+            _log.error("status_write_failed", path=str(self.config.status_file), error=str(exc))
+
+
+async def _cancel_and_wait(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel tasks and wait until they have finished their own clean-up."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks)

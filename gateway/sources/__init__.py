@@ -1,0 +1,1 @@
+"""Where readings come from: one module per source kind, each feeding one queue."""

@@ -1,0 +1,193 @@
+"""Readings from sensors that publish JSON over MQTT.
+
+The source keeps a persistent session (fixed client id, clean start off, a session expiry) so
+the broker queues QoS 1 readings published while the gateway is down and delivers them when it
+returns. Each message is acknowledged only after its readings are in the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gateway.mqtt_connection import InboundMessage, MqttBrokerConfig, MqttConnection
+from gateway.readings import SENSOR_ID_PATTERN, Reading, ReadingRejectedError, RejectReason
+from gateway.rejects import RejectCounter
+from gateway.sources.payloads import PayloadRules, decode_payload
+
+__all__ = ["MqttSource", "MqttSourceConfig"]
+
+SOURCE_NAME = "mqtt"
+
+
+class MqttSourceConfig(BaseModel):
+    """Where the sensors publish and how their payloads are read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    broker: MqttBrokerConfig = Field(
+        default_factory=MqttBrokerConfig, description="Broker the sensors publish to."
+    )
+    topics: list[str] = Field(
+        default_factory=lambda: ["sensors/+/raw"],
+        min_length=1,
+        description="Topic filters to subscribe to (MQTT wildcards allowed).",
+    )
+    sensor_id_topic_level: int | None = Field(
+        default=1,
+        ge=0,
+        le=32,
+        description=(
+            "0-based topic level holding the sensor id ('sensors/<id>/raw' -> 1); "
+            "null to take it from the payload's 'sensor' key."
+        ),
+    )
+    qos: int = Field(default=1, ge=0, le=2, description="Subscription QoS; 1 for at-least-once.")
+    client_id: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Fixed client id for the persistent session; default tesla-gateway-<id>-in.",
+    )
+    persistent_session: bool = Field(
+        default=True,
+        description="Keep the session (and queued readings) across gateway restarts.",
+    )
+    session_expiry_s: int = Field(
+        default=7 * 24 * 3600,
+        ge=0,
+        description="MQTT 5: how long the broker keeps the session while the gateway is away.",
+    )
+    max_payload_bytes: int = Field(
+        default=65_536, ge=64, le=16 * 1024 * 1024, description="Larger payloads are rejected."
+    )
+    max_batch: int = Field(default=1_000, ge=1, description="Most readings in one JSON array.")
+    max_future_s: float = Field(
+        default=300.0, ge=0, description="Readings further in the future are rejected."
+    )
+    max_age_s: float | None = Field(
+        default=7 * 24 * 3600.0,
+        gt=0,
+        description="Readings older than this are rejected as stale; null accepts any age.",
+    )
+    allowed_sensors: list[str] | None = Field(
+        default=None, description="If set, readings from other sensor ids are rejected."
+    )
+
+    @field_validator("topics")
+    @classmethod
+    def _valid_filters(cls, value: list[str]) -> list[str]:
+        for topic in value:
+            levels = topic.split("/")
+            if not topic or any(
+                ("#" in level and (level != "#" or index != len(levels) - 1))
+                or ("+" in level and level != "+")
+                for index, level in enumerate(levels)
+            ):
+                raise ValueError(f"{topic!r} is not a valid MQTT topic filter")
+        return value
+
+    def payload_rules(self) -> PayloadRules:
+        return PayloadRules(
+            max_payload_bytes=self.max_payload_bytes,
+            max_batch=self.max_batch,
+            max_future_s=self.max_future_s,
+            max_age_s=self.max_age_s,
+            allowed_sensors=frozenset(self.allowed_sensors) if self.allowed_sensors else None,
+        )
+
+
+class MqttSource:
+    """Subscribes to the sensor topics and feeds validated readings into the gateway's queue."""
+
+    def __init__(
+        self,
+        config: MqttSourceConfig,
+        *,
+        gateway_id: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._config = config
+        self._client_id = config.client_id or f"tesla-gateway-{gateway_id}-in"
+        self._clock = clock
+        self._rules = config.payload_rules()
+        self._log = structlog.get_logger("gateway.sources.mqtt")
+        self._connection: MqttConnection | None = None
+        self._started = asyncio.Event()
+
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None and self._connection.connected
+
+    async def wait_connected(self) -> None:
+        """Return once subscribed (tests and start-up ordering use this)."""
+        while True:
+            await self._started.wait()
+            connection = self._connection
+            if connection is not None:
+                await connection.wait_connected()
+                return
+
+    async def run(self, queue: asyncio.Queue[Reading], rejects: RejectCounter) -> None:
+        """Run until cancelled; reconnects on its own; bad payloads are counted, never raised."""
+
+        async def on_message(message: InboundMessage) -> None:
+            for reading in self._decode(message, rejects):
+                await queue.put(reading)
+
+        persistent = self._config.persistent_session
+        connection = MqttConnection(
+            self._config.broker,
+            client_id=self._client_id,
+            clean_start=not persistent,
+            on_message=on_message,
+            session_expiry_s=self._config.session_expiry_s if persistent else 0,
+            name="source",
+        )
+        async with connection:
+            self._connection = connection
+            self._started.set()
+            try:
+                await connection.subscribe(self._config.topics, qos=self._config.qos)
+                await connection.serve()
+            finally:
+                self._connection = None
+                self._started.clear()
+
+    def _decode(self, message: InboundMessage, rejects: RejectCounter) -> list[Reading]:
+        try:
+            topic_sensor_id = self._topic_sensor_id(message.topic)
+            decoded = decode_payload(
+                message.payload,
+                topic_sensor_id=topic_sensor_id,
+                received_at=self._clock(),
+                source=SOURCE_NAME,
+                rules=self._rules,
+            )
+        except ReadingRejectedError as exc:
+            rejects.reject_error(exc, source=SOURCE_NAME)
+            return []
+        for reject in decoded.rejects:
+            rejects.reject_error(reject, source=SOURCE_NAME)
+        return list(decoded.readings)
+
+    def _topic_sensor_id(self, topic: str) -> str | None:
+        level = self._config.sensor_id_topic_level
+        if level is None:
+            return None
+        levels = topic.split("/")
+        if level >= len(levels):
+            raise ReadingRejectedError(
+                RejectReason.BAD_SENSOR_ID,
+                f"topic {topic[:100]!r} has no level {level} to take the sensor id from",
+            )
+        sensor_id = levels[level]
+        if not SENSOR_ID_PATTERN.fullmatch(sensor_id):
+            raise ReadingRejectedError(
+                RejectReason.BAD_SENSOR_ID,
+                f"topic level {level} {sensor_id[:64]!r} is not a valid sensor id",
+            )
+        return sensor_id

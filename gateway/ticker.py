@@ -1,0 +1,235 @@
+"""From closed periods to calibrated readings: one batched invoke per model per tick.
+
+A sensor's period closes in event time, when that sensor's reading for a later period arrives,
+or by the wall-clock fallback at most ``grace_s`` after the period's end (or after its last
+reading, for replayed data). A tick gathers every closed period of every model, runs each model
+once over all its valid windows, and returns one :class:`CalibratedReading` per (sensor, period,
+feature). A window that is not valid is published with its raw value and the reason, never with a
+made-up calibration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import structlog
+
+from gateway.calibrated import CalibratedReading, Quality
+from gateway.calibrator import CalibrationError, Calibrator
+from gateway.model_watch import ModelSet
+from gateway.readings import Reading
+from gateway.window_store import AddOutcome, ReadyWindows, WindowGeometry, WindowStore
+
+__all__ = ["TickBatch", "Ticker", "TickerStats"]
+
+_log = structlog.get_logger(__name__)
+
+
+@dataclass(slots=True)
+class TickerStats:
+    """Counters for the stats topic and the status file."""
+
+    readings_in: int = 0
+    ticks: int = 0
+    published: int = 0
+    calibrated: int = 0
+    flagged: dict[str, int] = field(default_factory=dict)
+    inference_errors: int = 0
+    last_inference_s: float = 0.0
+    total_inference_s: float = 0.0
+    last_batch: dict[str, int] = field(default_factory=dict)
+    sensors_ready: dict[str, int] = field(default_factory=dict)
+    last_ingest_monotonic: float = 0.0
+    last_tick_monotonic: float = 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "readings_in": self.readings_in,
+            "ticks": self.ticks,
+            "published": self.published,
+            "calibrated": self.calibrated,
+            "flagged": dict(self.flagged),
+            "inference_errors": self.inference_errors,
+            "last_inference_ms": round(self.last_inference_s * 1000, 3),
+            "total_inference_s": round(self.total_inference_s, 6),
+            "last_batch": dict(self.last_batch),
+            "sensors_ready": dict(self.sensors_ready),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TickBatch:
+    """One model's closed periods, taken off the loop to be calibrated."""
+
+    feature: str
+    calibrator: Calibrator | None
+    ready: ReadyWindows
+
+
+class Ticker:
+    """Owns the window store on the event loop; calibrates off it."""
+
+    def __init__(
+        self,
+        store: WindowStore,
+        models: ModelSet,
+        *,
+        grace_s: float,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.models = models
+        self.grace_s = grace_s
+        self.stats = TickerStats()
+        self._clock = clock
+        self._monotonic = monotonic
+        self.sync_models()
+
+    def sync_models(self) -> list[str]:
+        """Give every loaded model windows of its geometry; returns features whose windows reset."""
+        reset: list[str] = []
+        for feature, calibrator in self.models.loaded().items():
+            previous = self.store[feature].geometry if feature in self.store else None
+            if self.store.ensure(feature, calibrator.geometry):
+                reset.append(feature)
+                if previous is not None:
+                    _log.warning(
+                        "windows_reset",
+                        feature=feature,
+                        reason="model geometry changed",
+                        previous=_describe(previous),
+                        current=_describe(calibrator.geometry),
+                    )
+        return reset
+
+    def ingest(self, reading: Reading) -> dict[str, AddOutcome]:
+        """Add a reading to every model's windows (``arrival`` = now); the outcome per feature."""
+        self.stats.readings_in += 1
+        self.stats.last_ingest_monotonic = self._monotonic()
+        return self.store.add(reading, self._clock())
+
+    @property
+    def has_closed_periods(self) -> bool:
+        return self.store.pending_count > 0
+
+    def collect(self) -> list[TickBatch]:
+        """Apply the wall-clock fallback and pop every closed period (on the event loop)."""
+        self.sync_models()  # a model swapped in by a reload must never see old-shaped windows
+        self.store.close_idle(self._clock(), self.grace_s)
+        batches: list[TickBatch] = []
+        for feature, windows in self.store.items():
+            ready = windows.ready_windows()
+            if len(ready):
+                batches.append(TickBatch(feature, self.models.get(feature), ready))
+        return batches
+
+    def calibrate(self, batches: list[TickBatch]) -> list[CalibratedReading]:
+        """Run each model once over its valid windows (blocking: call from a thread)."""
+        out: list[CalibratedReading] = []
+        for batch in batches:
+            out.extend(self._calibrate_batch(batch))
+        return out
+
+    async def tick(self) -> list[CalibratedReading]:
+        """Collect on the loop, invoke in a worker thread, count, return the readings."""
+        batches = self.collect()
+        self.stats.ticks += 1
+        self.stats.last_tick_monotonic = self._monotonic()
+        if not batches:
+            return []
+        readings = await asyncio.to_thread(self.calibrate, batches)
+        self.stats.published += len(readings)
+        for batch in batches:
+            self.stats.sensors_ready[batch.feature] = len(
+                {
+                    r.sensor_id
+                    for r in readings
+                    if r.feature == batch.feature and r.calibrated is not None
+                }
+            )
+        for item in readings:
+            if item.calibrated is not None:
+                self.stats.calibrated += 1
+            for flag in item.quality:
+                if flag is not Quality.OK:
+                    self.stats.flagged[flag.value] = self.stats.flagged.get(flag.value, 0) + 1
+        return readings
+
+    def _calibrate_batch(self, batch: TickBatch) -> list[CalibratedReading]:
+        ready = batch.ready
+        calibrator = batch.calibrator
+        valid = ready.valid
+        values = np.full(len(ready), np.nan, dtype=np.float64)
+        failed = False
+        if calibrator is not None and valid.any():
+            started = time.perf_counter()
+            try:
+                values[valid] = calibrator.calibrate(ready.windows[valid])
+            except CalibrationError as exc:
+                failed = True
+                self.stats.inference_errors += 1
+                _log.error("inference_failed", feature=batch.feature, error=str(exc))
+            elapsed = time.perf_counter() - started
+            self.stats.last_inference_s = elapsed
+            self.stats.total_inference_s += elapsed
+            self.stats.last_batch[batch.feature] = int(valid.sum())
+        domain = _outside_domain(calibrator, ready)
+        period_seconds = (
+            calibrator.geometry.period_seconds
+            if calibrator is not None
+            else int(self.store[batch.feature].geometry.period_seconds)
+        )
+        out: list[CalibratedReading] = []
+        for row, sensor_id in enumerate(ready.sensor_ids):
+            quality = ready.quality[row]
+            calibrated: float | None = None
+            if calibrator is None or failed:
+                quality = (*quality, Quality.NO_MODEL)
+            elif not quality:
+                value = float(values[row])
+                if math.isfinite(value):
+                    calibrated = value
+                    quality = (Quality.OK, Quality.OUT_OF_DOMAIN) if domain[row] else (Quality.OK,)
+                else:
+                    quality = (Quality.OUT_OF_DOMAIN,)
+            out.append(
+                CalibratedReading(
+                    sensor_id=sensor_id,
+                    feature=batch.feature,
+                    period_start=float(int(ready.periods[row]) * period_seconds),
+                    period_seconds=period_seconds,
+                    raw=float(ready.raw[row]),
+                    calibrated=calibrated,
+                    unit="ug/m3" if calibrator is None else calibrator.manifest.unit,
+                    model_name=None if calibrator is None else calibrator.name,
+                    model_version=None if calibrator is None else calibrator.version,
+                    quality=quality,
+                )
+            )
+        return out
+
+
+def _outside_domain(calibrator: Calibrator | None, ready: ReadyWindows) -> np.ndarray:
+    """Rows whose window leaves the training inputs' [min, max] (advisory flag)."""
+    if calibrator is None or not len(ready):
+        return np.zeros(len(ready), dtype=np.bool_)
+    span = calibrator.manifest.input_range
+    with np.errstate(invalid="ignore"):
+        windows = ready.windows
+        flat = windows if windows.ndim == 2 else windows[:, :, 0]  # the feature's own channel
+        low = np.nanmin(np.where(np.isnan(flat), np.inf, flat), axis=1)
+        high = np.nanmax(np.where(np.isnan(flat), -np.inf, flat), axis=1)
+    return np.asarray((low < span.min) | (high > span.max), dtype=np.bool_)
+
+
+def _describe(geometry: WindowGeometry) -> str:
+    return (
+        f"N={geometry.window_length} period={geometry.period_seconds}s "
+        f"channels={','.join(geometry.channels)}"
+    )

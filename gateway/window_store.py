@@ -1,0 +1,507 @@
+"""Per (sensor, model) ring buffers filled in event time, with training's gap policy.
+
+Each model has one :class:`ModelWindows`: a preallocated ``[sensors, channels, N]`` float64 array
+in which period ``t`` always lives at column ``t % N`` (a roll-free circular layout: no head index
+to move, no copying on push). Readings are averaged into the sensor's *open* period; the period
+closes when a reading for a later period arrives (event time) or when the ticker forces it
+(wall-clock fallback). Closing writes the mean and fills the gap since the previous observation
+with :func:`gateway.series.gap_fill`, exactly as training's :func:`interpolate_short_gaps` does,
+so a window here equals the training window over the same series.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from gateway.calibrated import Quality
+from gateway.errors import GatewayError
+from gateway.manifest import Manifest
+from gateway.readings import Reading
+from gateway.series import GapPolicy, gap_fill, period_index, window_is_valid
+
+__all__ = [
+    "NO_PERIOD",
+    "AddOutcome",
+    "ModelWindows",
+    "ReadyWindows",
+    "WindowGeometry",
+    "WindowState",
+    "WindowStore",
+    "WindowStoreError",
+]
+
+NO_PERIOD = np.iinfo(np.int64).min  # sentinel: "no period yet" in the int64 period arrays
+_INITIAL_CAPACITY = 8
+
+FloatArray = npt.NDArray[np.float64]
+Float32Array = npt.NDArray[np.float32]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+class WindowStoreError(GatewayError):
+    """The window store was asked for something its geometry cannot hold."""
+
+
+class AddOutcome(enum.StrEnum):
+    """What happened to one reading in one model's windows."""
+
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"  # same sensor and timestamp already averaged into the open period
+    LATE = "late"  # its period was already closed; counted, never re-opened
+    IRRELEVANT = "irrelevant"  # carries none of the model's input channels
+
+
+@dataclass(frozen=True, slots=True)
+class WindowGeometry:
+    """What a model needs from its windows: N, the period, the channels and the gap rule."""
+
+    window_length: int
+    period_seconds: int
+    channels: tuple[str, ...]
+    gap_policy: GapPolicy
+
+    def __post_init__(self) -> None:
+        if self.window_length < 1 or self.period_seconds < 1 or not self.channels:
+            raise WindowStoreError(f"invalid window geometry {self}")
+
+    @classmethod
+    def from_manifest(cls, manifest: Manifest) -> WindowGeometry:
+        return cls(
+            window_length=manifest.window_length,
+            period_seconds=manifest.period_seconds,
+            channels=manifest.channel_names,
+            gap_policy=manifest.gap_policy,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyWindows:
+    """Closed periods ready for the ticker: one row per (sensor, closed period).
+
+    ``windows`` is ``[B, N]`` float32 oldest-first for a one-channel model and ``[B, N, C]`` for
+    several channels, matching the model's input. ``quality`` is empty for a valid window.
+    """
+
+    sensor_ids: tuple[str, ...]
+    periods: IntArray  # [B] grid period index of the closed period
+    windows: Float32Array  # [B, N] or [B, N, C]
+    raw: FloatArray  # [B] mean of the first channel's readings in the closed period
+    quality: tuple[tuple[Quality, ...], ...]  # [B]
+
+    @property
+    def valid(self) -> BoolArray:
+        return np.array([not flags for flags in self.quality], dtype=np.bool_)
+
+    def __len__(self) -> int:
+        return len(self.sensor_ids)
+
+
+@dataclass(slots=True)
+class WindowState:
+    """Everything needed to rebuild a model's windows after a restart (see ``gateway.state``)."""
+
+    geometry: WindowGeometry
+    sensor_ids: list[str]
+    ring: FloatArray  # [S, C, N]
+    last_closed: IntArray  # [S]
+    first_period: IntArray  # [S]
+    last_obs_period: IntArray  # [S, C]
+    last_obs_value: FloatArray  # [S, C]
+    open_period: IntArray  # [S]
+    open_sum: FloatArray  # [S, C]
+    open_count: IntArray  # [S, C]
+    open_seen: list[list[float]] = field(default_factory=list)  # [S] timestamps in open period
+    pending_period: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # [S]
+
+
+@dataclass(slots=True)
+class _Snapshot:
+    """A closed period copied out because the sensor closed another one before the tick."""
+
+    sensor_id: str
+    period: int
+    window: FloatArray  # [C, N] oldest-first
+    first_period: int
+
+
+class ModelWindows:
+    """The ring buffers of every sensor for one model."""
+
+    def __init__(self, geometry: WindowGeometry, capacity: int = _INITIAL_CAPACITY) -> None:
+        self.geometry = geometry
+        self._n = geometry.window_length
+        self._channels = len(geometry.channels)
+        self._max_gap = geometry.gap_policy.max_interpolated_periods
+        self._ids: list[str] = []
+        self._index: dict[str, int] = {}
+        self._seen: list[set[float]] = []
+        self._overflow: list[_Snapshot] = []
+        self.counts: dict[AddOutcome, int] = dict.fromkeys(AddOutcome, 0)
+        self._allocate(max(capacity, 1))
+
+    # -- allocation -------------------------------------------------------------------------
+
+    def _allocate(self, capacity: int) -> None:
+        c, n = self._channels, self._n
+        self._ring: FloatArray = np.full((capacity, c, n), np.nan)
+        self._last_closed: IntArray = np.full(capacity, NO_PERIOD, dtype=np.int64)
+        self._first_period: IntArray = np.full(capacity, NO_PERIOD, dtype=np.int64)
+        self._last_obs_period: IntArray = np.full((capacity, c), NO_PERIOD, dtype=np.int64)
+        self._last_obs_value: FloatArray = np.full((capacity, c), np.nan)
+        self._open_period: IntArray = np.full(capacity, NO_PERIOD, dtype=np.int64)
+        self._open_sum: FloatArray = np.zeros((capacity, c))
+        self._open_count: IntArray = np.zeros((capacity, c), dtype=np.int64)
+        self._last_arrival: FloatArray = np.zeros(capacity)
+        self._pending: BoolArray = np.zeros(capacity, dtype=np.bool_)
+        self._pending_period: IntArray = np.full(capacity, NO_PERIOD, dtype=np.int64)
+
+    def _grow(self) -> None:
+        old = len(self._last_closed)
+        arrays = {
+            name: getattr(self, name)
+            for name in (
+                "_ring",
+                "_last_closed",
+                "_first_period",
+                "_last_obs_period",
+                "_last_obs_value",
+                "_open_period",
+                "_open_sum",
+                "_open_count",
+                "_last_arrival",
+                "_pending",
+                "_pending_period",
+            )
+        }
+        self._allocate(old * 2)
+        for name, array in arrays.items():
+            getattr(self, name)[:old] = array
+
+    def _row(self, sensor_id: str) -> int:
+        row = self._index.get(sensor_id)
+        if row is not None:
+            return row
+        row = len(self._ids)
+        if row == len(self._last_closed):
+            self._grow()
+        self._ids.append(sensor_id)
+        self._index[sensor_id] = row
+        self._seen.append(set())
+        return row
+
+    # -- ingest -----------------------------------------------------------------------------
+
+    @property
+    def sensor_ids(self) -> tuple[str, ...]:
+        return tuple(self._ids)
+
+    @property
+    def pending_count(self) -> int:
+        """Closed periods waiting for the ticker."""
+        return int(np.count_nonzero(self._pending[: len(self._ids)])) + len(self._overflow)
+
+    def add(self, reading: Reading, arrival: float) -> AddOutcome:
+        """Average one reading into its sensor's open period (``arrival``: wall-clock seconds)."""
+        channels = self.geometry.channels
+        values = reading.values
+        if not any(name in values for name in channels):
+            return self._count(AddOutcome.IRRELEVANT)
+        period = period_index(reading.timestamp, self.geometry.period_seconds)
+        row = self._row(reading.sensor_id)
+        open_period = int(self._open_period[row])
+        if open_period == NO_PERIOD:
+            if period <= self._last_closed[row]:
+                return self._count(AddOutcome.LATE)
+            self._open_period[row] = period
+        elif period < open_period:
+            return self._count(AddOutcome.LATE)
+        elif period > open_period:
+            self._close(row)
+            self._open_period[row] = period
+        seen = self._seen[row]
+        if reading.timestamp in seen:
+            return self._count(AddOutcome.DUPLICATE)
+        seen.add(reading.timestamp)
+        for channel, name in enumerate(channels):
+            value = values.get(name)
+            if value is not None:
+                self._open_sum[row, channel] += value
+                self._open_count[row, channel] += 1
+        self._last_arrival[row] = arrival
+        return self._count(AddOutcome.ACCEPTED)
+
+    def _count(self, outcome: AddOutcome) -> AddOutcome:
+        self.counts[outcome] += 1
+        return outcome
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def close_through(self, period: int) -> int:
+        """Close every open period at or before ``period``; return how many closed."""
+        live = len(self._ids)
+        rows = np.flatnonzero(
+            (self._open_period[:live] != NO_PERIOD) & (self._open_period[:live] <= period)
+        )
+        for row in rows:
+            self._close(int(row))
+        return int(rows.size)
+
+    def close_idle(self, now: float, grace_s: float) -> int:
+        """Wall-clock fallback: close periods that ended, and saw no reading, ``grace_s`` ago.
+
+        A period's end is taken in wall-clock time; for replayed old data (whose periods ended
+        long ago) the rule reduces to "no reading for ``grace_s``".
+        """
+        live = len(self._ids)
+        open_periods = self._open_period[:live]
+        is_open = open_periods != NO_PERIOD
+        ends = (open_periods.astype(np.float64) + 1.0) * self.geometry.period_seconds
+        deadline = np.maximum(ends, self._last_arrival[:live]) + grace_s
+        rows = np.flatnonzero(is_open & (now >= deadline))
+        for row in rows:
+            self._close(int(row))
+        return int(rows.size)
+
+    def _close(self, row: int) -> None:
+        period = int(self._open_period[row])
+        if self._pending[row]:
+            self._overflow.append(self._snapshot(row))
+        counts = self._open_count[row]
+        for channel in range(self._channels):
+            count = int(counts[channel])
+            mean = float(self._open_sum[row, channel]) / count if count else math.nan
+            self._write(row, channel, period, mean)
+        self._last_closed[row] = period
+        if counts[0] > 0:
+            self._pending[row] = True
+            self._pending_period[row] = period
+            if self._first_period[row] == NO_PERIOD:
+                self._first_period[row] = period
+        self._open_period[row] = NO_PERIOD
+        self._open_sum[row] = 0.0
+        self._open_count[row] = 0
+        self._seen[row].clear()
+
+    def _write(self, row: int, channel: int, period: int, value: float) -> None:
+        """Push one closed period's mean, first settling the periods since the last close."""
+        n = self._n
+        ring = self._ring[row, channel]
+        oldest_kept = period - n + 1
+        previous = int(self._last_closed[row])
+        start = oldest_kept if previous == NO_PERIOD else max(previous + 1, oldest_kept)
+        if start < period:
+            ring[np.arange(start, period) % n] = np.nan
+        if math.isnan(value):
+            ring[period % n] = np.nan
+            return
+        last_period = int(self._last_obs_period[row, channel])
+        if last_period != NO_PERIOD:
+            missing = period - last_period - 1
+            if 0 < missing <= self._max_gap:
+                filled = gap_fill(float(self._last_obs_value[row, channel]), value, missing)
+                low = max(last_period + 1, oldest_kept)
+                ring[np.arange(low, period) % n] = filled[low - last_period - 1 :]
+        ring[period % n] = value
+        self._last_obs_period[row, channel] = period
+        self._last_obs_value[row, channel] = value
+
+    def _ordered(self, row: int, period: int) -> FloatArray:
+        """Copy of the row's window ending at ``period``, oldest first: [C, N]."""
+        positions = np.arange(period + 1, period + 1 + self._n) % self._n
+        window: FloatArray = self._ring[row][:, positions]
+        return window
+
+    def _snapshot(self, row: int) -> _Snapshot:
+        period = int(self._pending_period[row])
+        return _Snapshot(
+            sensor_id=self._ids[row],
+            period=period,
+            window=self._ordered(row, period),
+            first_period=int(self._first_period[row]),
+        )
+
+    # -- gathering --------------------------------------------------------------------------
+
+    def ready_windows(self, closed_through_period: int | None = None) -> ReadyWindows:
+        """Pop every closed, observed period (optionally closing open ones up to a period first)."""
+        if closed_through_period is not None:
+            self.close_through(closed_through_period)
+        live = len(self._ids)
+        rows = np.flatnonzero(self._pending[:live])
+        n, c = self._n, self._channels
+        periods = np.concatenate(
+            [
+                np.array([snap.period for snap in self._overflow], dtype=np.int64),
+                self._pending_period[rows],
+            ]
+        )
+        windows = np.empty((periods.size, c, n), dtype=np.float64)
+        for index, snap in enumerate(self._overflow):
+            windows[index] = snap.window
+        if rows.size:
+            positions = (self._pending_period[rows, None] + 1 + np.arange(n)[None, :]) % n
+            windows[len(self._overflow) :] = self._ring[
+                rows[:, None, None], np.arange(c)[None, :, None], positions[:, None, :]
+            ]
+        first = np.concatenate(
+            [
+                np.array([snap.first_period for snap in self._overflow], dtype=np.int64),
+                self._first_period[rows],
+            ]
+        )
+        sensor_ids = tuple(snap.sensor_id for snap in self._overflow) + tuple(
+            self._ids[int(row)] for row in rows
+        )
+        quality = tuple(
+            self._quality(windows[index], int(periods[index]), int(first[index]))
+            for index in range(periods.size)
+        )
+        self._overflow.clear()
+        self._pending[rows] = False
+        out = windows.astype(np.float32)
+        shaped = out[:, 0, :] if c == 1 else np.ascontiguousarray(out.transpose(0, 2, 1))
+        return ReadyWindows(
+            sensor_ids=sensor_ids,
+            periods=periods,
+            windows=shaped,
+            raw=windows[:, 0, -1].copy(),
+            quality=quality,
+        )
+
+    def _quality(self, window: FloatArray, period: int, first_period: int) -> tuple[Quality, ...]:
+        """Flags for one [C, N] window whose newest first-channel value was observed."""
+        if window_is_valid(window, newest_observed=True):
+            return ()
+        flags: list[Quality] = []
+        present = ~np.isnan(window[:, -1])  # channels supplied in the closed period
+        if not present.all():
+            flags.append(Quality.MISSING_CHANNEL)
+        if period - first_period + 1 < self._n:
+            flags.append(Quality.WARMING_UP)
+        window_periods = np.arange(period - self._n + 1, period + 1)
+        holes = np.isnan(window[present]).any(axis=0) & (window_periods >= first_period)
+        if holes.any():
+            flags.append(Quality.GAP)
+        return tuple(flags) or (Quality.GAP,)
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def export_state(self) -> WindowState:
+        """Copy of the restorable state (pending periods are kept, snapshots are not)."""
+        live = len(self._ids)
+        return WindowState(
+            geometry=self.geometry,
+            sensor_ids=list(self._ids),
+            ring=self._ring[:live].copy(),
+            last_closed=self._last_closed[:live].copy(),
+            first_period=self._first_period[:live].copy(),
+            last_obs_period=self._last_obs_period[:live].copy(),
+            last_obs_value=self._last_obs_value[:live].copy(),
+            open_period=self._open_period[:live].copy(),
+            open_sum=self._open_sum[:live].copy(),
+            open_count=self._open_count[:live].copy(),
+            open_seen=[sorted(seen) for seen in self._seen],
+            pending_period=np.where(
+                self._pending[:live], self._pending_period[:live], NO_PERIOD
+            ).astype(np.int64),
+        )
+
+    @classmethod
+    def from_state(cls, state: WindowState) -> ModelWindows:
+        """Rebuild from :meth:`export_state`; raises :class:`WindowStoreError` on bad shapes."""
+        windows = cls(state.geometry, capacity=max(len(state.sensor_ids), _INITIAL_CAPACITY))
+        s, c, n = len(state.sensor_ids), windows._channels, windows._n
+        expected = {
+            "ring": (s, c, n),
+            "last_closed": (s,),
+            "first_period": (s,),
+            "last_obs_period": (s, c),
+            "last_obs_value": (s, c),
+            "open_period": (s,),
+            "open_sum": (s, c),
+            "open_count": (s, c),
+            "pending_period": (s,),
+        }
+        for name, shape in expected.items():
+            actual = np.shape(getattr(state, name))
+            if actual != shape:
+                raise WindowStoreError(f"state field {name} has shape {actual}, expected {shape}")
+        if len(state.open_seen) != s or len(set(state.sensor_ids)) != s:
+            raise WindowStoreError("state sensor list is inconsistent")
+        for sensor_id in state.sensor_ids:
+            windows._row(sensor_id)
+        windows._ring[:s] = state.ring
+        windows._last_closed[:s] = state.last_closed
+        windows._first_period[:s] = state.first_period
+        windows._last_obs_period[:s] = state.last_obs_period
+        windows._last_obs_value[:s] = state.last_obs_value
+        windows._open_period[:s] = state.open_period
+        windows._open_sum[:s] = state.open_sum
+        windows._open_count[:s] = state.open_count
+        windows._pending_period[:s] = state.pending_period
+        windows._pending[:s] = state.pending_period != NO_PERIOD
+        for row, seen in enumerate(state.open_seen):
+            windows._seen[row].update(seen)
+        return windows
+
+
+class WindowStore:
+    """The windows of every model, keyed by feature (one model per feature)."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, ModelWindows] = {}
+
+    def ensure(self, feature: str, geometry: WindowGeometry) -> bool:
+        """Create or keep the feature's windows; reset them if the geometry changed.
+
+        Returns True when the windows were (re)created, so the caller can log a reset.
+        """
+        current = self._models.get(feature)
+        if current is not None and current.geometry == geometry:
+            return False
+        self._models[feature] = ModelWindows(geometry)
+        return True
+
+    def install(self, feature: str, windows: ModelWindows) -> None:
+        """Adopt restored windows."""
+        self._models[feature] = windows
+
+    def drop(self, feature: str) -> None:
+        self._models.pop(feature, None)
+
+    def add(self, reading: Reading, arrival: float) -> dict[str, AddOutcome]:
+        """Feed one reading to every model; the outcome per feature."""
+        return {feature: model.add(reading, arrival) for feature, model in self._models.items()}
+
+    def close_idle(self, now: float, grace_s: float) -> int:
+        return sum(model.close_idle(now, grace_s) for model in self._models.values())
+
+    @property
+    def pending_count(self) -> int:
+        return sum(model.pending_count for model in self._models.values())
+
+    def __getitem__(self, feature: str) -> ModelWindows:
+        return self._models[feature]
+
+    def __contains__(self, feature: object) -> bool:
+        return feature in self._models
+
+    def items(self) -> Iterable[tuple[str, ModelWindows]]:
+        return list(self._models.items())
+
+    def features(self) -> Sequence[str]:
+        return list(self._models)
+
+    def counts(self) -> Mapping[str, Mapping[str, int]]:
+        """Outcome counters per feature, for the stats topic and the status file."""
+        return {
+            feature: {outcome.value: count for outcome, count in model.counts.items()}
+            for feature, model in self._models.items()
+        }

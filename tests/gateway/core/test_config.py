@@ -1,0 +1,136 @@
+"""Configuration: errors name the key, the environment overrides, the example is valid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from gateway.config import MqttSourceEntry, load_config
+from gateway.errors import ConfigError
+from gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig
+from tests.support.models import ModelFactory
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "deploy" / "gateway.example.toml"
+
+MINIMAL = """
+gateway_id = "gw-1"
+state_dir = "state"
+[[models]]
+feature = "pm10"
+model_dir = "models/pm10"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "gateway.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_example_config_is_valid() -> None:
+    config = load_config(EXAMPLE, environ={})
+    kinds = [type(source) for source in config.sources]
+    assert kinds == [MqttSourceEntry, NodePortConfig, Pms5003PortConfig]
+    assert set(config.model_dirs) == {"pm10", "pm2_5"}
+
+
+def test_minimal_config_gets_defaults_and_resolves_paths(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL), environ={})
+    assert config.state_dir == tmp_path / "state"
+    assert config.model_dirs == {"pm10": tmp_path / "models" / "pm10"}
+    assert config.tick.grace_s == 10.0
+    assert config.runtime.preference[0] == "ai_edge_litert"
+    assert config.publisher.broker.host == "127.0.0.1"
+
+
+def test_unknown_key_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"tick\.grace: Extra inputs are not permitted"):
+        load_config(write(tmp_path, MINIMAL + "[tick]\ngrace = 3\n"), environ={})
+
+
+def test_wrong_value_names_key_and_value(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"tick\.grace_s: .*greater than or equal to 0.*-1"):
+        load_config(write(tmp_path, MINIMAL + "[tick]\ngrace_s = -1\n"), environ={})
+
+
+def test_missing_required_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"gateway_id: Field required"):
+        load_config(write(tmp_path, MINIMAL.replace('gateway_id = "gw-1"', "")), environ={})
+
+
+def test_unknown_source_kind_and_bad_nested_key(tmp_path: Path) -> None:
+    text = MINIMAL + '[[sources]]\nkind = "carrier-pigeon"\n'
+    with pytest.raises(ConfigError, match=r"sources\.0: .*'mqtt', 'node', 'pms5003'"):
+        load_config(write(tmp_path, text), environ={})
+    text = MINIMAL + '[[sources]]\nkind = "mqtt"\n[sources.broker]\nport = 70000\n'
+    with pytest.raises(ConfigError, match=r"sources\.0\.mqtt\.broker\.port: .*65535"):
+        load_config(write(tmp_path, text), environ={})
+
+
+def test_duplicate_feature_is_refused(tmp_path: Path) -> None:
+    text = MINIMAL + '[[models]]\nfeature = "pm10"\nmodel_dir = "other"\n'
+    with pytest.raises(ConfigError, match=r"models: .*one model per feature"):
+        load_config(write(tmp_path, text), environ={})
+
+
+def test_toml_syntax_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"not valid TOML.*line 2"):
+        load_config(write(tmp_path, "gateway_id = 'x'\nstate_dir = \n"), environ={})
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml", environ={})
+
+
+def test_environment_overrides(tmp_path: Path) -> None:
+    text = MINIMAL + '[[sources]]\nkind = "mqtt"\n'
+    environ = {
+        "TESLA_GATEWAY__GATEWAY_ID": "from-env",
+        "TESLA_GATEWAY__TICK__GRACE_S": "2.5",
+        "TESLA_GATEWAY__PUBLISHER__BROKER__HOST": "mqtt.example.org",
+        "TESLA_GATEWAY__SOURCES__0__BROKER__PORT": "8883",
+        "TESLA_GATEWAY__SOURCES__0__TOPICS": '["a/+", "b/+"]',
+        "TESLA_GATEWAY__SENSORS__ALLOW_UNKNOWN": "false",
+        "OTHER_VARIABLE": "ignored",
+    }
+    config = load_config(write(tmp_path, text), environ=environ)
+    assert config.gateway_id == "from-env"
+    assert config.tick.grace_s == 2.5
+    assert config.publisher.broker.host == "mqtt.example.org"
+    source = config.sources[0]
+    assert isinstance(source, MqttSourceEntry)
+    assert source.broker.port == 8883
+    assert source.topics == ["a/+", "b/+"]
+    assert not config.sensors.allows("stranger")
+
+
+def test_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
+    environ = {"TESLA_GATEWAY__TICK__GRACE_S": "soon"}
+    with pytest.raises(
+        ConfigError, match=r"tick\.grace_s: .*\(set by TESLA_GATEWAY__TICK__GRACE_S\)"
+    ):
+        load_config(write(tmp_path, MINIMAL), environ=environ)
+    environ = {"TESLA_GATEWAY__SOURCES__3__KIND": "mqtt"}
+    with pytest.raises(
+        ConfigError, match=r"TESLA_GATEWAY__SOURCES__3__KIND: sources has no item 3"
+    ):
+        load_config(write(tmp_path, "sources = []\n" + MINIMAL), environ=environ)
+
+
+def test_check_config_command(
+    tmp_path: Path, model_factory: ModelFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_factory.copy(tmp_path / "models" / "pm10")
+    path = write(tmp_path, MINIMAL)
+    assert main(["check-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "configuration OK" in out and "test-tesla v1" in out and "ai_edge_litert" in out
+    (tmp_path / "models" / "pm10" / "manifest.json").unlink()
+    assert main(["check-config", "--config", str(path)]) == 1
+    assert "REFUSED" in capsys.readouterr().err
+    bad = write(tmp_path, MINIMAL + "[tick]\ngrace = 3\n")
+    assert main(["check-config", "--config", str(bad)]) == 2
+    assert "tick.grace" in capsys.readouterr().err

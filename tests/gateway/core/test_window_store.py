@@ -1,0 +1,286 @@
+"""Ring buffer semantics, and the proof that the gateway's windows equal training's."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.calibrated import Quality
+from gateway.readings import Reading
+from gateway.series import (
+    GapPolicy,
+    interpolate_short_gaps,
+    sliding_windows,
+    valid_window_ends,
+)
+from gateway.window_store import (
+    AddOutcome,
+    ModelWindows,
+    WindowGeometry,
+    WindowStore,
+)
+
+P = 60
+T0 = 1_700_000_000 - 1_700_000_000 % P  # a period boundary
+
+
+def geometry(n: int = 4, max_gap: int = 1, channels: tuple[str, ...] = ("pm10",)) -> WindowGeometry:
+    return WindowGeometry(
+        window_length=n,
+        period_seconds=P,
+        channels=channels,
+        gap_policy=GapPolicy(max_interpolated_periods=max_gap),
+    )
+
+
+def reading(sensor: str, period: int, offset: float, **values: float) -> Reading:
+    return Reading(sensor_id=sensor, timestamp=T0 + period * P + offset, values=values)
+
+
+def feed(windows: ModelWindows, sensor: str, per_period: dict[int, list[float]]) -> None:
+    for period, values in sorted(per_period.items()):
+        for index, value in enumerate(values):
+            assert windows.add(reading(sensor, period, index, pm10=value), 0.0) == (
+                AddOutcome.ACCEPTED
+            )
+
+
+BASE = T0 // P
+
+
+def test_readings_within_a_period_are_averaged_and_close_on_the_next_period() -> None:
+    windows = ModelWindows(geometry(n=2))
+    feed(windows, "a", {0: [10.0, 20.0, 30.0]})
+    assert windows.pending_count == 0  # the period is still open
+    windows.add(reading("a", 1, 0, pm10=5.0), 0.0)
+    ready = windows.ready_windows()
+    assert ready.sensor_ids == ("a",)
+    assert ready.periods.tolist() == [BASE]
+    assert ready.raw.tolist() == [20.0]
+    assert ready.windows.dtype == np.float32
+    assert ready.windows.shape == (1, 2)
+    assert math.isnan(ready.windows[0, 0]) and ready.windows[0, 1] == 20.0
+    assert ready.quality == ((Quality.WARMING_UP,),)
+    assert windows.pending_count == 0
+
+
+def test_out_of_order_readings_within_the_open_period_are_accepted() -> None:
+    windows = ModelWindows(geometry(n=1))
+    for offset, value in [(50, 1.0), (10, 2.0), (30, 6.0)]:
+        assert windows.add(reading("a", 0, offset, pm10=value), 0.0) is AddOutcome.ACCEPTED
+    ready = windows.ready_windows(closed_through_period=BASE)
+    assert ready.raw.tolist() == [3.0]
+    assert ready.quality == ((),)
+    assert ready.windows.tolist() == [[3.0]]
+
+
+def test_duplicates_are_idempotent() -> None:
+    windows = ModelWindows(geometry(n=1))
+    first = reading("a", 0, 5, pm10=4.0)
+    assert windows.add(first, 0.0) is AddOutcome.ACCEPTED
+    assert windows.add(first, 0.0) is AddOutcome.DUPLICATE
+    assert windows.add(reading("a", 0, 5, pm10=100.0), 0.0) is AddOutcome.DUPLICATE
+    assert windows.ready_windows(closed_through_period=BASE).raw.tolist() == [4.0]
+    assert windows.counts[AddOutcome.DUPLICATE] == 2
+
+
+def test_a_reading_for_a_closed_period_is_rejected_as_late() -> None:
+    windows = ModelWindows(geometry(n=2))
+    windows.add(reading("a", 0, 0, pm10=1.0), 0.0)
+    windows.add(reading("a", 1, 0, pm10=1.0), 0.0)  # closes period 0
+    assert windows.add(reading("a", 0, 30, pm10=9.0), 0.0) is AddOutcome.LATE
+    windows.close_through(BASE + 1)  # forced close (wall-clock fallback)
+    assert windows.add(reading("a", 1, 59, pm10=9.0), 0.0) is AddOutcome.LATE
+    assert windows.counts[AddOutcome.LATE] == 2
+    ready = windows.ready_windows()
+    assert ready.raw.tolist() == [1.0, 1.0]
+
+
+def test_readings_without_the_models_channel_are_ignored() -> None:
+    windows = ModelWindows(geometry())
+    assert windows.add(reading("a", 0, 0, pm2_5=3.0), 0.0) is AddOutcome.IRRELEVANT
+    assert windows.sensor_ids == ()
+
+
+def test_short_gap_is_interpolated_and_the_window_is_valid() -> None:
+    windows = ModelWindows(geometry(n=4, max_gap=2))
+    feed(windows, "a", {0: [10.0], 1: [20.0], 4: [50.0]})
+    windows.ready_windows()
+    ready = windows.ready_windows(closed_through_period=BASE + 4)
+    assert ready.windows.tolist() == [[20.0, 30.0, 40.0, 50.0]]
+    assert ready.quality == ((),)
+
+
+def test_long_gap_invalidates_until_it_scrolls_out() -> None:
+    windows = ModelWindows(geometry(n=3, max_gap=1))
+    feed(windows, "a", {0: [1.0], 1: [1.0], 2: [1.0], 5: [4.0]})
+    assert windows.ready_windows().quality[-1] == ()  # period 2 had a full window
+    feed(windows, "a", {6: [5.0], 7: [6.0], 8: [7.0]})
+    ready = windows.ready_windows(closed_through_period=BASE + 8)
+    assert ready.periods.tolist() == [BASE + 5, BASE + 6, BASE + 7, BASE + 8]
+    # periods 3 and 4 are a two-period gap, longer than the policy fills
+    assert ready.quality == ((Quality.GAP,), (Quality.GAP,), (), ())
+    assert np.isnan(ready.windows[0, :2]).all()
+    assert ready.raw.tolist() == [4.0, 5.0, 6.0, 7.0]
+    assert ready.windows[3].tolist() == [5.0, 6.0, 7.0]
+
+
+def test_warm_up_is_flagged_until_n_periods_are_seen() -> None:
+    windows = ModelWindows(geometry(n=3, max_gap=0))
+    flags: list[tuple[Quality, ...]] = []
+    for period in range(4):
+        windows.add(reading("a", period, 0, pm10=float(period)), 0.0)
+        flags.extend(windows.ready_windows(closed_through_period=BASE + period).quality)
+    assert flags == [(Quality.WARMING_UP,), (Quality.WARMING_UP,), (), ()]
+
+
+def test_wall_clock_fallback_closes_idle_periods() -> None:
+    windows = ModelWindows(geometry(n=1))
+    windows.add(reading("a", 0, 0, pm10=1.0), arrival=T0 + 1)
+    end = T0 + P
+    assert windows.close_idle(now=end + 4.9, grace_s=5.0) == 0
+    assert windows.close_idle(now=end + 5.0, grace_s=5.0) == 1
+    assert windows.ready_windows().raw.tolist() == [1.0]
+
+
+def test_replayed_old_data_closes_only_after_grace_without_readings() -> None:
+    windows = ModelWindows(geometry(n=1))
+    windows.add(reading("a", 0, 0, pm10=1.0), arrival=T0 + 10_000)
+    assert windows.close_idle(now=T0 + 10_004, grace_s=5.0) == 0
+    assert windows.close_idle(now=T0 + 10_005, grace_s=5.0) == 1
+
+
+def test_several_periods_closed_before_a_tick_are_all_returned() -> None:
+    windows = ModelWindows(geometry(n=2, max_gap=0))
+    feed(windows, "a", {0: [1.0], 1: [2.0], 2: [3.0], 3: [4.0]})
+    ready = windows.ready_windows()
+    assert ready.periods.tolist() == [BASE, BASE + 1, BASE + 2]
+    assert ready.raw.tolist() == [1.0, 2.0, 3.0]
+    assert ready.windows[1:].tolist() == [[1.0, 2.0], [2.0, 3.0]]
+
+
+def test_many_sensors_grow_the_arrays() -> None:
+    windows = ModelWindows(geometry(n=2), capacity=2)
+    for index in range(50):
+        feed(windows, f"s{index}", {0: [float(index)], 1: [float(index) + 1]})
+    ready = windows.ready_windows(closed_through_period=BASE + 1)
+    assert len(ready) == 100
+    by_sensor = dict(zip(ready.sensor_ids, ready.windows.tolist(), strict=False))
+    assert by_sensor["s49"] == [49.0, 50.0]
+
+
+def test_missing_channel_is_flagged() -> None:
+    windows = ModelWindows(geometry(n=1, channels=("pm10", "rh")))
+    windows.add(reading("a", 0, 0, pm10=3.0), 0.0)
+    windows.add(reading("b", 0, 0, pm10=3.0, rh=50.0), 0.0)
+    ready = windows.ready_windows(closed_through_period=BASE)
+    assert dict(zip(ready.sensor_ids, ready.quality, strict=True)) == {
+        "a": (Quality.MISSING_CHANNEL,),
+        "b": (),
+    }
+    assert ready.windows.shape == (2, 1, 2)  # [B, N, C]
+
+
+def test_store_routes_readings_to_every_model_and_resets_on_new_geometry() -> None:
+    store = WindowStore()
+    assert store.ensure("pm10", geometry(channels=("pm10",)))
+    assert store.ensure("pm2_5", geometry(channels=("pm2_5",)))
+    outcomes = store.add(reading("a", 0, 0, pm10=1.0), 0.0)
+    assert outcomes == {"pm10": AddOutcome.ACCEPTED, "pm2_5": AddOutcome.IRRELEVANT}
+    assert not store.ensure("pm10", geometry(channels=("pm10",)))
+    assert store["pm10"].sensor_ids == ("a",)
+    assert store.ensure("pm10", geometry(n=7, channels=("pm10",)))
+    assert len(store["pm10"].sensor_ids) == 0
+
+
+# -- equivalence with training's rule --------------------------------------------------------
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> tuple[int, int, list[tuple[int, float, float, bool]]]:
+    """A sensor's stream: (period, offset within it, value, expected-late) in arrival order.
+
+    An event with offset -1 stands for the wall-clock fallback closing the open period.
+    """
+    n = draw(st.integers(1, 8))
+    max_gap = draw(st.integers(0, 3))
+    periods = sorted(draw(st.sets(st.integers(0, 40), min_size=1, max_size=30)))
+    events: list[tuple[int, float, float, bool]] = []
+    for position, period in enumerate(periods):
+        offsets = draw(st.lists(st.integers(0, 59), min_size=1, max_size=4))
+        for offset in offsets:  # arbitrary order within the period, duplicates included
+            value = draw(st.floats(0, 500, allow_nan=False, width=32))
+            events.append((period, float(offset), value, False))
+        if draw(st.booleans()):
+            events.append((period, -1.0, 0.0, False))  # forced close before the next period
+        if position > 0 and draw(st.booleans()):
+            late = draw(st.integers(0, period - 1))
+            events.append((late, 30.5, 999.0, True))
+    return n, max_gap, events
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(streams(), st.booleans())
+def test_gateway_windows_equal_training_windows(
+    stream: tuple[int, int, list[tuple[int, float, float, bool]]], gather_each_time: bool
+) -> None:
+    n, max_gap, events = stream
+    windows = ModelWindows(geometry(n=n, max_gap=max_gap), capacity=1)
+    per_period: dict[int, dict[float, float]] = {}
+    got: dict[int, tuple[np.ndarray, bool]] = {}
+
+    def gather(closed_through: int | None = None) -> None:
+        ready = windows.ready_windows(closed_through)
+        for period, window, quality in zip(
+            ready.periods.tolist(), ready.windows, ready.quality, strict=True
+        ):
+            assert period - BASE not in got
+            got[period - BASE] = (window, quality == ())
+
+    for period, offset, value, late in events:
+        if offset < 0:
+            assert windows.close_through(BASE + period) == 1
+            continue
+        outcome = windows.add(reading("s", period, offset, pm10=value), 0.0)
+        if late:
+            assert outcome is AddOutcome.LATE
+            continue
+        first = per_period.setdefault(period, {})
+        assert outcome is (AddOutcome.DUPLICATE if offset in first else AddOutcome.ACCEPTED)
+        first.setdefault(offset, value)
+        if gather_each_time:
+            gather()
+    gather(closed_through=BASE + 1000)
+
+    # Training's side: grid the series (NaN = missing), pad N-1 periods so every period has a
+    # window, then apply the shared functions to the whole series at once.
+    last = max(per_period)
+    series = np.full(last + 1 + n - 1, np.nan)
+    for period, values in per_period.items():
+        series[period + n - 1] = float(np.mean(list(values.values())))
+    observed = ~np.isnan(series)
+    filled = interpolate_short_gaps(series, GapPolicy(max_interpolated_periods=max_gap))
+    valid = valid_window_ends(filled, observed, n)
+    all_windows = sliding_windows(filled, n)  # row k ends at padded index k + n - 1
+
+    assert sorted(got) == sorted(per_period)
+    for period, (window, is_valid) in got.items():
+        expected = all_windows[period].astype(np.float32)
+        np.testing.assert_allclose(window, expected, rtol=1e-6, equal_nan=True)
+        assert is_valid == bool(valid[period + n - 1])
+
+
+@pytest.mark.parametrize("n", [360])
+def test_paper_sized_window_round_trip(n: int) -> None:
+    windows = ModelWindows(geometry(n=n, max_gap=5))
+    for period in range(n + 1):
+        if period % 7 == 4:
+            continue  # a one-period gap every week of minutes, always interpolated
+        windows.add(reading("a", period, 0, pm10=float(period)), 0.0)
+    ready = windows.ready_windows(closed_through_period=BASE + n)
+    assert ready.quality[-1] == ()
+    np.testing.assert_allclose(ready.windows[-1], np.arange(1, n + 1, dtype=np.float32))

@@ -1,0 +1,168 @@
+"""MqttConnection against a real mosquitto: acks, refusals, outages, persistent sessions."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from structlog.testing import capture_logs
+
+from gateway.errors import ConfigError
+from gateway.mqtt_connection import (
+    InboundMessage,
+    MqttBrokerConfig,
+    MqttConnection,
+    MqttNotConnectedError,
+)
+from tests.gateway.io.helpers import broker_config, collecting, eventually
+from tests.support.mosquitto import Mosquitto, make_test_pki
+
+
+def test_publish_completes_on_puback_and_reaches_subscribers(mosquitto: Mosquitto) -> None:
+    async def scenario() -> None:
+        async with MqttConnection(
+            broker_config(mosquitto), client_id="pub", clean_start=True
+        ) as connection:
+            await asyncio.wait_for(connection.wait_connected(), 10)
+            for n in range(20):
+                await connection.publish("t/x", str(n).encode(), qos=1)
+
+    with collecting(mosquitto, ["t/#"]) as collector:
+        asyncio.run(scenario())
+        collector.wait_for(lambda m: len(m) == 20)
+        assert collector.on("t/x") == [str(n).encode() for n in range(20)]
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_subscribe_and_receive_in_order(mosquitto: Mosquitto, protocol: str) -> None:
+    received: list[InboundMessage] = []
+
+    async def on_message(message: InboundMessage) -> None:
+        received.append(message)
+
+    async def scenario() -> None:
+        config = broker_config(mosquitto, protocol=protocol)
+        async with (
+            MqttConnection(config, client_id="sub", clean_start=True, on_message=on_message) as sub,
+            MqttConnection(config, client_id="pub", clean_start=True) as pub,
+        ):
+            await sub.subscribe(["in/+"])
+            await asyncio.wait_for(sub.wait_connected(), 10)
+            await asyncio.wait_for(pub.wait_connected(), 10)
+            for n in range(10):
+                await pub.publish(f"in/{n % 3}", str(n).encode())
+            await eventually(lambda: len(received) == 10)
+
+    asyncio.run(scenario())
+    assert [m.payload for m in received] == [str(n).encode() for n in range(10)]
+    assert received[4].topic == "in/1"
+
+
+def test_refused_connection_is_not_connected_and_publish_raises(tmp_path: Path) -> None:
+    broker = Mosquitto(tmp_path / "auth", users={"gateway": "right"})
+    broker.start()
+    try:
+
+        async def scenario() -> None:
+            config = broker_config(broker, username="gateway", password="wrong")
+            with capture_logs() as logs:
+                async with MqttConnection(config, client_id="c", clean_start=True) as connection:
+                    await eventually(
+                        lambda: [x["event"] for x in logs].count("mqtt_connect_failed") >= 2
+                    )
+                    assert "refused" in logs[0]["error"]
+                    assert not connection.connected
+                with pytest.raises(MqttNotConnectedError):
+                    await connection.publish("t", b"x")
+            password_file = tmp_path / "secret"
+            password_file.write_text("right\n", encoding="utf-8")
+            config = broker_config(broker, username="gateway", password_file=password_file)
+            async with MqttConnection(config, client_id="c", clean_start=True) as connection:
+                await asyncio.wait_for(connection.wait_connected(), 10)
+                await connection.publish("t", b"x")
+
+        asyncio.run(scenario())
+    finally:
+        broker.stop()
+
+
+def test_outage_fails_loudly_then_reconnects(mosquitto: Mosquitto) -> None:
+    async def scenario() -> None:
+        async with MqttConnection(
+            broker_config(mosquitto), client_id="pub", clean_start=True
+        ) as connection:
+            await asyncio.wait_for(connection.wait_connected(), 10)
+            first_generation = connection.generation
+            mosquitto.stop()
+            await eventually(lambda: not connection.connected)
+            with pytest.raises(MqttNotConnectedError):
+                await connection.publish("t", b"lost?")
+            mosquitto.start()
+            await asyncio.wait_for(connection.wait_connected(), 10)
+            assert connection.generation == first_generation + 1
+            await connection.publish("t", b"back")
+
+    asyncio.run(scenario())
+
+
+def test_config_rejects_inconsistent_credentials(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="password needs a username"):
+        MqttBrokerConfig.model_validate({"password": "x"})
+    with pytest.raises(ValidationError, match="either password or password_file"):
+        MqttBrokerConfig.model_validate(
+            {"username": "u", "password": "x", "password_file": str(tmp_path / "p")}
+        )
+    with pytest.raises(ValidationError, match="extra"):
+        MqttBrokerConfig.model_validate({"hots": "typo"})
+    missing = MqttBrokerConfig(username="u", password_file=tmp_path / "missing")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        missing.resolve_password()
+    assert "secret" not in repr(
+        MqttBrokerConfig.model_validate({"username": "u", "password": "secret"})
+    )
+
+
+def test_unreadable_tls_files_are_a_config_error(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    config = broker_config(mosquitto, tls={"ca_file": str(tmp_path / "missing-ca.pem")})
+
+    async def scenario() -> None:
+        async with MqttConnection(config, client_id="c", clean_start=True) as connection:
+            await asyncio.wait_for(connection.serve(), 10)
+
+    with pytest.raises(ConfigError, match="ca_file"):
+        asyncio.run(scenario())
+
+
+def test_tls_with_ca_and_client_certificate(tmp_path: Path) -> None:
+    pki = make_test_pki(tmp_path / "pki")
+    broker = Mosquitto(tmp_path / "tls", tls=pki)
+    broker.start()
+    try:
+        tls = {
+            "ca_file": str(pki.ca),
+            "cert_file": str(pki.client_cert),
+            "key_file": str(pki.client_key),
+        }
+
+        async def scenario() -> None:
+            async with MqttConnection(
+                broker_config(broker, tls=tls), client_id="tls", clean_start=True
+            ) as connection:
+                await asyncio.wait_for(connection.wait_connected(), 10)
+                await connection.publish("t/tls", b"secret reading")
+            # Without a client certificate the broker refuses the handshake: never connected.
+            without_cert = broker_config(broker, tls={"ca_file": str(pki.ca)})
+            with capture_logs() as logs:
+                async with MqttConnection(
+                    without_cert, client_id="anon", clean_start=True
+                ) as other:
+                    await eventually(
+                        lambda: [x["event"] for x in logs].count("mqtt_connect_failed") >= 2
+                    )
+                    assert not other.connected
+
+        asyncio.run(scenario())
+    finally:
+        broker.stop()

@@ -1,0 +1,181 @@
+"""The JSON reading payloads: every documented variant, every reject reason, and fuzzing."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.readings import ReadingRejectedError, RejectReason
+from gateway.sources.payloads import DecodedPayload, PayloadRules, decode_payload
+
+NOW = 1_700_000_000.0
+RULES = PayloadRules(max_payload_bytes=4096, max_batch=10)
+
+
+def decode(payload: bytes | str, topic_sensor_id: str | None = None) -> DecodedPayload:
+    raw = payload.encode() if isinstance(payload, str) else payload
+    return decode_payload(
+        raw, topic_sensor_id=topic_sensor_id, received_at=NOW, source="test", rules=RULES
+    )
+
+
+@pytest.mark.parametrize(
+    ("payload", "timestamp"),
+    [
+        ('{"sensor": "s1", "ts": 1699999940, "pm10": 12.5}', 1699999940.0),
+        ('{"sensor": "s1", "ts": 1699999940.5, "pm10": 12.5}', 1699999940.5),
+        ('{"sensor": "s1", "ts": 1699999940123, "pm10": 12.5}', 1699999940.123),
+        ('{"sensor": "s1", "timestamp": "2023-11-14T22:12:20Z", "pm10": 12.5}', 1699999940.0),
+        ('{"sensor": "s1", "time": "2023-11-14T23:12:20+01:00", "pm10": 12.5}', 1699999940.0),
+        ('{"sensor": "s1", "pm10": 12.5}', NOW),
+    ],
+)
+def test_timestamp_variants(payload: str, timestamp: float) -> None:
+    [reading] = decode(payload).readings
+    assert reading.sensor_id == "s1"
+    assert reading.timestamp == pytest.approx(timestamp)
+    assert dict(reading.values) == {"pm10": 12.5}
+
+
+def test_all_fields_and_aliases() -> None:
+    payload = {
+        "sensor": "s1",
+        "ts": NOW,
+        "pm1": 1,
+        "pm25": 2.5,
+        "pm10": 10,
+        "humidity": 55,
+        "temperature": -3.5,
+    }
+    [reading] = decode(json.dumps(payload)).readings
+    assert dict(reading.values) == {
+        "pm1": 1.0,
+        "pm2_5": 2.5,
+        "pm10": 10.0,
+        "rh": 55.0,
+        "temp_c": -3.5,
+    }
+
+
+def test_sensor_from_topic_and_agreement() -> None:
+    [reading] = decode('{"pm10": 3}', topic_sensor_id="t7").readings
+    assert reading.sensor_id == "t7"
+    assert decode('{"sensor": "t7", "pm10": 3}', topic_sensor_id="t7").readings
+    with pytest.raises(ReadingRejectedError) as info:
+        decode_one('{"sensor": "other", "pm10": 3}', topic_sensor_id="t7")
+    assert info.value.reason is RejectReason.BAD_SENSOR_ID
+
+
+def decode_one(payload: str, topic_sensor_id: str | None = None) -> None:
+    """Decode a single-object payload and re-raise its element reject, if any."""
+    result = decode(payload, topic_sensor_id)
+    if result.rejects:
+        raise result.rejects[0]
+
+
+def test_batch_keeps_good_elements_and_rejects_bad_ones() -> None:
+    batch = [
+        {"sensor": "a", "ts": NOW - 60, "pm10": 1},
+        {"sensor": "a", "ts": NOW, "pm10": -1},
+        {"sensor": "b", "ts": NOW, "pm2_5": 4},
+        "not an object",
+    ]
+    result = decode(json.dumps(batch))
+    assert [(r.sensor_id, r.timestamp) for r in result.readings] == [("a", NOW - 60), ("b", NOW)]
+    assert [e.reason for e in result.rejects] == [RejectReason.NEGATIVE, RejectReason.SCHEMA]
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"\xff\xfe{}", RejectReason.BAD_ENCODING),
+        (b'{"sensor": "s1", "pm10": ', RejectReason.BAD_JSON),
+        (b"[" * 2000 + b"]" * 2000, RejectReason.BAD_JSON),
+        (b'"just a string"', RejectReason.SCHEMA),
+        (b"[]", RejectReason.NO_VALUES),
+        (json.dumps([{"sensor": "s", "pm10": 1}] * 11).encode(), RejectReason.TOO_LARGE),
+        (b'{"sensor": "s1", "pm10": 1, "pad": "' + b"x" * 5000 + b'"}', RejectReason.TOO_LARGE),
+    ],
+)
+def test_whole_payload_rejects(payload: bytes, reason: RejectReason) -> None:
+    with pytest.raises(ReadingRejectedError) as info:
+        decode(payload)
+    assert info.value.reason is reason
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        ('{"sensor": "s1", "pm10": "12"}', RejectReason.SCHEMA),
+        ('{"sensor": "s1", "pm10": true}', RejectReason.SCHEMA),
+        ('{"sensor": "s1", "pm10": 1, "co2": 400}', RejectReason.UNKNOWN_FIELD),
+        ('{"pm10": 1}', RejectReason.SCHEMA),
+        ('{"sensor": "bad/id", "pm10": 1}', RejectReason.BAD_SENSOR_ID),
+        ('{"sensor": "s1"}', RejectReason.NO_VALUES),
+        ('{"sensor": "s1", "pm10": NaN}', RejectReason.NOT_FINITE),
+        ('{"sensor": "s1", "pm10": Infinity}', RejectReason.NOT_FINITE),
+        ('{"sensor": "s1", "pm10": -0.5}', RejectReason.NEGATIVE),
+        ('{"sensor": "s1", "pm10": 5000}', RejectReason.OUT_OF_RANGE),
+        ('{"sensor": "s1", "rh": 101}', RejectReason.OUT_OF_RANGE),
+        ('{"sensor": "s1", "ts": 1700000900, "pm10": 1}', RejectReason.FUTURE_TIMESTAMP),
+        ('{"sensor": "s1", "ts": 1000, "pm10": 1}', RejectReason.STALE_TIMESTAMP),
+        ('{"sensor": "s1", "ts": "2023-11-14T22:12:20", "pm10": 1}', RejectReason.SCHEMA),
+        ('{"sensor": "s1", "ts": "yesterday", "pm10": 1}', RejectReason.SCHEMA),
+    ],
+)
+def test_element_rejects(payload: str, reason: RejectReason) -> None:
+    with pytest.raises(ReadingRejectedError) as info:
+        decode_one(payload)
+    assert info.value.reason is reason
+
+
+def test_unknown_sensor_policy() -> None:
+    rules = PayloadRules(allowed_sensors=frozenset({"known"}))
+    result = decode_payload(
+        b'{"sensor": "stranger", "pm10": 1}',
+        topic_sensor_id=None,
+        received_at=NOW,
+        source="test",
+        rules=rules,
+    )
+    assert [e.reason for e in result.rejects] == [RejectReason.UNKNOWN_SENSOR]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                ["sensor", "ts", "time", "timestamp", "pm10", "pm2_5", "pm1", "rh", "temp_c", "x"]
+            )
+            | st.text(max_size=8),
+            children,
+            max_size=6,
+        )
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(json_values)
+def test_fuzz_structured_json_never_raises_anything_but_a_reject(document: object) -> None:
+    payload = json.dumps(document).encode()
+    try:
+        result = decode(payload, topic_sensor_id=None)
+    except ReadingRejectedError:
+        return
+    for reading in result.readings:
+        assert reading.values
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=300))
+def test_fuzz_bytes_never_raise_anything_but_a_reject(payload: bytes) -> None:
+    with contextlib.suppress(ReadingRejectedError):
+        decode(payload, topic_sensor_id="s1")
