@@ -162,6 +162,7 @@ class Publisher:
         self._refused = 0
         self._connection: MqttConnection | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._closed_counts: tuple[int, int] | None = None  # (queued, dropped_total) at close
 
     # -- topics ----------------------------------------------------------------------------
 
@@ -180,6 +181,8 @@ class Publisher:
 
     def submit(self, readings: Sequence[CalibratedReading]) -> None:
         """Queue calibrated readings for delivery (persisted; returns at once)."""
+        if self._closed_counts is not None:
+            raise PublisherError("the publisher is closed; readings can no longer be queued")
         messages: list[OutboxMessage] = []
         for reading in readings:
             if not SENSOR_ID_PATTERN.fullmatch(
@@ -217,12 +220,16 @@ class Publisher:
 
     def stats(self) -> dict[str, object]:
         """The publisher's own counters (also merged into the stats topic under 'publisher')."""
+        queued, dropped_total = self._closed_counts or (
+            len(self._outbox),
+            self._outbox.dropped_total,
+        )
         return {
             "connected": self.connected,
-            "queued": len(self._outbox),
+            "queued": queued,
             "published": self._published,
             "dropped": self._dropped,
-            "dropped_total": self._outbox.dropped_total,
+            "dropped_total": dropped_total,
             "refused": self._refused,
         }
 
@@ -232,7 +239,7 @@ class Publisher:
 
     @property
     def queued(self) -> int:
-        return len(self._outbox)
+        return self._closed_counts[0] if self._closed_counts else len(self._outbox)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -299,8 +306,10 @@ class Publisher:
                         )
                 await connection.close()
         finally:
-            self._log.info("publisher_closed", queued=len(self._outbox))
-            self._outbox.close()
+            if self._closed_counts is None:
+                self._closed_counts = (len(self._outbox), self._outbox.dropped_total)
+                self._outbox.close()
+            self._log.info("publisher_closed", queued=self._closed_counts[0])
 
     # -- delivery --------------------------------------------------------------------------
 
