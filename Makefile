@@ -43,7 +43,7 @@ reliability: setup
 
 # Retrain the committed default models from ../shared/data (about 15 minutes on 2 cores).
 models: setup
-	$(PY) -m training default-models --data ../shared/data --out models
+	$(PY) -m training default-models --out models --runs runs
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

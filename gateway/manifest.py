@@ -227,6 +227,8 @@ def write_manifest(model_dir: Path, manifest: Manifest) -> Path:
             out.write(payload)
             out.flush()
             os.fsync(out.fileno())
+        # mkstemp creates 0600; a model directory is read by the daemon's own user.
+        Path(temp_name).chmod(0o644)
         Path(temp_name).replace(target)
     except BaseException:
         Path(temp_name).unlink(missing_ok=True)

@@ -55,6 +55,10 @@ def _add_defaults(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument("--data", type=Path, help="shared data folder (default ../shared/data)")
     parser.add_argument("--out", type=Path, default=Path("models"))
     parser.add_argument("--runs", type=Path, default=Path("runs"))
+    parser.add_argument("--only", help="retrain just this default model")
+    parser.add_argument(
+        "--reuse-runs", action="store_true", help="keep finished runs instead of retraining them"
+    )
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -125,13 +129,17 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _default_models(args: argparse.Namespace) -> int:
     from training.defaults import DEFAULT_MODELS
     from training.model_dir import export_run
-    from training.train import train
+    from training.train import load_result, train
 
     for default in DEFAULT_MODELS:
+        if args.only is not None and default.name != args.only:
+            continue
         results = []
         for seed in default.seeds:
             config = default.config.model_copy(update={"data_path": args.data, "seed": seed})
-            result = train(config, args.runs / f"{default.name}-seed{seed}")
+            run_dir = args.runs / f"{default.name}-seed{seed}"
+            finished = args.reuse_runs and (run_dir / "metrics.json").is_file()
+            result = load_result(run_dir) if finished else train(config, run_dir)
             results.append(result)
             print(
                 json.dumps(

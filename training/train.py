@@ -38,6 +38,7 @@ __all__ = [
     "RunResult",
     "TrainConfig",
     "WindowBatches",
+    "load_result",
     "load_run",
     "predict_windows",
     "prepare_data",
@@ -264,6 +265,19 @@ def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") ->
         },
     )
     return RunResult(run_dir, model, validation, test, history_values)
+
+
+def load_result(run_dir: Path) -> RunResult:
+    """A finished run as :class:`RunResult`, without retraining."""
+    _, model, metrics = load_run(run_dir)
+    history = json.loads((run_dir / "history.json").read_text())
+    return RunResult(
+        run_dir=run_dir,
+        model=model,
+        validation=ErrorMetrics.model_validate(metrics["validation"]),
+        test=TestMetrics.model_validate(metrics["test"]),
+        history=history,
+    )
 
 
 def load_run(run_dir: Path) -> tuple[TrainConfig, keras.Model, dict[str, Any]]:

@@ -2,24 +2,77 @@
 
 All builders map a window [B, N] (or [B, N, C]) of raw readings to [B, 1] calibrated readings,
 with the input scaling inside the graph, so the trainer and the exporter treat them alike.
+TESLA and the paper's seven baselines (Linear, NLinear, DLinear, Transformer, Informer,
+PatchTST, iTransformer) are chosen by ``kind``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import keras
 from pydantic import Field
 
+from training.models.dlinear import DLinearConfig, build_dlinear
+from training.models.informer import InformerConfig, build_informer
+from training.models.itransformer import ITransformerConfig, build_itransformer
+from training.models.linear import LinearConfig, build_linear
+from training.models.nlinear import NLinearConfig, build_nlinear
+from training.models.patchtst import PatchTSTConfig, build_patchtst
 from training.models.tesla import TeslaConfig, build_tesla
+from training.models.transformer import TransformerConfig, build_transformer
 
-__all__ = ["ModelConfig", "TeslaConfig", "build_model"]
+__all__ = [
+    "BASELINE_KINDS",
+    "DLinearConfig",
+    "ITransformerConfig",
+    "InformerConfig",
+    "LinearConfig",
+    "ModelConfig",
+    "NLinearConfig",
+    "PatchTSTConfig",
+    "TeslaConfig",
+    "TransformerConfig",
+    "build_model",
+]
 
-ModelConfig = Annotated[TeslaConfig, Field(discriminator="kind")]
+AnyModelConfig = (
+    TeslaConfig
+    | LinearConfig
+    | NLinearConfig
+    | DLinearConfig
+    | TransformerConfig
+    | InformerConfig
+    | PatchTSTConfig
+    | ITransformerConfig
+)
+ModelConfig = Annotated[AnyModelConfig, Field(discriminator="kind")]
+
+BASELINE_KINDS = (
+    "linear",
+    "nlinear",
+    "dlinear",
+    "transformer",
+    "informer",
+    "patchtst",
+    "itransformer",
+)
+
+_BUILDERS: dict[str, Callable[[Any, int, int, float], keras.Model]] = {
+    "tesla": build_tesla,
+    "linear": build_linear,
+    "nlinear": build_nlinear,
+    "dlinear": build_dlinear,
+    "transformer": build_transformer,
+    "informer": build_informer,
+    "patchtst": build_patchtst,
+    "itransformer": build_itransformer,
+}
 
 
 def build_model(
-    config: TeslaConfig, window_length: int, channels: int, input_scale: float
+    config: AnyModelConfig, window_length: int, channels: int, input_scale: float
 ) -> keras.Model:
     """Build the Keras model a config describes."""
-    return build_tesla(config, window_length, channels, input_scale)
+    return _BUILDERS[config.kind](config, window_length, channels, input_scale)
