@@ -1,0 +1,83 @@
+"""Calibration throughput through the gateway's own Calibrator: batched vs one invoke each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from bench.timing import best_rate
+from gateway.calibrator import Calibrator
+from gateway.manifest import load_manifest
+from gateway.runtime import select_runtime
+from training.export import quantise
+
+__all__ = ["InferenceResult", "device_graph_rate", "measure_inference", "realistic_windows"]
+
+
+@dataclass(frozen=True)
+class InferenceResult:
+    sensors: int
+    batched_per_s: float
+    per_sensor_per_s: float
+
+    @property
+    def speedup(self) -> float:
+        return self.batched_per_s / self.per_sensor_per_s
+
+
+def realistic_windows(count: int, window_length: int, seed: int = 0) -> npt.NDArray[np.float32]:
+    """PM-like windows: a per-sensor level with slow drift and multiplicative noise."""
+    rng = np.random.default_rng(seed)
+    level = rng.gamma(2.0, 15.0, size=(count, 1))
+    drift = np.cumsum(rng.normal(0.0, 0.02, size=(count, window_length)), axis=1)
+    noise = rng.lognormal(0.0, 0.1, size=(count, window_length))
+    return (level * np.exp(drift) * noise).astype(np.float32)
+
+
+def measure_inference(model_dir: Path, sensor_counts: tuple[int, ...]) -> list[InferenceResult]:
+    """One batched invoke for all sensors vs one invoke per sensor, single-threaded."""
+    batched = Calibrator.load(model_dir, num_threads=1)
+    single = Calibrator.load(model_dir, num_threads=1)  # stays at batch 1: no resizes
+    n = batched.manifest.window_length
+    results = []
+    for count in sensor_counts:
+        windows = realistic_windows(count, n)
+        rows = [windows[i : i + 1] for i in range(count)]
+
+        def one_batch(w: npt.NDArray[np.float32] = windows) -> None:
+            batched.calibrate(w)
+
+        def each_sensor(r: list[npt.NDArray[np.float32]] = rows) -> None:
+            for row in r:
+                single.calibrate(row)
+
+        results.append(
+            InferenceResult(
+                sensors=count,
+                batched_per_s=best_rate(one_batch, count),
+                per_sensor_per_s=best_rate(each_sensor, count),
+            )
+        )
+    return results
+
+
+def device_graph_rate(model_dir: Path) -> float:
+    """Calibrations per second of the integer device graph (batch 1) under LiteRT."""
+    manifest = load_manifest(model_dir)
+    entry = manifest.files["int8"]
+    interpreter = select_runtime().interpreter((model_dir / entry.path).read_bytes(), 1)
+    interpreter.allocate_tensors()
+    source = interpreter.get_input_details()[0]
+    target = interpreter.get_output_details()[0]
+    window = realistic_windows(1, manifest.window_length)
+    data = quantise(window, source["quantization"][0], source["quantization"][1], source["dtype"])
+
+    def invoke() -> None:
+        interpreter.set_tensor(source["index"], data)
+        interpreter.invoke()
+        interpreter.get_tensor(target["index"])
+
+    return best_rate(invoke, 1)
