@@ -61,6 +61,76 @@ def _add_defaults(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
 
 
+def _add_release_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    keygen = sub.add_parser("keygen", help="create the Ed25519 key pair that signs releases")
+    keygen.add_argument("--out", type=Path, required=True, help="directory for the key files")
+    release = sub.add_parser("release", help="sign a model directory into a release")
+    release.add_argument("--model", type=Path, required=True, help="model directory")
+    release.add_argument("--target", choices=("gateway", "node"), required=True)
+    release.add_argument("--key", type=Path, required=True, help="private key from keygen")
+    release.add_argument("--out", type=Path, required=True, help="release directory to write")
+    push = sub.add_parser("push", help="publish a release (retained) on MQTT")
+    push.add_argument("--release", type=Path, required=True, help="release directory")
+    push.add_argument("--broker", required=True, help="HOST:PORT of the MQTT broker")
+    push.add_argument("--topic-prefix", default="tesla/releases")
+    push.add_argument("--username")
+    push.add_argument("--password-file", type=Path, help="file whose first line is the password")
+    push.add_argument("--ca-file", type=Path, help="CA bundle: connect with TLS")
+    constants = sub.add_parser(
+        "firmware-constants", help="generate firmware/src/model_constants.h from a manifest"
+    )
+    constants.add_argument("--model", type=Path, required=True, help="model directory")
+    constants.add_argument("--out", type=Path, required=True, help="header to write")
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from training.release import keygen
+
+    pair = keygen(args.out)
+    print(json.dumps({"private": str(pair.private_path), "public": str(pair.public_path),
+                      "key_id": pair.key_id}))  # fmt: skip
+    return 0
+
+
+def _release(args: argparse.Namespace) -> int:
+    from training.release import build_release
+
+    out = build_release(args.model, args.target, args.key, args.out)
+    print(json.dumps({"release": str(out)}))
+    return 0
+
+
+def _push(args: argparse.Namespace) -> int:
+    from training.release import ReleaseError, push_release
+
+    host, _, port_text = args.broker.rpartition(":")
+    if not host or not port_text.isdigit():
+        raise ReleaseError(f"--broker must be HOST:PORT, got {args.broker!r}")
+    password = None
+    if args.password_file is not None:
+        lines = args.password_file.read_text(encoding="utf-8").splitlines()
+        password = lines[0] if lines else ""
+    topic = push_release(
+        args.release,
+        host,
+        int(port_text),
+        topic_prefix=args.topic_prefix,
+        username=args.username,
+        password=password,
+        ca_file=args.ca_file,
+    )
+    print(json.dumps({"topic": topic}))
+    return 0
+
+
+def _firmware_constants(args: argparse.Namespace) -> int:
+    from training.firmware_constants import write_model_constants
+
+    path = write_model_constants(args.model, args.out)
+    print(json.dumps({"header": str(path)}))
+    return 0
+
+
 def _train(args: argparse.Namespace) -> int:
     from training.train import TrainConfig, train
 
@@ -172,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(sub)
     _add_evaluate(sub)
     _add_defaults(sub)
+    _add_release_commands(sub)
     return parser
 
 
@@ -182,6 +253,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "export": _export,
         "evaluate": _evaluate,
         "default-models": _default_models,
+        "keygen": _keygen,
+        "release": _release,
+        "push": _push,
+        "firmware-constants": _firmware_constants,
     }
     try:
         return handlers[args.command](args)

@@ -104,9 +104,7 @@ def fit_ols(train: WindowSet) -> LinearCalibration:
     return LinearCalibration.fit(train.current_raw(), train.targets())
 
 
-def reference_rows(
-    train: WindowSet, test: WindowSet, feature: Feature
-) -> dict[str, ErrorMetrics]:
+def reference_rows(train: WindowSet, test: WindowSet, feature: Feature) -> dict[str, ErrorMetrics]:
     """Test errors of the reference calibrations: 'raw', 'ols' and, where it applies, 'epa'.
 
     'epa' is present only for PM2.5 with an 'rh' input channel.

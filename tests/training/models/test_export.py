@@ -56,10 +56,13 @@ def test_float_graph_has_dynamic_batch_and_constant_weights(exported) -> None:
     graph = read_graph((out / "model.tflite").read_bytes())
     assert graph.input_shape_signature == (-1, N)
     # Resource variables left in the graph made batched inference 16x slower.
-    assert not {"VAR_HANDLE", "READ_VARIABLE", "BATCH_MATMUL"} & set(graph.op_names)
+    assert not {"VAR_HANDLE", "READ_VARIABLE"} & set(graph.op_names)
+    # The gateway's graph uses LiteRT's batched matmul for attention (faster there) ...
+    assert "BATCH_MATMUL" in graph.op_names
 
 
 def test_device_graph_uses_only_arduino_ops(exported) -> None:
+    # ... while the device graph keeps the portable form the Arduino library can run.
     _, result = exported
     ops = result.files["int8"].ops
     assert set(ops) <= ARDUINO_TFLM_OPS

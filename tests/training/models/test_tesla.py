@@ -95,3 +95,15 @@ def test_ablation_variants_build_and_differ() -> None:
 def test_heads_must_divide_width() -> None:
     with pytest.raises(ValueError, match="divisible"):
         build_model(TeslaConfig(d_model=10, heads=4), 12, 1, 1.0)
+
+
+def test_portable_and_batched_attention_are_the_same_function() -> None:
+    model = build_model(TeslaConfig(d_model=16, heads=4), 360, 1, 80.0)
+    rng = np.random.default_rng(4)
+    for weight in model.weights:
+        weight.assign(rng.normal(0, 0.3, weight.shape).astype("float32"))
+    x = rng.gamma(2.0, 15.0, size=(8, 360)).astype("float32")
+    portable = np.asarray(model(x))
+    model.get_layer("attention").portable = False
+    batched = np.asarray(model(x))
+    np.testing.assert_allclose(batched, portable, rtol=1e-5, atol=1e-4)

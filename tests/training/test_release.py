@@ -1,0 +1,135 @@
+"""keygen / release / push: real Ed25519 keys, real release directories, real mosquitto."""
+
+from __future__ import annotations
+
+import json
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+from paho.mqtt import client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+
+from gateway.ota.descriptor import DESCRIPTOR_SIZE, ImageDescriptor
+from gateway.ota.errors import BadSignatureError
+from gateway.ota.release import (
+    RELEASE_FILENAME,
+    decode_bundle,
+    load_public_key,
+    verify_release,
+)
+from tests.support.mosquitto import Mosquitto
+from tests.support.releases import DEFAULT_NODE_MODEL, ReleaseKit
+from training.cli import main
+from training.release import PRIVATE_KEY_NAME, PUBLIC_KEY_NAME, ReleaseError, keygen
+
+
+def test_keygen_writes_private_key_0600_and_refuses_to_overwrite(tmp_path: Path) -> None:
+    assert main(["keygen", "--out", str(tmp_path)]) == 0
+    private = tmp_path / PRIVATE_KEY_NAME
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    assert len(load_public_key(tmp_path / PUBLIC_KEY_NAME)) == 32
+    before = private.read_bytes()
+    with pytest.raises(ReleaseError, match="refusing to overwrite"):
+        keygen(tmp_path)
+    assert main(["keygen", "--out", str(tmp_path)]) == 2
+    assert private.read_bytes() == before
+
+
+def test_release_cli_writes_a_verifiable_node_release(tmp_path: Path) -> None:
+    keys = keygen(tmp_path / "keys")
+    out = tmp_path / "rel"
+    code = main(
+        ["release", "--model", str(DEFAULT_NODE_MODEL), "--target", "node",
+         "--key", str(keys.private_path), "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["manifest.json", "model_int8.tflite", RELEASE_FILENAME]
+    release = verify_release(out, load_public_key(keys.public_path), running_version=None)
+    assert release.target == "node"
+    descriptor = ImageDescriptor.decode(release.descriptor)
+    assert len(release.descriptor) == DESCRIPTOR_SIZE
+    assert descriptor.window_length == 360
+    assert descriptor.image_size == len(release.node_image)
+    assert descriptor.arena_bytes == release.manifest.files["int8"].tflm_arena_bytes
+
+
+def test_gateway_release_carries_every_flatbuffer(tmp_path: Path) -> None:
+    kit = ReleaseKit(tmp_path)
+    out = kit.release(kit.base_version + 1, "gateway")
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["manifest.json", "model.tflite", "model_int8.tflite", RELEASE_FILENAME]
+    assert verify_release(out, kit.public_key, kit.base_version).version == kit.base_version + 1
+
+
+def test_release_refuses_a_world_readable_key_and_a_non_empty_out(tmp_path: Path) -> None:
+    keys = keygen(tmp_path / "keys")
+    keys.private_path.chmod(0o644)
+    with pytest.raises(ReleaseError, match="chmod 600"):
+        main_release(keys.private_path, tmp_path / "r1")
+    keys.private_path.chmod(0o600)
+    (tmp_path / "r2").mkdir()
+    (tmp_path / "r2" / "x").write_text("x")
+    with pytest.raises(ReleaseError, match="not empty"):
+        main_release(keys.private_path, tmp_path / "r2")
+
+
+def main_release(key: Path, out: Path) -> None:
+    from training.release import build_release
+
+    build_release(DEFAULT_NODE_MODEL, "node", key, out)
+
+
+def test_signature_covers_the_metadata(tmp_path: Path) -> None:
+    kit = ReleaseKit(tmp_path)
+    out = kit.release(kit.base_version + 1)
+    document = json.loads((out / RELEASE_FILENAME).read_text())
+    document["feature"] = "pm2_5"
+    (out / RELEASE_FILENAME).write_text(json.dumps(document))
+    with pytest.raises(BadSignatureError):
+        verify_release(out, kit.public_key, None)
+
+
+def test_push_publishes_the_release_retained(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    kit = ReleaseKit(tmp_path)
+    out = kit.release(kit.base_version + 1)
+    code = main(["push", "--release", str(out), "--broker", f"127.0.0.1:{mosquitto.port}"])
+    assert code == 0
+    # A subscriber arriving later still gets it: the message is retained.
+    received: list[paho.MQTTMessage] = []
+    got = threading.Event()
+    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2)
+
+    def on_message(_c: object, _u: object, message: paho.MQTTMessage) -> None:
+        received.append(message)
+        got.set()
+
+    client.on_message = on_message
+    client.connect("127.0.0.1", mosquitto.port)
+    client.subscribe("tesla/releases/#", qos=1)
+    client.loop_start()
+    try:
+        assert got.wait(10)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    assert received[0].topic == "tesla/releases/node/pm10-ispra-1min"
+    assert received[0].retain
+    release = verify_release(received[0].payload, kit.public_key, kit.base_version)
+    assert release.version == kit.base_version + 1
+    document, files = decode_bundle(received[0].payload)
+    assert set(files) == {"manifest.json", "model_int8.tflite"}
+    assert document["target"] == "node"
+
+
+def test_push_to_a_dead_broker_fails_with_a_message(tmp_path: Path) -> None:
+    from tests.support.mosquitto import free_port
+
+    kit = ReleaseKit(tmp_path)
+    out = kit.release(kit.base_version + 1)
+    with pytest.raises(ReleaseError, match="cannot connect"):
+        from training.release import push_release
+
+        push_release(out, "127.0.0.1", free_port())

@@ -1,0 +1,225 @@
+"""Create, sign and publish model releases (the gateway verifies them: gateway/ota/release.py).
+
+``keygen`` makes an Ed25519 key pair (private seed in hex, mode 0600; public key in hex),
+``build_release`` signs a model directory into a release directory for one target, and
+``push_release`` publishes it retained on MQTT, where every gateway subscribed to releases
+picks it up (node releases are relayed to the gateway's serial-attached nodes).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nacl.signing import SigningKey
+
+from gateway.manifest import MANIFEST_FILENAME, load_manifest, verify_model_files
+from gateway.ota.descriptor import ImageDescriptor
+from gateway.ota.release import (
+    RELEASE_FILENAME,
+    RELEASE_FORMAT_VERSION,
+    Target,
+    encode_bundle,
+    key_id,
+    read_release_dir,
+    signed_bytes,
+    verify_release,
+)
+from training.errors import TrainingError
+
+__all__ = [
+    "PRIVATE_KEY_NAME",
+    "PUBLIC_KEY_NAME",
+    "KeyPair",
+    "ReleaseError",
+    "build_release",
+    "keygen",
+    "load_private_key",
+    "push_release",
+    "release_topic",
+]
+
+PRIVATE_KEY_NAME = "release_key.ed25519"
+PUBLIC_KEY_NAME = "release_key.pub"
+DEFAULT_TOPIC_PREFIX = "tesla/releases"
+
+
+class ReleaseError(TrainingError):
+    """A key or release could not be created or published; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    private_path: Path
+    public_path: Path
+    key_id: str
+
+
+def keygen(out_dir: Path) -> KeyPair:
+    """Write a new key pair into ``out_dir``; never overwrite an existing key."""
+    private_path = out_dir / PRIVATE_KEY_NAME
+    public_path = out_dir / PUBLIC_KEY_NAME
+    for path in (private_path, public_path):
+        if path.exists():
+            raise ReleaseError(
+                f"{path} already exists; refusing to overwrite a key (releases signed with it "
+                "would no longer verify). Choose another --out or remove it deliberately"
+            )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    signing = SigningKey.generate()
+    public = bytes(signing.verify_key)
+    # O_EXCL + 0600 from the start: the seed is never readable by others, not even briefly.
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as out:
+        out.write(bytes(signing).hex() + "\n")
+    public_path.write_text(public.hex() + "\n", encoding="ascii")
+    return KeyPair(private_path=private_path, public_path=public_path, key_id=key_id(public))
+
+
+def load_private_key(path: Path) -> SigningKey:
+    try:
+        mode = path.stat().st_mode & 0o777
+        text = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReleaseError(f"cannot read private key {path}: {exc}") from exc
+    if mode & 0o077:
+        raise ReleaseError(f"{path} is readable by others (mode {mode:o}); chmod 600 it")
+    try:
+        seed = bytes.fromhex(text)
+    except ValueError as exc:
+        raise ReleaseError(f"{path} is not a hex private key written by keygen") from exc
+    if len(seed) != 32:
+        raise ReleaseError(f"{path} holds {len(seed)} bytes; an Ed25519 seed has 32")
+    return SigningKey(seed)
+
+
+def _files_for(model_dir: Path, target: Target) -> tuple[dict[str, bytes], str | None]:
+    manifest = load_manifest(model_dir)
+    verify_model_files(model_dir, manifest)
+    files = {MANIFEST_FILENAME: (model_dir / MANIFEST_FILENAME).read_bytes()}
+    if target == "gateway":
+        for entry in manifest.files.values():
+            files[entry.path] = (model_dir / entry.path).read_bytes()
+        return files, None
+    device = manifest.files.get("int8")
+    if device is None or device.batch != 1:
+        raise ReleaseError(f"{model_dir} has no batch-1 int8 device graph for a node release")
+    if device.tflm_arena_bytes is None:
+        raise ReleaseError(f"{model_dir}: the int8 file has no measured tflm_arena_bytes")
+    files[device.path] = (model_dir / device.path).read_bytes()
+    return files, device.path
+
+
+def build_release(model_dir: Path, target: Target, private_key: Path, out_dir: Path) -> Path:
+    """Sign ``model_dir`` into ``out_dir`` (created; must not exist or be empty)."""
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ReleaseError(f"{out_dir} is not empty; releases are never overwritten")
+    signing = load_private_key(private_key)
+    public = bytes(signing.verify_key)
+    manifest = load_manifest(model_dir)
+    files, image_name = _files_for(model_dir, target)
+    document: dict[str, object] = {
+        "format_version": RELEASE_FORMAT_VERSION,
+        "model": manifest.name,
+        "version": manifest.version,
+        "feature": manifest.feature,
+        "target": target,
+        "files": {
+            name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+            for name, data in sorted(files.items())
+        },
+        "key_id": key_id(public),
+    }
+    if image_name is not None:
+        image = files[image_name]
+        arena = manifest.files["int8"].tflm_arena_bytes
+        descriptor = ImageDescriptor(
+            model_name=manifest.name,
+            model_version=manifest.version,
+            image_size=len(image),
+            image_sha256=hashlib.sha256(image).digest(),
+            window_length=manifest.window_length,
+            arena_bytes=arena or 0,
+        ).encode()
+        document["node_image"] = {
+            "file": image_name,
+            "descriptor": base64.b64encode(descriptor).decode("ascii"),
+            "signature": base64.b64encode(signing.sign(descriptor).signature).decode("ascii"),
+        }
+    document["signature"] = base64.b64encode(signing.sign(signed_bytes(document)).signature).decode(
+        "ascii"
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=".staging-"))
+    try:
+        for name, data in files.items():
+            (staging / name).write_bytes(data)
+        (staging / RELEASE_FILENAME).write_text(
+            json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        )
+        verify_release(staging, public, running_version=None, target=target)  # self-check
+        for path in staging.iterdir():
+            path.replace(out_dir / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+def release_topic(prefix: str, target: Target, model: str) -> str:
+    """Where a release is published (docs/ota-protocol.md, "Releases on MQTT")."""
+    return f"{prefix}/{target}/{model}"
+
+
+def push_release(
+    release_dir: Path,
+    host: str,
+    port: int,
+    *,
+    topic_prefix: str = DEFAULT_TOPIC_PREFIX,
+    username: str | None = None,
+    password: str | None = None,
+    ca_file: Path | None = None,
+    timeout_s: float = 10.0,
+) -> str:
+    """Publish the release retained (QoS 1) and wait for the broker's acknowledgement."""
+    from paho.mqtt import client as paho
+    from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+
+    document, files = read_release_dir(release_dir)
+    target = document.get("target")
+    model = document.get("model")
+    if target not in ("gateway", "node") or not isinstance(model, str):
+        raise ReleaseError(f"{release_dir / RELEASE_FILENAME} names no valid target and model")
+    payload = encode_bundle((release_dir / RELEASE_FILENAME).read_bytes(), files)
+    topic = release_topic(topic_prefix, target, model)
+    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="")
+    if username is not None:
+        client.username_pw_set(username, password)
+    if ca_file is not None:
+        client.tls_set(ca_certs=str(ca_file))
+    try:
+        client.connect(host, port, keepalive=30)
+    except OSError as exc:
+        raise ReleaseError(f"cannot connect to the broker {host}:{port}: {exc}") from exc
+    client.loop_start()
+    try:
+        info = client.publish(topic, payload, qos=1, retain=True)
+        deadline = time.monotonic() + timeout_s
+        while not info.is_published():
+            if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS or time.monotonic() > deadline:
+                raise ReleaseError(
+                    f"the broker {host}:{port} did not accept the release on {topic} within "
+                    f"{timeout_s} s ({paho.error_string(info.rc)}); check credentials and ACLs"
+                )
+            time.sleep(0.01)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    return topic
