@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gateway.errors import ConfigError
 from gateway.logging import LogFormat, LogLevel
+from gateway.ota.config import OtaConfig
 from gateway.publisher import PublisherConfig
 from gateway.readings import SENSOR_ID_PATTERN
 from gateway.runtime import DEFAULT_RUNTIME_PREFERENCE, RuntimeName
@@ -181,6 +182,9 @@ class GatewayConfig(_Section):
     tick: TickConfig = Field(default_factory=TickConfig)
     sensors: SensorPolicy = Field(default_factory=SensorPolicy)
     state: StateConfig = Field(default_factory=StateConfig)
+    ota: OtaConfig | None = Field(
+        default=None, description="Signed over-the-air model updates; omit to disable."
+    )
 
     @field_validator("models")
     @classmethod
@@ -301,4 +305,8 @@ def _resolve_paths(config: GatewayConfig, base: Path) -> GatewayConfig:
     models = [
         model.model_copy(update={"model_dir": resolve(model.model_dir)}) for model in config.models
     ]
-    return config.model_copy(update={"state_dir": resolve(config.state_dir), "models": models})
+    update: dict[str, object] = {"state_dir": resolve(config.state_dir), "models": models}
+    if config.ota is not None:
+        key = resolve(config.ota.public_key_file)
+        update["ota"] = config.ota.model_copy(update={"public_key_file": key})
+    return config.model_copy(update=update)

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -115,6 +115,12 @@ def iso8601(timestamp: float) -> str:
 
 def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
+
+
+def _mark_retrieved(future: asyncio.Future[Any]) -> None:
+    """Outcomes reach serve()'s caller through the shield; after a cancel, aclose() sees them."""
+    if not future.cancelled():
+        future.exception()
 
 
 def reading_payload(reading: CalibratedReading) -> dict[str, object]:
@@ -277,7 +283,11 @@ class Publisher:
         connection = self._connection
         if connection is None:
             raise PublisherError("Publisher.serve() needs 'async with publisher' first")
-        await asyncio.gather(connection.serve(), *self._tasks)
+        # Shielded: cancelling serve() (a shutdown) must not cancel delivery, or aclose() could
+        # not flush the outbox; aclose() stops the tasks itself once it has flushed.
+        watched = asyncio.gather(connection.serve(), *self._tasks)
+        watched.add_done_callback(_mark_retrieved)
+        await asyncio.shield(watched)
 
     async def wait_idle(self) -> None:
         """Return once everything queued so far has been acknowledged by the broker."""

@@ -27,6 +27,8 @@ from gateway import __version__
 from gateway.config import GatewayConfig, MqttSourceEntry
 from gateway.errors import GatewayError, ModelLoadError
 from gateway.model_watch import ModelSet, ReloadOutcome
+from gateway.ota.config import OtaConfig
+from gateway.ota.service import OtaService
 from gateway.outbox import OutboxError
 from gateway.publisher import Publisher, PublisherError
 from gateway.readings import Reading, RejectReason
@@ -127,6 +129,8 @@ class GatewayService:
         self._reload: asyncio.Event | None = None
         self._tick_wanted: asyncio.Event | None = None
         self._mqtt_sources: dict[str, MqttSource] = {}
+        self._serial_source: SerialSource | None = None
+        self.ota: OtaService | None = None
 
     # -- control ----------------------------------------------------------------------------
 
@@ -210,6 +214,8 @@ class GatewayService:
         assert self._stop is not None
         queue: asyncio.Queue[Reading] = asyncio.Queue(maxsize=_QUEUE_BOUND)
         sources = self._make_sources()
+        if self.config.ota is not None:
+            self.ota = self._make_ota(self.config.ota)  # a bad key file fails here, at start
         async with asyncio.TaskGroup() as group:
             publisher_task = group.create_task(publisher.run(), name="publisher")
             source_tasks: list[asyncio.Task[None]] = [
@@ -223,6 +229,8 @@ class GatewayService:
                 group.create_task(self._save_loop(), name="state-save"),
                 group.create_task(self._watchdog_loop(), name="watchdog"),
             ]
+            if self.ota is not None:
+                helpers.append(group.create_task(self.ota.run(), name="ota"))
             self._phase = "running"
             self.notifier.ready(self._status_line())
             _log.info(
@@ -245,8 +253,8 @@ class GatewayService:
             await self._tick_once(publisher)
             await _cancel_and_wait(helpers)
             self.state.save_all(self.store)
-            self._publisher_final = publisher.stats()
             await _cancel_and_wait([publisher_task])  # delivers within shutdown_flush_s
+            self._publisher_final = publisher.stats()  # after the flush: what is left queued
 
     def _make_sources(self) -> list[tuple[str, _SourceRun]]:
         made: list[tuple[str, _SourceRun]] = []
@@ -259,8 +267,25 @@ class GatewayService:
             else:
                 serial_ports.append(source)
         if serial_ports:
-            made.append(("serial-sources", SerialSource(serial_ports, clock=self._clock).run))
+            self._serial_source = SerialSource(serial_ports, clock=self._clock)
+            made.append(("serial-sources", self._serial_source.run))
         return made
+
+    def _make_ota(self, config: OtaConfig) -> OtaService:
+        def running_version(feature: str) -> int | None:
+            calibrator = self.models.get(feature)
+            return None if calibrator is None else calibrator.version
+
+        return OtaService(
+            config,
+            gateway_id=self.config.gateway_id,
+            broker=self.config.publisher.broker,
+            links=self._serial_source.links if self._serial_source is not None else {},
+            model_dirs=self.config.model_dirs,
+            running_version=running_version,
+            on_installed=self.request_reload,
+            clock=self._clock,
+        )
 
     # -- loops ------------------------------------------------------------------------------
 

@@ -2,3 +2,13 @@
 from tests.support.models import model_factory  # noqa: F401
 from tests.support.mosquitto import mosquitto  # noqa: F401
 from tests.support.pty_serial import pty_serial  # noqa: F401
+
+
+def pytest_addoption(parser):  # type: ignore[no-untyped-def]
+    """``--reliability-long``: the long form of tests/reliability (``make reliability``)."""
+    parser.addoption(
+        "--reliability-long",
+        action="store_true",
+        default=False,
+        help="run the reliability scenarios in their long form (more faults, longer soak)",
+    )

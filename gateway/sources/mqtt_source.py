@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from gateway.mqtt_connection import InboundMessage, MqttBrokerConfig, MqttConnection
 from gateway.readings import SENSOR_ID_PATTERN, Reading, ReadingRejectedError, RejectReason
 from gateway.rejects import RejectCounter
+from gateway.sharding import ShardConfig
 from gateway.sources.payloads import PayloadRules, decode_payload
 
 __all__ = ["MqttSource", "MqttSourceConfig"]
@@ -76,6 +77,13 @@ class MqttSourceConfig(BaseModel):
     allowed_sensors: list[str] | None = Field(
         default=None, description="If set, readings from other sensor ids are rejected."
     )
+    shard: ShardConfig | None = Field(
+        default=None,
+        description=(
+            "Keep only the sensors of this shard of a consistent hash over sensor ids "
+            "(several gateways on one topic space; docs/deployment.md). Omit: all sensors."
+        ),
+    )
 
     @field_validator("topics")
     @classmethod
@@ -117,6 +125,7 @@ class MqttSource:
         self._log = structlog.get_logger("gateway.sources.mqtt")
         self._connection: MqttConnection | None = None
         self._started = asyncio.Event()
+        self.other_shard = 0  # readings left to the gateways of other shards (not rejects)
 
     @property
     def connected(self) -> bool:
@@ -160,6 +169,14 @@ class MqttSource:
     def _decode(self, message: InboundMessage, rejects: RejectCounter) -> list[Reading]:
         try:
             topic_sensor_id = self._topic_sensor_id(message.topic)
+            shard = self._config.shard
+            if (
+                topic_sensor_id is not None
+                and shard is not None
+                and not shard.owns(topic_sensor_id)
+            ):
+                self.other_shard += 1
+                return []  # another gateway's sensor: not even parsed
             decoded = decode_payload(
                 message.payload,
                 topic_sensor_id=topic_sensor_id,
@@ -172,7 +189,12 @@ class MqttSource:
             return []
         for reject in decoded.rejects:
             rejects.reject_error(reject, source=SOURCE_NAME)
-        return list(decoded.readings)
+        shard = self._config.shard
+        if shard is None:
+            return list(decoded.readings)
+        owned = [reading for reading in decoded.readings if shard.owns(reading.sensor_id)]
+        self.other_shard += len(decoded.readings) - len(owned)
+        return owned
 
     def _topic_sensor_id(self, topic: str) -> str | None:
         level = self._config.sensor_id_topic_level

@@ -125,6 +125,7 @@ class NodeLink:
         self.port = port
         self.hello: Hello | None = None
         self.ota_handler: Callable[[OtaFrame], None] | None = None  # set by OTA (issue 5)
+        self.hello_handler: Callable[[Hello], None] | None = None  # told of each hello (OTA)
         self._write_timeout_s = write_timeout_s
         self._serial: serial.Serial | None = None
         self._lock = asyncio.Lock()
@@ -366,6 +367,8 @@ class _PortWorker:
         if isinstance(line, Hello):
             if link is not None:
                 link.hello = line
+                if link.hello_handler is not None:
+                    link.hello_handler(line)
             self._log.info(
                 "node_hello",
                 node_id=line.node_id,

@@ -117,9 +117,10 @@ def test_push_publishes_the_release_retained(tmp_path: Path, mosquitto: Mosquitt
         client.loop_stop()
     assert received[0].topic == "tesla/releases/node/pm10-ispra-1min"
     assert received[0].retain
-    release = verify_release(received[0].payload, kit.public_key, kit.base_version)
+    payload = bytes(received[0].payload)
+    release = verify_release(payload, kit.public_key, kit.base_version)
     assert release.version == kit.base_version + 1
-    document, files = decode_bundle(received[0].payload)
+    document, files = decode_bundle(payload)
     assert set(files) == {"manifest.json", "model_int8.tflite"}
     assert document["target"] == "node"
 

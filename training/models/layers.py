@@ -523,13 +523,26 @@ class InstanceDenorm(keras.layers.Layer):
         return output * root * root + mean[:, 0, :1]
 
 
+def _device_trace(layer: TokenSelfAttention, tokens: Any, training: bool | None) -> bool:
+    """Whether to trace the portable form: only for the batch-1 device graph.
+
+    The exporter's integer conversion traces a fixed batch of 1; everything else (training,
+    ``predict`` over thousands of windows, the gateway's float graph) gets batched matmuls,
+    which at N = 360 avoid [B, 360, 360, d] intermediates (4 GB at B = 1024, d = 8).
+    Eager calls with one window also take the portable form; the maths is the same.
+    """
+    return layer.portable and not training and tokens.shape[0] == 1
+
+
 @keras.saving.register_keras_serializable(package="tesla")
 class SequenceSelfAttention(TokenSelfAttention):
     """:class:`TokenSelfAttention` for long token sequences (tens to hundreds of tokens).
 
-    The same function; only the sum over keys is a FULLY_CONNECTED (:func:`sum_axis2`) so the
-    16-bit device graph stays exact (TESLA's few tokens keep the parent layer untouched).
-    Memory and multiply-adds grow as L²·d. Input and output [B, L, d].
+    The same function. The portable (device) form sums over keys with a FULLY_CONNECTED
+    (:func:`sum_axis2`) so the 16-bit graph stays exact; every other graph (training, predict,
+    the gateway's float graph) uses the parent's batched-matmul form, which does not
+    materialise [B, L, L, d] products (see :func:`_device_trace`). TESLA's few tokens keep the parent
+    layer untouched. Memory and multiply-adds grow as L²·d. Input and output [B, L, d].
     """
 
     def build(self, input_shape: Any) -> None:
@@ -542,17 +555,25 @@ class SequenceSelfAttention(TokenSelfAttention):
         for layer in (self.value, self.output_dense):
             layer.build((None, self.d_model))
 
-    def call(self, tokens: Any) -> Any:
+    def call(self, tokens: Any, training: bool | None = None) -> Any:
         v = self.value(tokens)  # [B, L, d]
         if tokens.shape[1] == 1:
             return self.output_dense(v)  # one token attends only to itself, with weight 1
         q = self.query(tokens)  # [B, L, d]
         k = self.key(tokens)
+        mixed = (
+            self._portable_mix(q, k, v)
+            if _device_trace(self, tokens, training)
+            else self._batched_mix(q, k, v)
+        )
+        return self.output_dense(mixed)  # [B, L, d]
+
+    def _portable_mix(self, q: Any, k: Any, v: Any) -> Any:
         products = q[:, :, None, :] * k[:, None, :, :]  # [B, L_q, L_k, d]
         scores = matmul_last(products, self._score_matrix)  # [B, L_q, L_k, h]
         attention = ops.softmax(ops.transpose(scores, (0, 1, 3, 2)), axis=-1)  # [B, L_q, h, L_k]
         spread = matmul_last(ops.transpose(attention, (0, 1, 3, 2)), self._spread_matrix)
-        return self.output_dense(sum_axis2(spread * v[:, None, :, :]))  # [B, L_q, d]
+        return sum_axis2(spread * v[:, None, :, :])  # [B, L_q, d]
 
 
 @keras.saving.register_keras_serializable(package="tesla")
@@ -571,91 +592,97 @@ class Regroup(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="tesla")
-class ProbSparseSelfAttention(keras.layers.Layer):
-    """Informer's ProbSparse self-attention, written so it exports to device builtins.
+class ProbSparseSelfAttention(TokenSelfAttention):
+    """Informer's ProbSparse self-attention, written so it exports to builtins.
 
     Informer ranks queries by the sparsity measure M(q) = max_j s_qj - mean_j s_qj, gives the
     top u = factor·ceil(ln L) queries full attention and every other query the mean of V.
     Two changes, both documented in ``training.models.informer``: M is measured on all keys
     (the paper's Eq. 4 definition) rather than a random sample of them, and the top-u set is
-    found by counting, for each query, how many queries score higher (a saturating ramp, or
-    GREATER with ``selection='exact'``, which has no 16-bit kernel), because
-    TOPK_V2 and GATHER-by-index are not something the device can run cheaply. Every query's
-    attention is therefore computed and the lazy ones are replaced by mean(V): the same
-    output as Informer, without its FLOP saving. Input and output [B, L, d].
+    found by counting, for each query, how many queries score higher (GREATER with
+    ``selection='exact'``, which has no 16-bit kernel, or a saturating ramp), because TOPK_V2
+    is not in the device library. Every query's attention is therefore computed and the lazy
+    ones are replaced by mean(V): the same output as Informer, without its FLOP saving.
+    Like :class:`SequenceSelfAttention`, only the batch-1 device graph uses the portable form;
+    everything else uses batched matmuls. Input and output [B, L, d].
     """
 
     def __init__(
-        self, d_model: int, heads: int, factor: int = 5, selection: str = "ramp", **kwargs: Any
+        self, d_model: int, heads: int, factor: int = 5, selection: str = "exact", **kwargs: Any
     ) -> None:
-        super().__init__(**kwargs)
-        if d_model % heads:
-            raise ValueError(f"d_model={d_model} must be divisible by heads={heads}")
+        super().__init__(d_model, heads, **kwargs)
         if selection not in {"ramp", "exact"}:
             raise ValueError(f"selection must be 'ramp' or 'exact', got {selection!r}")
-        self.d_model = int(d_model)
-        self.heads = int(heads)
         self.factor = int(factor)
         self.selection = selection
 
     def build(self, input_shape: Any) -> None:
-        d = self.d_model
+        super().build(input_shape)
         self.length = int(input_shape[-2])
         self.active_queries = min(self.length, self.factor * int(np.ceil(np.log(self.length))))
-        self.query = Projection(d, name="query")
-        self.key = Projection(d, name="key")
-        self.value = Projection(d, name="value")
-        self.output_dense = Projection(d, name="output")
-        for layer in (self.query, self.key, self.value, self.output_dense):
-            layer.build((None, d))
-        head_of = np.arange(d) // (d // self.heads)
-        heads = (head_of[:, None] == np.arange(self.heads)[None, :]).astype("float32")  # [d, h]
-        self._score_matrix = ops.convert_to_tensor(
-            (heads / np.sqrt(d // self.heads)).astype("float32")
-        )
-        self._spread_matrix = ops.convert_to_tensor(heads.T.copy())  # [h, d]
 
-    def call(self, tokens: Any) -> Any:
+    def call(self, tokens: Any, training: bool | None = None) -> Any:
         q = self.query(tokens)  # [B, L, d]
         k = self.key(tokens)
         v = self.value(tokens)
+        if _device_trace(self, tokens, training):
+            return self.output_dense(self._portable_sparse(q, k, v))  # [B, L, d]
+        return self.output_dense(self._batched_sparse(q, k, v))
+
+    def _rank_to_active(self, sparsity: Any, axis: int) -> Any:
+        """1 for the top-u queries by ``sparsity`` (queries along ``axis``), else 0."""
+        ahead = ops.expand_dims(sparsity, axis)  # other queries q' along ``axis``
+        behind = ops.expand_dims(sparsity, axis + 1)  # this query q along ``axis + 1``
+        if self.selection == "exact":
+            beaten_by = ops.cast(ops.greater(ahead - behind, 0.0), "float32")
+            rank = ops.sum(beaten_by, axis=axis + 1)
+            return ops.cast(ops.less(rank, float(self.active_queries)), "float32")
+        # Scale before subtracting: a constant MUL after the SUB made the quantiser give the
+        # difference the product's coarse 16-bit scale (measured: every rank wrong).
+        ahead = ahead * RANK_RAMP_GAIN
+        behind = behind * RANK_RAMP_GAIN
+        beaten_by = ops.minimum(ops.relu(ahead - behind), 1.0)  # 1: q' ranks above q
+        rank = sum_axis2(beaten_by) if axis == 1 else ops.sum(beaten_by, axis=axis + 1)
+        # rank is an integer except at near-ties; u - 1/2 - rank is then at least 1/2 away.
+        return ops.minimum(ops.relu((self.active_queries - 0.5 - rank) * 2.0), 1.0)
+
+    def _portable_sparse(self, q: Any, k: Any, v: Any) -> Any:
         products = q[:, :, None, :] * k[:, None, :, :]  # [B, L_q, L_k, d]
         scores = matmul_last(products, self._score_matrix)  # [B, L_q, L_k, h]
         attention = ops.softmax(ops.transpose(scores, (0, 1, 3, 2)), axis=-1)  # [B, L_q, h, L_k]
         spread = matmul_last(ops.transpose(attention, (0, 1, 3, 2)), self._spread_matrix)
         full = sum_axis2(spread * v[:, None, :, :])  # [B, L_q, d]
         if self.active_queries >= self.length:
-            return self.output_dense(full)  # short windows: every query is active
+            return full  # short windows: every query is active
         mean_score = sum_axis2(scores, 1.0 / self.length)  # [B, L_q, h]
         # Max over keys as a pooling window: TFLite Micro's REDUCE_MAX has no 16-bit kernel.
         pooled = ops.max_pool(scores, (1, self.length), strides=(1, self.length))  # [B, L_q, 1, h]
         sparsity = ops.squeeze(pooled, axis=2) - mean_score  # [B, L_q, h]
-        if self.selection == "exact":
-            margin = sparsity[:, None, :, :] - sparsity[:, :, None, :]  # [B, L_q, L_q', h]
-            beaten_by = ops.cast(ops.greater(margin, 0.0), "float32")  # 1: q' ranks above q
-            rank = ops.sum(beaten_by, axis=2)  # [B, L_q, h]
-            active = ops.cast(ops.less(rank, float(self.active_queries)), "float32")
-        else:
-            # Scale before subtracting: a constant MUL after the SUB made the quantiser give
-            # the difference the product's coarse 16-bit scale (measured: every rank wrong).
-            gained = sparsity * RANK_RAMP_GAIN  # [B, L_q, h]
-            margin = gained[:, None, :, :] - gained[:, :, None, :]  # [B, L_q, L_q', h]
-            beaten_by = ops.minimum(ops.relu(margin), 1.0)  # 1: q' ranks above q
-            rank = sum_axis2(beaten_by)  # [B, L_q, h]
-            # rank is an integer except at near-ties; u - 1/2 - rank is then at least 1/2 away.
-            active = ops.minimum(ops.relu((self.active_queries - 0.5 - rank) * 2.0), 1.0)
+        active = self._rank_to_active(sparsity, axis=1)  # [B, L_q, h]
         active = matmul_last(active, self._spread_matrix)  # [B, L_q, d]
         lazy = ops.mean(v, axis=1, keepdims=True)  # [B, 1, d]
-        return self.output_dense(lazy + active * (full - lazy))
+        return lazy + active * (full - lazy)
+
+    def _batched_sparse(self, q: Any, k: Any, v: Any) -> Any:
+        length, h = self.length, self.heads
+        d_head = self.d_model // h
+
+        def split(x: Any, order: tuple[int, ...]) -> Any:
+            return ops.transpose(ops.reshape(x, (-1, length, h, d_head)), order)
+
+        scores = ops.matmul(split(q, (0, 2, 1, 3)), split(k, (0, 2, 3, 1)))  # [B, h, L_q, L_k]
+        scores = scores * np.float32(d_head**-0.5)
+        values = split(v, (0, 2, 1, 3))  # [B, h, L, d_head]
+        mixed = ops.matmul(ops.softmax(scores, axis=-1), values)  # [B, h, L_q, d_head]
+        if self.active_queries < length:
+            sparsity = ops.max(scores, axis=-1) - ops.mean(scores, axis=-1)  # [B, h, L_q]
+            active = self._rank_to_active(sparsity, axis=2)[..., None]  # [B, h, L_q, 1]
+            lazy = ops.mean(values, axis=2, keepdims=True)  # [B, h, 1, d_head]
+            mixed = lazy + active * (mixed - lazy)
+        return ops.reshape(ops.transpose(mixed, (0, 2, 1, 3)), (-1, length, self.d_model))
 
     def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "d_model": self.d_model,
-            "heads": self.heads,
-            "factor": self.factor,
-            "selection": self.selection,
-        }
+        return {**super().get_config(), "factor": self.factor, "selection": self.selection}
 
 
 @keras.saving.register_keras_serializable(package="tesla")
@@ -675,10 +702,11 @@ class EncoderBlock(keras.layers.Layer):
         d_model: int,
         heads: int,
         ffn_width: int,
+        *,
         attention: str = "full",
         factor: int = 5,
         norm_position: str = "post",
-        selection: str = "ramp",
+        selection: str = "exact",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

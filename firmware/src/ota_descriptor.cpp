@@ -1,0 +1,41 @@
+#include "ota_descriptor.h"
+
+#include <string.h>
+
+namespace tesla {
+namespace {
+
+uint32_t le32(const uint8_t* p) {
+  return uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
+}
+
+bool valid_name_char(char c, bool first) {
+  bool alnum = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+  return alnum || (!first && (c == '.' || c == '_' || c == '+' || c == '-'));
+}
+
+}  // namespace
+
+bool decode_descriptor(const uint8_t* data, size_t length, ImageDescriptor* out) {
+  if (length != kDescriptorSize || memcmp(data, "TMDL", 4) != 0) return false;
+  if (data[4] != 1 || data[5] != 1 || data[6] != 0 || data[7] != 0) return false;
+  out->model_version = le32(data + 8);
+  out->image_size = le32(data + 12);
+  memcpy(out->image_sha256, data + 16, 32);
+  size_t name_length = 0;
+  while (name_length < kModelNameMax && data[48 + name_length] != 0) ++name_length;
+  for (size_t i = name_length; i < kModelNameMax; ++i) {
+    if (data[48 + i] != 0) return false;  // embedded NUL
+  }
+  if (name_length == 0) return false;
+  for (size_t i = 0; i < name_length; ++i) {
+    if (!valid_name_char(static_cast<char>(data[48 + i]), i == 0)) return false;
+  }
+  memcpy(out->model_name, data + 48, name_length);
+  out->model_name[name_length] = '\0';
+  out->window_length = le32(data + 80);
+  out->arena_bytes = le32(data + 84);
+  return true;
+}
+
+}  // namespace tesla

@@ -1,0 +1,15 @@
+"""``make demo``: the real daemon calibrating a replayed slice of real co-location data.
+
+A development-machine feature: it needs mosquitto (``make setup`` installs it) and, for the
+plot, matplotlib from the ``train`` extra. It never imports TensorFlow; the daemon it runs is the
+production one (``python -m gateway run``), fed by simulated Arduino nodes over MQTT and over a
+pty serial line.
+"""
+
+from gateway.errors import GatewayError
+
+__all__ = ["DemoError"]
+
+
+class DemoError(GatewayError):
+    """The demo could not run; the message says what to install or check."""

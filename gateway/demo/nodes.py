@@ -1,0 +1,223 @@
+"""Simulated Arduino nodes replaying the slice at an accelerated clock (no board exists here).
+
+A node sends each minute's reading when the replay clock reaches that minute, with the
+minute's own (historical) timestamp, as a node with a working clock would. MQTT nodes publish
+the documented JSON payload (docs/mqtt.md) with QoS 1; a serial node writes line-protocol ``R``
+lines (docs/serial-protocol.md) to the master side of a pty whose slave side the daemon opens
+as its serial port, and answers the daemon's ``Q`` with an ``H`` hello as the firmware does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import time
+import tty
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from gateway.demo import DemoError
+from gateway.demo.replay_slice import SliceRow
+from gateway.mqtt_connection import MqttBrokerConfig, MqttConnection, MqttError
+from gateway.readings import ReadingRejectedError
+from gateway.sources.line_protocol import (
+    HelloRequest,
+    LineSplitter,
+    decode_line,
+    encode_hello,
+    encode_reading,
+)
+
+__all__ = ["MqttNode", "PtyPair", "ReplayClock", "SentCallback", "SerialNode"]
+
+FIRMWARE_VERSION = "1.0.0-sim"
+_WRITE_TIMEOUT_S = 5.0
+
+SentCallback = Callable[[str, SliceRow], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayClock:
+    """Maps replayed (historical) time onto the wall clock: ``speed`` history seconds per second."""
+
+    history_start: float
+    speed: float
+    wall_start: float  # time.monotonic() at history_start
+    wall_seconds: float  # the replay stops after this long
+
+    def wall_for(self, history: float) -> float:
+        return self.wall_start + (history - self.history_start) / self.speed
+
+    def history_now(self) -> float:
+        return self.history_start + (time.monotonic() - self.wall_start) * self.speed
+
+    @property
+    def wall_end(self) -> float:
+        return self.wall_start + self.wall_seconds
+
+    async def wait_for(self, history: float) -> bool:
+        """Sleep until ``history`` is due; False if it falls after the end of the replay."""
+        due = self.wall_for(history)
+        if due > self.wall_end:
+            return False
+        delay = due - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return True
+
+
+class MqttNode:
+    """A node publishing JSON readings on ``sensors/<id>/raw`` (QoS 1)."""
+
+    def __init__(self, sensor_id: str, broker: MqttBrokerConfig, *, iso_timestamps: bool) -> None:
+        self.sensor_id = sensor_id
+        self.link = "mqtt"
+        self._broker = broker
+        self._iso = iso_timestamps  # the documented variants: Unix seconds or ISO-8601
+        self._topic = f"sensors/{sensor_id}/raw"
+
+    def payload(self, row: SliceRow) -> bytes:
+        document: dict[str, object] = {"pm10": row.raw, "rh": row.rh, "temp_c": row.temp_c}
+        if self._iso:
+            stamp = datetime.fromtimestamp(row.timestamp, UTC).isoformat()
+            document["timestamp"] = stamp.replace("+00:00", "Z")
+        else:
+            document["sensor"] = self.sensor_id
+            document["ts"] = row.timestamp
+        return json.dumps(document).encode("utf-8")
+
+    async def replay(self, rows: list[SliceRow], clock: ReplayClock, sent: SentCallback) -> None:
+        connection = MqttConnection(
+            self._broker, client_id=f"demo-node-{self.sensor_id}", clean_start=True, name="node"
+        )
+        async with connection:
+            await asyncio.wait_for(connection.wait_connected(), 10.0)
+            for row in rows:
+                if not await clock.wait_for(row.timestamp):
+                    return
+                try:
+                    await connection.publish(self._topic, self.payload(row), qos=1)
+                except MqttError as exc:
+                    raise DemoError(f"node {self.sensor_id} could not publish: {exc}") from exc
+                sent(self.sensor_id, row)
+
+
+class PtyPair:
+    """A pseudo-terminal standing in for the node's USB serial adapter.
+
+    The daemon opens ``path`` (a symlink to the slave side, as udev's /dev/serial/by-id/...
+    would be); the node writes to the master side. We keep the slave open too, so the master
+    never sees a hang-up while the daemon (re)opens the port.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        master, slave = os.openpty()
+        tty.setraw(master)
+        tty.setraw(slave)
+        flags = fcntl.fcntl(master, fcntl.F_GETFL)
+        fcntl.fcntl(master, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+        self.master, self._slave = master, slave
+        path.unlink(missing_ok=True)
+        path.symlink_to(os.ttyname(slave))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+        for fd in (self.master, self._slave):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class SerialNode:
+    """A node speaking the line protocol over a pty."""
+
+    def __init__(self, sensor_id: str, pty: PtyPair) -> None:
+        self.sensor_id = sensor_id
+        self.link = "serial"
+        self._pty = pty
+        self._seq = 0
+        self._asked = asyncio.Event()
+        self._splitter = LineSplitter()
+
+    async def replay(self, rows: list[SliceRow], clock: ReplayClock, sent: SentCallback) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._pty.master, self._on_readable)
+        try:
+            await self._write(encode_hello(self.sensor_id, FIRMWARE_VERSION))  # "boot"
+            for row in rows:
+                if not await clock.wait_for(row.timestamp):
+                    return
+                values = {"pm10": row.raw, "rh": row.rh, "temp_c": row.temp_c}
+                await self._write(encode_reading(self.sensor_id, self._seq, row.timestamp, values))
+                self._seq = (self._seq + 1) % 2**32
+                sent(self.sensor_id, row)
+        finally:
+            loop.remove_reader(self._pty.master)
+
+    async def wait_asked(self, timeout_s: float) -> None:
+        """Wait for the daemon's hello request, sent whenever it opens the port."""
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._pty.master, self._on_readable)
+        try:
+            await asyncio.wait_for(self._asked.wait(), timeout_s)
+        except TimeoutError as exc:
+            raise DemoError(
+                f"the gateway did not open the serial port {self._pty.path} within {timeout_s} s"
+            ) from exc
+        finally:
+            loop.remove_reader(self._pty.master)
+
+    def _on_readable(self) -> None:
+        try:
+            chunk = os.read(self._pty.master, 4096)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            if exc.errno == errno.EIO:
+                return
+            raise
+        for item in self._splitter.feed(chunk):
+            if isinstance(item, ReadingRejectedError):
+                continue
+            try:
+                line = decode_line(item)
+            except ReadingRejectedError:
+                continue
+            if isinstance(line, HelloRequest):
+                self._asked.set()
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._pty.master, encode_hello(self.sensor_id, FIRMWARE_VERSION))
+
+    async def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        deadline = time.monotonic() + _WRITE_TIMEOUT_S
+        while view:
+            try:
+                written = os.write(self._pty.master, view)
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DemoError(
+                        f"the gateway stopped reading the serial port {self._pty.path}"
+                    ) from None
+                await asyncio.sleep(0.01)
+                continue
+            view = view[written:]

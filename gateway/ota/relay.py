@@ -1,0 +1,311 @@
+"""Relay node releases over the serial line to every attached node that runs an older model.
+
+One worker per node port wakes on each hello (the node boots, reconnects or finished an update)
+and on each new release. If the node runs an older version of the release's model, the worker
+moves the image with the protocol of docs/ota-protocol.md: stop-and-wait, one status per frame,
+retransmission from the node's own ``next_seq`` after a CRC error or a timeout, and resumption
+after a broken link (the node keeps what it received and reports it at the next handshake).
+Every step is reported as a :class:`NodeUpdateStatus` (pending, transferring n/m, verified,
+active, rejected: reason, rolled back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from gateway.ota.config import OtaConfig
+from gateway.ota.errors import OtaFrameError
+from gateway.ota.protocol import (
+    Begin,
+    Chunk,
+    Commit,
+    Finish,
+    OtaMessage,
+    OtaStatus,
+    Status,
+    chunk_count,
+    decode_ota,
+    encode_ota,
+    status_message,
+)
+from gateway.ota.release import VerifiedRelease
+from gateway.sources.line_protocol import Hello, OtaFrame
+from gateway.sources.serial_source import NodeLink, SerialLinkDownError
+
+__all__ = ["NodeRelay", "NodeUpdateStatus"]
+
+_log = structlog.get_logger(__name__)
+
+# Codes that mean "this release will never work on this node": do not offer it again.
+_PERMANENT = frozenset(
+    {
+        OtaStatus.BAD_SIGNATURE,
+        OtaStatus.DOWNGRADE,
+        OtaStatus.INCOMPATIBLE,
+        OtaStatus.TOO_LARGE,
+        OtaStatus.BAD_DESCRIPTOR,
+        OtaStatus.UNSUPPORTED_VERSION,
+        OtaStatus.BAD_MAGIC,
+    }
+)
+_RESEND = frozenset({OtaStatus.CRC_MISMATCH, OtaStatus.OUT_OF_SEQUENCE, OtaStatus.INCOMPLETE})
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUpdateStatus:
+    """One step of one node's update, as published on MQTT."""
+
+    node_id: str
+    model: str
+    version: int
+    status: str  # pending | transferring n/m | verified | active | rejected: … | rolled back
+    detail: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "node_id": self.node_id,
+            "model": self.model,
+            "version": self.version,
+            "status": self.status,
+            "detail": self.detail,
+        }
+
+
+class _LinkLostError(Exception):
+    """The node's port went away mid-update; resume at the next hello."""
+
+
+class _GiveUpError(Exception):
+    """The node answered with an error that ends this attempt."""
+
+    def __init__(self, code: int | None, detail: str, *, permanent: bool) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.permanent = permanent
+
+
+class NodeRelay:
+    """Owns one update worker per node port; ``run`` until cancelled."""
+
+    def __init__(
+        self,
+        links: Mapping[str, NodeLink],
+        config: OtaConfig,
+        on_status: Callable[[NodeUpdateStatus], None],
+    ) -> None:
+        self._config = config
+        self._on_status = on_status
+        self._releases: dict[str, VerifiedRelease] = {}
+        self._workers = [_NodeWorker(link, self) for link in links.values()]
+        self.last_status: dict[str, NodeUpdateStatus] = {}
+
+    def offer(self, release: VerifiedRelease) -> None:
+        """Make ``release`` (verified, target node) the one nodes of its model should run."""
+        current = self._releases.get(release.metadata.model)
+        if current is not None and current.version >= release.version:
+            return
+        self._releases[release.metadata.model] = release
+        _log.info("node_release_offered", model=release.metadata.model, version=release.version)
+        for worker in self._workers:
+            worker.wake()
+
+    def candidate(
+        self, hello: Hello, refused: set[tuple[str, int]], known_version: int | None = None
+    ) -> VerifiedRelease | None:
+        """The release this node should get, if any (``known_version``: what it just activated)."""
+        running = max(
+            (v for v in (hello.model_version, known_version) if v is not None), default=None
+        )
+        for name, release in self._releases.items():
+            if hello.model_name is not None and hello.model_name != name:
+                continue
+            if running is not None and release.version <= running:
+                continue
+            if (name, release.version) in refused:
+                continue
+            return release
+        return None
+
+    def report(self, status: NodeUpdateStatus) -> None:
+        self.last_status[status.node_id] = status
+        self._on_status(status)
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            for worker in self._workers:
+                group.create_task(worker.run(), name=f"ota-relay:{worker.port}")
+
+
+class _NodeWorker:
+    def __init__(self, link: NodeLink, relay: NodeRelay) -> None:
+        self._link = link
+        self._relay = relay
+        self._config = relay._config
+        self._statuses: asyncio.Queue[Status] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        self._refused: set[tuple[str, int]] = set()
+        self._activated: int | None = None  # version committed since the last hello
+        self.port = str(link.port)
+        link.ota_handler = self._on_frame
+        link.hello_handler = self._on_hello
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _on_frame(self, frame: OtaFrame) -> None:
+        try:
+            message = decode_ota(frame.fields)
+        except OtaFrameError as exc:
+            _log.warning("ota_frame_invalid", port=self.port, error=str(exc))
+            return
+        if isinstance(message, Status):
+            self._statuses.put_nowait(message)
+        else:
+            _log.warning("ota_frame_unexpected", port=self.port, kind=type(message).__name__)
+
+    def _on_hello(self, _hello: Hello) -> None:
+        self._activated = None  # the hello itself now says what runs
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            hello = self._link.hello
+            if hello is None:
+                continue
+            release = self._relay.candidate(hello, self._refused, self._activated)
+            if release is None:
+                continue
+            try:
+                await self._update(hello, release)
+            except _LinkLostError as exc:
+                _log.info("ota_link_lost", node_id=hello.node_id, detail=str(exc))
+            except _GiveUpError as exc:
+                if exc.permanent:
+                    self._refused.add((release.metadata.model, release.version))
+                reason = status_message(exc.code) if exc.code is not None else str(exc)
+                self._report(hello, release, f"rejected: {reason}", str(exc))
+
+    def _report(
+        self, hello: Hello, release: VerifiedRelease, status: str, detail: str | None = None
+    ) -> None:
+        self._relay.report(
+            NodeUpdateStatus(
+                node_id=hello.node_id,
+                model=release.metadata.model,
+                version=release.version,
+                status=status,
+                detail=detail,
+            )
+        )
+
+    async def _send(self, message: OtaMessage) -> None:
+        try:
+            await self._link.send_line(encode_ota(message))
+        except SerialLinkDownError as exc:
+            raise _LinkLostError(str(exc)) from exc
+
+    async def _exchange(self, message: OtaMessage, timeout_s: float) -> Status | None:
+        """Send one frame and wait for the node's status (None after a timeout)."""
+        while not self._statuses.empty():  # answers to earlier, timed-out frames
+            self._statuses.get_nowait()
+        await self._send(message)
+        try:
+            return await asyncio.wait_for(self._statuses.get(), timeout_s)
+        except TimeoutError:
+            if not self._link.connected:
+                raise _LinkLostError("port closed while waiting for the node") from None
+            return None
+
+    async def _begin(self, begin: Begin) -> int:
+        """Handshake (also used to resynchronise); returns the node's next_seq."""
+        for _ in range(self._config.max_retries):
+            status = await self._exchange(begin, self._config.ack_timeout_s)
+            if status is None:
+                continue
+            if status.code == OtaStatus.OK:
+                return status.next_seq
+            raise _GiveUpError(
+                status.code,
+                f"node refused the handshake: {status.message}",
+                permanent=status.code in _PERMANENT,
+            )
+        raise _LinkLostError("no answer to the handshake")
+
+    async def _update(self, hello: Hello, release: VerifiedRelease) -> None:
+        begin = Begin(
+            chunk_size=self._config.chunk_size,
+            descriptor=release.descriptor,
+            signature=release.descriptor_signature,
+        )
+        self._report(hello, release, "pending")
+        _log.info("ota_update_start", node_id=hello.node_id, version=release.version)
+        next_seq = await self._begin(begin)
+        failures = 0
+        while True:
+            await self._send_chunks(hello, release, begin, next_seq)
+            status = await self._exchange(Finish(), self._config.ack_timeout_s)
+            if status is None:
+                next_seq = await self._begin(begin)
+                continue
+            if status.code == OtaStatus.VERIFIED:
+                break
+            failures += 1
+            retry = _RESEND | {OtaStatus.SHA_MISMATCH}
+            if status.code not in retry or failures > self._config.max_retries:
+                raise _GiveUpError(
+                    status.code, status.message, permanent=status.code == OtaStatus.BAD_SIGNATURE
+                )
+            next_seq = status.next_seq
+        self._report(hello, release, "verified")
+        await self._commit(hello, release)
+
+    async def _send_chunks(
+        self, hello: Hello, release: VerifiedRelease, begin: Begin, next_seq: int
+    ) -> None:
+        """Stop-and-wait from ``next_seq`` until the node holds every chunk."""
+        image = release.node_image
+        size = begin.chunk_size
+        total = chunk_count(len(image), size)
+        step = max(1, total // 10)
+        failures = 0
+        while next_seq < total:
+            if next_seq % step == 0:
+                self._report(hello, release, f"transferring {next_seq}/{total}")
+            part = image[next_seq * size : (next_seq + 1) * size]
+            status = await self._exchange(Chunk(next_seq, part), self._config.ack_timeout_s)
+            if status is not None and status.code == OtaStatus.OK:
+                next_seq = status.next_seq
+                failures = 0
+                continue
+            failures += 1
+            if failures > self._config.max_retries:
+                raise _GiveUpError(None, "too many retransmissions", permanent=False)
+            if status is None or status.code == OtaStatus.NO_SESSION:
+                next_seq = await self._begin(begin)  # resynchronise: the node says where
+            elif status.code in _RESEND:
+                _log.info("ota_chunk_resend", node_id=hello.node_id, seq=status.next_seq)
+                next_seq = status.next_seq
+            else:
+                raise _GiveUpError(status.code, status.message, permanent=False)
+        self._report(hello, release, f"transferring {total}/{total}")
+
+    async def _commit(self, hello: Hello, release: VerifiedRelease) -> None:
+        status = await self._exchange(Commit(), self._config.commit_timeout_s)
+        if status is None:
+            raise _LinkLostError("no answer to commit; the node's next hello tells the outcome")
+        if status.code == OtaStatus.ACTIVE:
+            self._activated = release.version  # until its next hello, which may lag
+            self._report(hello, release, "active")
+            _log.info("ota_update_active", node_id=hello.node_id, version=release.version)
+        elif status.code == OtaStatus.ROLLED_BACK:
+            self._refused.add((release.metadata.model, release.version))
+            self._report(hello, release, "rolled back", status.message)
+            _log.warning("ota_update_rolled_back", node_id=hello.node_id, version=release.version)
+        else:
+            raise _GiveUpError(status.code, status.message, permanent=False)

@@ -1,0 +1,182 @@
+"""The gateway's OTA task: receive signed releases on MQTT, install or relay them, report status.
+
+Releases arrive retained on ``<releases_topic_prefix>/gateway/<model>`` (installed into the model
+directory serving that feature, then hot-reloaded) and ``.../node/<model>`` (handed to the
+:class:`NodeRelay`). Each is verified against the configured public key first; a rejection is
+published with its reason on ``<status_prefix>/gateway`` or per node on
+``<status_prefix>/node/<node_id>`` (retained JSON, latest state wins).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import structlog
+
+from gateway.mqtt_connection import (
+    InboundMessage,
+    MqttBrokerConfig,
+    MqttConnection,
+    MqttError,
+)
+from gateway.ota.config import OtaConfig
+from gateway.ota.errors import (
+    IncompatibleReleaseError,
+    OtaError,
+    ReleaseRejectedError,
+)
+from gateway.ota.install import install_release
+from gateway.ota.relay import NodeRelay, NodeUpdateStatus
+from gateway.ota.release import decode_bundle, load_public_key, verify_release
+from gateway.sources.serial_source import NodeLink
+
+__all__ = ["OtaService"]
+
+_log = structlog.get_logger(__name__)
+_MAX_QUEUED_STATUS = 1000
+
+
+class OtaService:
+    """One MQTT connection for releases and status, plus the node relay."""
+
+    def __init__(
+        self,
+        config: OtaConfig,
+        *,
+        gateway_id: str,
+        broker: MqttBrokerConfig,
+        links: Mapping[str, NodeLink],
+        model_dirs: Mapping[str, Path],
+        running_version: Callable[[str], int | None],
+        on_installed: Callable[[], None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._config = config
+        self._gateway_id = gateway_id
+        self._broker = config.broker or broker
+        self._public_key = load_public_key(config.public_key_file)  # fail at start, not later
+        self._model_dirs = dict(model_dirs)
+        self._running_version = running_version
+        self._on_installed = on_installed
+        self._clock = clock
+        self.status_prefix = config.status_topic_prefix or f"tesla/{gateway_id}/ota"
+        # Every step in order (a node's "active" must not be overwritten by what follows it);
+        # progress is already throttled by the relay, and the bound caps a long broker outage.
+        self._outgoing: deque[tuple[str, bytes]] = deque(maxlen=_MAX_QUEUED_STATUS)
+        self._dirty = asyncio.Event()
+        self.relay = NodeRelay(
+            links if config.relay_to_nodes else {}, config, on_status=self._node_status
+        )
+
+    # -- status ----------------------------------------------------------------------------
+
+    def _queue_status(self, topic: str, document: dict[str, object]) -> None:
+        document = {**document, "gateway_id": self._gateway_id, "updated_at": self._clock()}
+        self._outgoing.append((topic, json.dumps(document, sort_keys=True).encode("utf-8")))
+        self._dirty.set()
+
+    def _node_status(self, status: NodeUpdateStatus) -> None:
+        self._queue_status(f"{self.status_prefix}/node/{status.node_id}", status.as_dict())
+
+    def _gateway_status(self, model: object, version: object, status: str, detail: str) -> None:
+        self._queue_status(
+            f"{self.status_prefix}/gateway",
+            {"model": model, "version": version, "status": status, "detail": detail},
+        )
+
+    async def _status_loop(self, connection: MqttConnection) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            while self._outgoing:
+                await connection.wait_connected()
+                topic, payload = self._outgoing[0]
+                try:
+                    await connection.publish(topic, payload, qos=1, retain=True)
+                except MqttError as exc:
+                    _log.warning("ota_status_publish_failed", topic=topic, error=str(exc))
+                    await asyncio.sleep(self._broker.reconnect_initial_s)
+                    continue  # the same message again, once reconnected
+                if self._outgoing and self._outgoing[0] == (topic, payload):
+                    self._outgoing.popleft()
+
+    # -- releases --------------------------------------------------------------------------
+
+    async def _on_message(self, message: InboundMessage) -> None:
+        if not message.payload:  # a cleared retained release
+            return
+        target = message.topic[len(self._config.releases_topic_prefix) + 1 :].split("/")[0]
+        try:
+            if target == "gateway":
+                await self._accept_gateway_release(message.payload)
+            elif target == "node":
+                release = verify_release(message.payload, self._public_key, None, target="node")
+                self.relay.offer(release)
+        except ReleaseRejectedError as exc:
+            model, version = _claimed(message.payload)
+            _log.warning(
+                "release_rejected",
+                topic=message.topic,
+                reason=exc.reason,
+                model=model,
+                version=version,
+                error=str(exc),
+            )
+            self._gateway_status(model, version, f"rejected: {exc.reason}", str(exc))
+        except OtaError as exc:
+            model, version = _claimed(message.payload)
+            _log.error("release_install_failed", topic=message.topic, error=str(exc))
+            self._gateway_status(model, version, "failed", str(exc))
+
+    async def _accept_gateway_release(self, payload: bytes) -> None:
+        # Authenticity first: nothing the release claims (its feature) is believed before.
+        authentic = verify_release(payload, self._public_key, None, target="gateway")
+        feature = authentic.manifest.feature
+        model_dir = self._model_dirs.get(feature)
+        if model_dir is None:
+            raise IncompatibleReleaseError(
+                f"release for {feature}, this gateway serves {sorted(self._model_dirs)}; "
+                "add a [[models]] entry for it or publish it to the right gateways"
+            )
+        running = self._running_version(feature)
+        if authentic.version == running:  # our own retained release, redelivered
+            _log.debug("release_already_running", feature=feature, version=running)
+            return
+        release = verify_release(  # the one downgrade rule, now with the running version
+            payload, self._public_key, running, self._config.allow_downgrade, target="gateway"
+        )
+        await asyncio.to_thread(install_release, release, model_dir, feature)
+        _log.info("release_installed", model=release.metadata.model, version=release.version)
+        self._gateway_status(release.metadata.model, release.version, "installed", str(model_dir))
+        self._on_installed()
+
+    # -- run -------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        prefix = self._config.releases_topic_prefix
+        async with MqttConnection(
+            self._broker,
+            client_id=f"tesla-gateway-{self._gateway_id}-ota"[:64],
+            clean_start=True,
+            on_message=self._on_message,
+            name="ota",
+        ) as connection:
+            await connection.subscribe([f"{prefix}/gateway/+", f"{prefix}/node/+"])
+            async with asyncio.TaskGroup() as group:
+                group.create_task(connection.serve(), name="ota-mqtt")
+                group.create_task(self._status_loop(connection), name="ota-status")
+                group.create_task(self.relay.run(), name="ota-relay")
+
+
+def _claimed(payload: bytes) -> tuple[object, object]:
+    """Model and version a (possibly bogus) release claims, for the rejection report."""
+    try:
+        document, _ = decode_bundle(payload)
+    except OtaError:
+        return None, None
+    return document.get("model"), document.get("version")

@@ -1,0 +1,84 @@
+"""An installed tree, built once per module by deploy/install.sh into a throwaway root.
+
+What cannot exist here is faked and said so: the target root is a plain directory with a
+minimal Debian ``/etc`` (passwd, group, shadow, gshadow with root, dialout and mosquitto), as
+Raspberry Pi OS has after ``apt-get install mosquitto``; the gateway's wheel is built from this
+checkout and installed offline with ``--no-deps`` (tests do not download numpy and LiteRT; on the
+Pi pip fetches them), so the venv holds the gateway but not its dependencies.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+INSTALL = REPO / "deploy" / "install.sh"
+UNINSTALL = REPO / "deploy" / "uninstall.sh"
+GATEWAY_ID = "gw1"
+NODES = ("node-01", "node-02")
+
+BASE_ETC = {
+    "passwd": "root:x:0:0:root:/root:/bin/bash\n",
+    "group": "root:x:0:\ndialout:x:20:\nmosquitto:x:101:\n",
+    "shadow": "root:*:19000:0:99999:7:::\n",
+    "gshadow": "root:*::\ndialout:*::\nmosquitto:!::\n",
+}
+
+
+@dataclass(frozen=True)
+class InstalledRoot:
+    root: Path
+    wheelhouse: Path
+    first_run: str
+
+    def install_args(self, *extra: str) -> list[str]:
+        args = [str(INSTALL), "--root", str(self.root), "--arch", "arm64"]
+        args += ["--gateway-id", GATEWAY_ID, "--wheelhouse", str(self.wheelhouse)]
+        args += ["--pip-args", "--no-index --no-deps"]
+        for node in NODES:
+            args += ["--node", node]
+        return [*args, *extra]
+
+
+def make_base_root(root: Path) -> None:
+    (root / "etc").mkdir(parents=True)
+    for name, text in BASE_ETC.items():
+        (root / "etc" / name).write_text(text, encoding="utf-8")
+
+
+def build_wheel(target: Path) -> Path:
+    """The gateway's wheel, built from a copy of the sources (the checkout stays untouched)."""
+    source = target / "src"
+    source.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for package in ("gateway", "training"):
+        shutil.copytree(REPO / package, source / package, ignore=ignore)
+    wheels = target / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
+        + ["--disable-pip-version-check", "-w", str(wheels), str(source)],
+        check=True,
+        capture_output=True,
+    )
+    return wheels
+
+
+@pytest.fixture(scope="package")
+def installed_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InstalledRoot]:
+    base = tmp_path_factory.mktemp("deploy")
+    root = base / "root"
+    make_base_root(root)
+    wheelhouse = build_wheel(base / "build")
+    partial = InstalledRoot(root=root, wheelhouse=wheelhouse, first_run="")
+    result = subprocess.run(partial.install_args(), capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    yield InstalledRoot(root=root, wheelhouse=wheelhouse, first_run=result.stdout)

@@ -1,0 +1,161 @@
+"""A gateway's OTA side in-process (real mosquitto, real SerialSource on a pty, real relay),
+with a virtual node on the other end of the pty."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from pydantic import TypeAdapter
+
+from gateway.manifest import load_manifest
+from gateway.mqtt_connection import MqttBrokerConfig
+from gateway.ota.config import OtaConfig
+from gateway.ota.descriptor import ImageDescriptor
+from gateway.ota.service import OtaService
+from gateway.readings import Reading
+from gateway.rejects import RejectCounter
+from gateway.sources.serial_source import SerialSource, SerialSourceConfig
+from tests.gateway.io.helpers import Collector, broker_config
+from tests.support.mosquitto import Mosquitto
+from tests.support.pty_serial import PtySerial
+from tests.support.releases import DEFAULT_NODE_MODEL, ReleaseKit
+from tests.support.virtual_node import FirmwareProfile, NodeFaults, VirtualNode
+
+GATEWAY_ID = "gw1"
+STATUS_PREFIX = f"tesla/{GATEWAY_ID}/ota"
+
+
+def default_profile() -> FirmwareProfile:
+    manifest = load_manifest(DEFAULT_NODE_MODEL)
+    device = manifest.files["int8"]
+    assert device.tflm_arena_bytes is not None
+    assert device.input_scale is not None
+    assert device.output_scale is not None
+    return FirmwareProfile(
+        model_name=manifest.name,
+        window_length=manifest.window_length,
+        arena_bytes=device.tflm_arena_bytes,
+        input_scale=device.input_scale,
+        output_scale=device.output_scale,
+    )
+
+
+def make_node(
+    device: PtySerial,
+    kit: ReleaseKit,
+    *,
+    version: int | None = None,
+    public_key: bytes | None = None,
+    faults: NodeFaults | None = None,
+) -> VirtualNode:
+    """A node shipped with the default model (at ``version``) and a full window of history."""
+    profile = default_profile()
+    image = (DEFAULT_NODE_MODEL / "model_int8.tflite").read_bytes()
+    descriptor = ImageDescriptor(
+        model_name=profile.model_name,
+        model_version=kit.base_version if version is None else version,
+        image_size=len(image),
+        image_sha256=hashlib.sha256(image).digest(),
+        window_length=profile.window_length,
+        arena_bytes=profile.arena_bytes,
+    )
+    return VirtualNode(
+        device,
+        node_id="node-7",
+        public_key=kit.public_key if public_key is None else public_key,
+        profile=profile,
+        image=image,
+        descriptor=descriptor,
+        history=np.full(profile.window_length, 15.0),
+        faults=faults,
+    )
+
+
+def ota_config(kit: ReleaseKit, broker: Mosquitto, **extra: object) -> OtaConfig:
+    return OtaConfig.model_validate(
+        {
+            "public_key_file": kit.keys.public_path,
+            "broker": broker_config(broker),
+            "ack_timeout_s": 0.5,
+            "commit_timeout_s": 10.0,
+            **extra,
+        }
+    )
+
+
+@dataclass
+class Gateway:
+    ota: OtaService
+    serial: SerialSource
+    readings: asyncio.Queue[Reading]
+    reloads: list[int]
+
+
+@contextlib.asynccontextmanager
+async def gateway(
+    config: OtaConfig,
+    device: PtySerial | None,
+    *,
+    model_dirs: dict[str, Path] | None = None,
+    running: dict[str, int] | None = None,
+) -> AsyncIterator[Gateway]:
+    ports = []
+    if device is not None:
+        ports.append(
+            TypeAdapter(SerialSourceConfig).validate_python(
+                {
+                    "kind": "node",
+                    "port": str(device.path),
+                    "reconnect_initial_s": 0.05,
+                    "reconnect_max_s": 0.2,
+                }
+            )
+        )
+    serial = SerialSource(ports)
+    reloads: list[int] = []
+    versions = running if running is not None else {}
+    service = OtaService(
+        config,
+        gateway_id=GATEWAY_ID,
+        broker=broker_config_placeholder(config),
+        links=serial.links,
+        model_dirs=model_dirs or {},
+        running_version=versions.get,
+        on_installed=lambda: reloads.append(1),
+    )
+    queue: asyncio.Queue[Reading] = asyncio.Queue()
+    tasks = [
+        asyncio.create_task(serial.run(queue, RejectCounter())),
+        asyncio.create_task(service.run()),
+    ]
+    try:
+        yield Gateway(ota=service, serial=serial, readings=queue, reloads=reloads)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def broker_config_placeholder(config: OtaConfig) -> MqttBrokerConfig:
+    """The tests always configure the OTA broker explicitly; the fallback is the publisher's."""
+    assert config.broker is not None
+    return config.broker
+
+
+def node_states(collector: Collector, node_id: str = "node-7") -> list[str]:
+    return [
+        json.loads(payload)["status"] for payload in collector.on(f"{STATUS_PREFIX}/node/{node_id}")
+    ]
+
+
+def gateway_states(collector: Collector) -> list[dict[str, object]]:
+    return [json.loads(payload) for payload in collector.on(f"{STATUS_PREFIX}/gateway")]

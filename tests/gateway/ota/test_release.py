@@ -1,0 +1,183 @@
+"""verify_release: each way a release can be wrong has its own error and an actionable reason."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.manifest import load_manifest, verify_model_files
+from gateway.model_watch import ModelSet, ReloadOutcome
+from gateway.ota.descriptor import ImageDescriptor
+from gateway.ota.errors import (
+    BadSignatureError,
+    DowngradeError,
+    IncompatibleReleaseError,
+    MalformedReleaseError,
+    ReleaseRejectedError,
+    ShaMismatchError,
+    SizeMismatchError,
+    UnknownKeyError,
+    WrongTargetError,
+)
+from gateway.ota.install import install_release
+from gateway.ota.release import (
+    RELEASE_FILENAME,
+    encode_bundle,
+    read_release_dir,
+    verify_release,
+)
+from tests.support.releases import DEFAULT_NODE_MODEL, ReleaseKit
+from training.release import keygen
+
+
+def _copy(release: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "copy"
+    shutil.copytree(release, target)
+    return target
+
+
+def test_a_good_release_verifies_from_a_directory_and_from_a_bundle(
+    release_kit: ReleaseKit,
+) -> None:
+    path = release_kit.release(release_kit.base_version + 1)
+    from_dir = verify_release(path, release_kit.public_key, release_kit.base_version)
+    bundle = encode_bundle((path / RELEASE_FILENAME).read_bytes(), read_release_dir(path)[1])
+    from_bundle = verify_release(bundle, release_kit.public_key, release_kit.base_version)
+    assert from_dir.metadata == from_bundle.metadata
+    assert from_dir.node_image == from_bundle.node_image
+
+
+@pytest.mark.parametrize(
+    ("damage", "error"),
+    [
+        ("flip_image_byte", ShaMismatchError),
+        ("truncate_image", SizeMismatchError),
+        ("edit_metadata", BadSignatureError),
+        ("drop_file", MalformedReleaseError),
+        ("extra_file", MalformedReleaseError),
+        ("not_json", MalformedReleaseError),
+        ("future_format", MalformedReleaseError),
+    ],
+)
+def test_damaged_releases_are_rejected_by_cause(
+    release_kit: ReleaseKit, tmp_path: Path, damage: str, error: type[ReleaseRejectedError]
+) -> None:
+    path = _copy(release_kit.release(release_kit.base_version + 1), tmp_path)
+    image = path / "model_int8.tflite"
+    meta = path / RELEASE_FILENAME
+    if damage == "flip_image_byte":
+        data = bytearray(image.read_bytes())
+        data[100] ^= 0x01
+        image.write_bytes(bytes(data))
+    elif damage == "truncate_image":
+        image.write_bytes(image.read_bytes()[:-1])
+    elif damage == "edit_metadata":
+        document = json.loads(meta.read_text())
+        document["version"] += 1
+        meta.write_text(json.dumps(document))
+    elif damage == "drop_file":
+        image.unlink()
+    elif damage == "extra_file":
+        document = json.loads(meta.read_text())
+        files = read_release_dir(path)[1]
+        files["evil.tflite"] = b"x"
+        bundle = encode_bundle(json.dumps(document).encode(), files)
+        with pytest.raises(error) as caught:
+            verify_release(bundle, release_kit.public_key, None)
+        assert "not covered by the signature" in str(caught.value)
+        return
+    elif damage == "not_json":
+        meta.write_text("{")
+    elif damage == "future_format":
+        document = json.loads(meta.read_text())
+        document["format_version"] = 2
+        meta.write_text(json.dumps(document))
+    with pytest.raises(error) as caught:
+        verify_release(path, release_kit.public_key, None)
+    assert caught.value.reason == error.reason
+
+
+def test_a_release_signed_by_another_key(release_kit: ReleaseKit, tmp_path: Path) -> None:
+    other = keygen(tmp_path / "other")
+    path = release_kit.release(release_kit.base_version + 1, key=other.private_path)
+    with pytest.raises(UnknownKeyError, match="configure its public key"):
+        verify_release(path, release_kit.public_key, None)
+
+
+def test_a_forged_signature_under_the_trusted_key_id(
+    release_kit: ReleaseKit, tmp_path: Path
+) -> None:
+    path = _copy(release_kit.release(release_kit.base_version + 1), tmp_path)
+    document = json.loads((path / RELEASE_FILENAME).read_text())
+    document["signature"] = base64.b64encode(bytes(64)).decode()
+    (path / RELEASE_FILENAME).write_text(json.dumps(document))
+    with pytest.raises(BadSignatureError, match="altered after signing"):
+        verify_release(path, release_kit.public_key, None)
+
+
+def test_downgrades_and_equal_versions_need_the_operator(release_kit: ReleaseKit) -> None:
+    path = release_kit.release(release_kit.base_version)
+    with pytest.raises(DowngradeError, match="not newer"):
+        verify_release(path, release_kit.public_key, release_kit.base_version)
+    with pytest.raises(DowngradeError):
+        verify_release(path, release_kit.public_key, release_kit.base_version + 5)
+    forced = verify_release(
+        path, release_kit.public_key, release_kit.base_version + 5, allow_downgrade=True
+    )
+    assert forced.version == release_kit.base_version
+
+
+def test_target_is_checked(release_kit: ReleaseKit) -> None:
+    path = release_kit.release(release_kit.base_version + 1, "node")
+    with pytest.raises(WrongTargetError, match="--target gateway"):
+        verify_release(path, release_kit.public_key, None, target="gateway")
+
+
+def test_install_is_picked_up_by_the_hot_reload(release_kit: ReleaseKit, tmp_path: Path) -> None:
+    model_dir = tmp_path / "serving"
+    shutil.copytree(DEFAULT_NODE_MODEL, model_dir)
+    models = ModelSet({"pm10": model_dir})
+    assert models.refresh(force=True)[0].outcome is ReloadOutcome.LOADED
+    release = verify_release(
+        release_kit.release(release_kit.base_version + 1, "gateway"),
+        release_kit.public_key,
+        release_kit.base_version,
+        target="gateway",
+    )
+    install_release(release, model_dir, "pm10")
+    verify_model_files(model_dir, load_manifest(model_dir))
+    results = models.refresh()
+    assert [(r.outcome, r.version) for r in results] == [
+        (ReloadOutcome.LOADED, release_kit.base_version + 1)
+    ]
+    assert not [p for p in model_dir.iterdir() if p.name.startswith(".")]  # no temp leftovers
+    with pytest.raises(IncompatibleReleaseError):
+        install_release(release, model_dir, "pm2_5")
+
+
+@given(
+    name=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,31}", fullmatch=True),
+    version=st.integers(0, 2**32 - 1),
+    size=st.integers(0, 2**32 - 1),
+    sha=st.binary(min_size=32, max_size=32),
+    window=st.integers(0, 2**32 - 1),
+    arena=st.integers(0, 2**32 - 1),
+)
+def test_descriptor_round_trips(  # noqa: PLR0917 - one argument per descriptor field
+    name: str, version: int, size: int, sha: bytes, window: int, arena: int
+) -> None:
+    descriptor = ImageDescriptor(name, version, size, sha, window, arena)
+    assert ImageDescriptor.decode(descriptor.encode()) == descriptor
+
+
+@given(st.binary(max_size=120))
+def test_descriptor_decode_never_crashes(data: bytes) -> None:
+    with contextlib.suppress(MalformedReleaseError):
+        ImageDescriptor.decode(data)
