@@ -167,14 +167,13 @@ class BatchedInterpreter:
         size = int(batch.shape[0])
         if size <= self.max_batch:
             return self._invoke(batch)
-        chunks = -(-size // self.max_batch)
-        padded = np.empty((chunks * self.max_batch, *batch.shape[1:]), dtype=batch.dtype)
-        padded[:size] = batch
-        padded[size:] = batch[-1]  # padding rows are real windows, so no NaN reaches the graph
-        outputs = [
-            self._invoke(padded[start : start + self.max_batch])
-            for start in range(0, len(padded), self.max_batch)
-        ]
+        outputs = []
+        for start in range(0, size, self.max_batch):
+            chunk = batch[start : start + self.max_batch]
+            if len(chunk) < self.max_batch:  # pad only the tail, with real windows (no NaN)
+                filler = np.repeat(chunk[-1:], self.max_batch - len(chunk), axis=0)
+                chunk = np.concatenate([chunk, filler])
+            outputs.append(self._invoke(np.ascontiguousarray(chunk)))
         return np.concatenate(outputs)[:size]
 
     def _invoke(self, batch: Float32Array) -> Float32Array:

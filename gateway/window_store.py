@@ -36,6 +36,7 @@ __all__ = [
     "WindowStoreError",
 ]
 
+_GATHER_CHUNK = 1024
 NO_PERIOD = np.iinfo(np.int64).min  # sentinel: "no period yet" in the int64 period arrays
 _INITIAL_CAPACITY = 8
 
@@ -342,14 +343,17 @@ class ModelWindows:
                 self._pending_period[rows],
             ]
         )
-        windows = np.empty((periods.size, c, n), dtype=np.float64)
+        overflow = len(self._overflow)
+        windows = np.empty((periods.size, c, n), dtype=np.float32)
         for index, snap in enumerate(self._overflow):
             windows[index] = snap.window
-        if rows.size:
-            positions = (self._pending_period[rows, None] + 1 + np.arange(n)[None, :]) % n
-            windows[len(self._overflow) :] = self._ring[
-                rows[:, None, None], np.arange(c)[None, :, None], positions[:, None, :]
+        self._gather(rows, windows[overflow:])
+        raw = np.concatenate(
+            [
+                np.array([snap.window[0, -1] for snap in self._overflow], dtype=np.float64),
+                self._ring[rows, 0, self._pending_period[rows] % n],
             ]
+        )
         first = np.concatenate(
             [
                 np.array([snap.first_period for snap in self._overflow], dtype=np.int64),
@@ -359,21 +363,38 @@ class ModelWindows:
         sensor_ids = tuple(snap.sensor_id for snap in self._overflow) + tuple(
             self._ids[int(row)] for row in rows
         )
-        quality = tuple(
-            self._quality(windows[index], int(periods[index]), int(first[index]))
-            for index in range(periods.size)
-        )
+        # Flags only for windows holding a hole: a full window is plain OK, no Python per row.
+        incomplete = np.flatnonzero(np.isnan(windows).any(axis=(1, 2)))
+        flags: list[tuple[Quality, ...]] = [()] * periods.size
+        for hole in incomplete.tolist():
+            flags[hole] = self._quality(windows[hole], int(periods[hole]), int(first[hole]))
         self._overflow.clear()
         self._pending[rows] = False
-        out = windows.astype(np.float32)
-        shaped = out[:, 0, :] if c == 1 else np.ascontiguousarray(out.transpose(0, 2, 1))
+        shaped = windows[:, 0, :] if c == 1 else np.ascontiguousarray(windows.transpose(0, 2, 1))
         return ReadyWindows(
             sensor_ids=sensor_ids,
             periods=periods,
             windows=shaped,
-            raw=windows[:, 0, -1].copy(),
-            quality=quality,
+            raw=raw,
+            quality=tuple(flags),
         )
+
+    def _gather(self, rows: IntArray, out: npt.NDArray[np.float32]) -> None:
+        """Copy the rows' windows, oldest first, into ``out`` [len(rows), C, N] (float32).
+
+        Rows whose newest period sits at the same ring position share one shift (the usual case:
+        sensors close the same period together), so each group is two slice copies. Work goes in
+        chunks to keep temporaries small: gathering 10,000 windows at once took 80 MB.
+        """
+        n = self._n
+        shifts = (self._pending_period[rows] + 1) % n
+        for shift in np.unique(shifts):
+            members = np.flatnonzero(shifts == shift)
+            for start in range(0, members.size, _GATHER_CHUNK):
+                chunk = members[start : start + _GATHER_CHUNK]
+                source = self._ring[rows[chunk]]  # [k, C, N] float64, small
+                out[chunk, :, : n - shift] = source[:, :, shift:]
+                out[chunk, :, n - shift :] = source[:, :, :shift]
 
     def _quality(self, window: FloatArray, period: int, first_period: int) -> tuple[Quality, ...]:
         """Flags for one [C, N] window whose newest first-channel value was observed."""

@@ -150,7 +150,7 @@ class Daemon:
 
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gateway", "run", "--config", str(config)],
+                [sys.executable, "-X", "faulthandler", "-m", "gateway", "run", "--config", str(config)],
                 stdout=log,
                 stderr=log,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},

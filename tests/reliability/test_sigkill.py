@@ -78,6 +78,12 @@ def test_sigkill_and_restart(tmp_path: Path, mosquitto: Mosquitto, long_form: bo
                 time.sleep(rng.uniform(0.0, 0.4))  # somewhere in ingest, tick, save or publish
                 st = daemon.status()
                 print("BEFORE KILL", period, st.get("ticker"), st.get("windows"), st.get("publisher"), st.get("readings_in"))
+                if st.get("readings_in") == 0:
+                    import signal as _s
+                    time.sleep(1.0)
+                    print("STATUS AFTER 1s", daemon.status().get("readings_in"), daemon.status().get("updated_at"), time.time())
+                    daemon.process.send_signal(_s.SIGABRT)
+                    daemon.process.wait()
                 daemon.kill()
                 kills_after_a_snapshot += (state_dir / "windows" / "pm10.npz").exists()
                 check_state_files(state_dir)

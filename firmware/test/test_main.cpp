@@ -1,0 +1,381 @@
+// Host tests of the portable firmware core. They read the SAME vectors as the Python tests
+// (tests/vectors/line_protocol.json and ota_protocol.json), so host and device agree byte for
+// byte. Usage: test_firmware <vectors dir> ; exit status 0 when everything passes.
+#include <sodium.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../src/base64.h"
+#include "../src/checksums.h"
+#include "../src/line_protocol.h"
+#include "../src/ota_codes.h"
+#include "../src/ota_descriptor.h"
+#include "../src/ota_receiver.h"
+#include "../src/pms5003.h"
+#include "../src/sha256.h"
+#include "../src/slots.h"
+#include "../src/window.h"
+#include "host_support.h"
+#include "json_lite.h"
+
+namespace {
+
+int g_checks = 0;
+int g_failures = 0;
+
+#define CHECK(cond, ...)                                        \
+  do {                                                          \
+    ++g_checks;                                                 \
+    if (!(cond)) {                                              \
+      ++g_failures;                                             \
+      std::fprintf(stderr, "FAIL %s:%d: %s | ", __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                        \
+      std::fprintf(stderr, "\n");                               \
+    }                                                           \
+  } while (0)
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+std::vector<uint8_t> unhex(const std::string& hex) {
+  std::vector<uint8_t> out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(uint8_t(std::stoul(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+std::string tohex(const uint8_t* data, size_t length) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < length; ++i) {
+    out += digits[data[i] >> 4];
+    out += digits[data[i] & 15];
+  }
+  return out;
+}
+
+void test_checksums(const json::Value& line_vectors, const json::Value& ota_vectors) {
+  const char* check = "123456789";
+  char text[8];
+  std::snprintf(text, sizeof(text), "%04X", tesla::crc16_ccitt_false(reinterpret_cast<const uint8_t*>(check), 9));
+  CHECK(line_vectors["crc"]["check_value"].text == text, "crc16 %s", text);
+  char text32[12];
+  std::snprintf(text32, sizeof(text32), "%08X", unsigned(tesla::crc32(reinterpret_cast<const uint8_t*>(check), 9)));
+  CHECK(ota_vectors["crc32"]["check_value"].text == text32, "crc32 %s", text32);
+  uint8_t digest[32];
+  tesla::Sha256 sha;
+  sha.update(reinterpret_cast<const uint8_t*>("abc"), 3);
+  sha.finish(digest);
+  CHECK(tohex(digest, 32) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", "sha256(abc)");
+}
+
+// Line protocol: framing rejects match the gateway's, and the encoders reproduce the lines.
+void test_line_vectors(const json::Value& vectors) {
+  for (const json::Value& v : vectors["vectors"].items) {
+    std::vector<uint8_t> raw = unhex(v["line_hex"].text);
+    std::string name = v["name"].text;
+    std::vector<char> line(raw.begin(), raw.end());
+    line.push_back('\0');
+    tesla::LineView view;
+    tesla::LineReject reject = tesla::parse_line(line.data(), raw.size(), &view);
+    const json::Value& expect = v["expect"];
+    if (expect.has("reject")) {
+      std::string reason = expect["reject"].text;
+      bool framing = reason == "too_large" || reason == "bad_encoding" || reason == "bad_checksum" ||
+                     (reason == "bad_frame" && (name == "lower-case checksum" || name == "no checksum" ||
+                                                name == "unknown line type"));
+      if (framing) {
+        CHECK(tesla::line_reject_name(reject) == reason, "%s: got %s", name.c_str(), tesla::line_reject_name(reject));
+      } else {
+        // Semantic checks of H/R lines are the gateway's job; the node only sends them.
+        CHECK(reject == tesla::LineReject::kNone, "%s: framing should pass", name.c_str());
+      }
+      continue;
+    }
+    CHECK(reject == tesla::LineReject::kNone, "%s: rejected %s", name.c_str(), tesla::line_reject_name(reject));
+    const json::Value& ok = expect["ok"];
+    std::string type = ok["type"].text;
+    std::string canonical(raw.begin(), raw.end());
+    size_t cr = canonical.find("\r\n");
+    if (cr != std::string::npos) canonical.erase(cr, 1);
+    char out[tesla::kMaxLineBytes + 1];
+    size_t n = 0;
+    if (type == "H") {
+      uint32_t version = ok["model_version"].is_null() ? 0 : uint32_t(ok["model_version"].integer());
+      n = tesla::encode_hello(ok["node_id"].text.c_str(), ok["firmware_version"].text.c_str(),
+                              ok["model_name"].is_null() ? nullptr : ok["model_name"].text.c_str(),
+                              ok["model_version"].is_null() ? nullptr : &version, out, sizeof(out));
+    } else if (type == "R") {
+      tesla::ReadingValues values;
+      const json::Value& raw_values = ok["values"];
+      const json::Value& cal = ok["calibrated"];
+      auto get = [](const json::Value& m, const char* key, bool* has, double* value) {
+        if (m.has(key)) {
+          *has = true;
+          *value = m[key].number;
+        }
+      };
+      get(raw_values, "pm1", &values.has_pm1, &values.pm1);
+      get(raw_values, "pm2_5", &values.has_pm2_5, &values.pm2_5);
+      get(raw_values, "pm10", &values.has_pm10, &values.pm10);
+      get(raw_values, "rh", &values.has_rh, &values.rh);
+      get(raw_values, "temp_c", &values.has_temp_c, &values.temp_c);
+      get(cal, "cal_pm1", &values.has_cal_pm1, &values.cal_pm1);
+      get(cal, "cal_pm2_5", &values.has_cal_pm2_5, &values.cal_pm2_5);
+      get(cal, "cal_pm10", &values.has_cal_pm10, &values.cal_pm10);
+      if (!ok["model_version"].is_null()) {
+        values.has_model_version = true;
+        values.model_version = uint32_t(ok["model_version"].integer());
+      }
+      double timestamp = ok["timestamp"].is_null() ? -1.0 : ok["timestamp"].number;
+      n = tesla::encode_reading(ok["node_id"].text.c_str(), uint32_t(ok["seq"].integer()), timestamp,
+                                values, out, sizeof(out));
+    } else {
+      continue;  // Q and O lines are decoded above; the node never encodes Q
+    }
+    CHECK(n > 0 && canonical == std::string(out, n), "%s: encoded %s", name.c_str(), out);
+  }
+}
+
+void test_line_reader() {
+  tesla::LineReader reader;
+  std::string long_line(600, 'A');
+  long_line += "\nQ*AB24\n";
+  int complete = 0;
+  for (char c : long_line) {
+    if (reader.feed(uint8_t(c))) {
+      ++complete;
+      CHECK(std::string(reader.line()) == "Q*AB24", "line %s", reader.line());
+    }
+  }
+  CHECK(complete == 1 && reader.overflowed(), "over-long line skipped, next one read");
+}
+
+void test_ota_codes(const json::Value& vectors) {
+  const auto& codes = vectors["status_codes"].items;
+  CHECK(codes.size() == tesla::kOtaStatusCount, "table sizes %zu vs %zu", codes.size(), tesla::kOtaStatusCount);
+  for (const json::Value& entry : codes) {
+    const tesla::OtaStatusInfo* info = tesla::ota_status_info(uint8_t(entry["code"].integer()));
+    CHECK(info != nullptr, "code %lld missing", static_cast<long long>(entry["code"].integer()));
+    if (info == nullptr) continue;
+    CHECK(entry["name"].text == info->name, "name of %u", unsigned(info->code));
+    CHECK(entry["message"].text == info->message, "message of %u", unsigned(info->code));
+  }
+}
+
+void test_signatures_and_descriptor(const json::Value& vectors) {
+  tesla_test::SodiumVerifier verifier;
+  std::vector<uint8_t> key = unhex(vectors["public_key_hex"].text);
+  for (const json::Value& v : vectors["signatures"].items) {
+    std::vector<uint8_t> message = unhex(v["message_hex"].text);
+    std::vector<uint8_t> signature = unhex(v["signature_hex"].text);
+    bool valid = verifier.verify(key.data(), message.data(), message.size(), signature.data());
+    CHECK(valid == v["valid"].boolean, "signature %s", v["name"].text.c_str());
+  }
+  const json::Value& d = vectors["descriptors"].items[0];
+  std::vector<uint8_t> raw = unhex(d["hex"].text);
+  tesla::ImageDescriptor descriptor;
+  CHECK(tesla::decode_descriptor(raw.data(), raw.size(), &descriptor), "descriptor decodes");
+  const json::Value& f = d["fields"];
+  CHECK(f["model_name"].text == descriptor.model_name, "name %s", descriptor.model_name);
+  CHECK(uint32_t(f["model_version"].integer()) == descriptor.model_version, "version");
+  CHECK(uint32_t(f["image_size"].integer()) == descriptor.image_size, "size");
+  CHECK(f["image_sha256"].text == tohex(descriptor.image_sha256, 32), "sha");
+  CHECK(uint32_t(f["window_length"].integer()) == descriptor.window_length, "window");
+  CHECK(uint32_t(f["arena_bytes"].integer()) == descriptor.arena_bytes, "arena");
+  raw[0] = 'X';
+  CHECK(!tesla::decode_descriptor(raw.data(), raw.size(), &descriptor), "bad magic refused");
+}
+
+void test_frames(const json::Value& vectors) {
+  for (const json::Value& v : vectors["frames"].items) {
+    std::vector<uint8_t> raw = unhex(v["line_hex"].text);
+    std::vector<char> line(raw.begin(), raw.end());
+    line.push_back('\0');
+    tesla::LineView view;
+    CHECK(tesla::parse_line(line.data(), raw.size(), &view) == tesla::LineReject::kNone, "frame %s", v["name"].text.c_str());
+    const json::Value& expect = v["expect"];
+    CHECK(view.type == 'O' && expect["kind"].text == view.fields[0], "kind of %s", v["name"].text.c_str());
+    if (expect["kind"].text == "C") {
+      uint8_t payload[400];
+      int n = tesla::base64_decode(view.fields[3], std::strlen(view.fields[3]), payload, sizeof(payload));
+      CHECK(n > 0 && tohex(payload, size_t(n)) == expect["payload_hex"].text, "payload of %s", v["name"].text.c_str());
+      CHECK(std::stoul(view.fields[2], nullptr, 16) == uint32_t(expect["crc"].integer()), "crc field");
+      CHECK(tesla::crc32(payload, size_t(n)) == uint32_t(expect["crc"].integer()), "crc32 of payload");
+    } else if (expect["kind"].text == "B") {
+      uint8_t descriptor[100];
+      int n = tesla::base64_decode(view.fields[4], std::strlen(view.fields[4]), descriptor, sizeof(descriptor));
+      CHECK(n == 88 && tohex(descriptor, 88) == expect["descriptor_hex"].text, "begin descriptor");
+    } else if (expect["kind"].text == "S") {
+      tesla::OtaAnswer answer{uint8_t(expect["code"].integer()), uint32_t(expect["next_seq"].integer())};
+      char out[64];
+      size_t n = tesla::encode_ota_status(answer, out, sizeof(out));
+      CHECK(std::string(out, n) == std::string(raw.begin(), raw.end()), "status encodes");
+    }
+  }
+}
+
+// Every receiver scenario of the vectors, through the real C++ receiver on RAM flash.
+void test_receiver_scenarios(const json::Value& vectors) {
+  const json::Value& node = vectors["node"];
+  std::vector<uint8_t> key = unhex(vectors["public_key_hex"].text);
+  std::string model_name = node["model_name"].text;
+  tesla::ReceiverProfile profile{model_name.c_str(), uint32_t(node["window_length"].integer()),
+                                 uint32_t(node["arena_bytes"].integer()), key.data()};
+  for (const json::Value& scenario : vectors["scenarios"].items) {
+    uint32_t slot_bytes = uint32_t(node["slot_bytes"].integer());
+    tesla_test::RamFlash flash(2 * 4096 + 2 * slot_bytes);
+    tesla::SlotManager slots(flash, 0, slot_bytes);
+    tesla_test::SodiumVerifier verifier;
+    tesla::OtaReceiver receiver(profile, verifier, slots, uint32_t(node["active_version"].integer()));
+    std::string name = scenario["name"].text;
+    int step_index = 0;
+    for (const json::Value& step : scenario["steps"].items) {
+      ++step_index;
+      std::vector<uint8_t> raw = unhex(step["line_hex"].text);
+      std::vector<char> line(raw.begin(), raw.end());
+      line.push_back('\0');
+      tesla::LineView view;
+      tesla::LineReject reject = tesla::parse_line(line.data(), raw.size(), &view);
+      if (reject != tesla::LineReject::kNone) {
+        CHECK(step["answer"].is_null(), "%s step %d: line rejected (%s) but an answer was expected",
+              name.c_str(), step_index, tesla::line_reject_name(reject));
+        continue;
+      }
+      tesla::OtaAnswer answer{};
+      bool answered = receiver.handle(view.fields, view.count, &answer);
+      if (step["answer"].is_null()) {
+        CHECK(!answered, "%s step %d: expected an accepted commit", name.c_str(), step_index);
+        continue;
+      }
+      char out[64];
+      size_t n = answered ? tesla::encode_ota_status(answer, out, sizeof(out)) : 0;
+      std::string expected;
+      for (uint8_t b : unhex(step["answer_hex"].text)) expected += char(b);
+      CHECK(answered && std::string(out, n) == expected, "%s step %d: answered %u,%lu expected %s",
+            name.c_str(), step_index, unsigned(answer.code), static_cast<unsigned long>(answer.next_seq),
+            expected.c_str());
+    }
+  }
+}
+
+// A/B slots: a trial that fails its self-test (or never confirms) falls back.
+void test_slots() {
+  tesla_test::RamFlash flash(2 * 4096 + 2 * 16384);
+  tesla::SlotManager slots(flash, 0, 16384);
+  CHECK(!slots.load(), "fresh flash has no record");
+  uint8_t descriptor[88] = {'T', 'M', 'D', 'L', 1, 1, 0, 0};
+  const char* name = "m";
+  std::memcpy(descriptor + 48, name, 1);
+  std::vector<uint8_t> image(5000, 0x5A);
+  CHECK(slots.install_factory(descriptor, image.data(), uint32_t(image.size())), "factory install");
+  CHECK(slots.select_boot() == 0, "boots factory slot");
+  uint8_t digest[32];
+  CHECK(slots.sha256(0, uint32_t(image.size()), digest), "hash slot");
+  CHECK(std::memcmp(slots.image(0), image.data(), image.size()) == 0, "image readable in place");
+  std::vector<uint8_t> update(6001, 0x33);
+  for (uint32_t off = 0; off < update.size(); off += 256) {
+    uint32_t take = std::min<uint32_t>(256, uint32_t(update.size()) - off);
+    CHECK(slots.write(1, off, update.data() + off, take), "write chunk");
+  }
+  CHECK(std::memcmp(slots.image(1), update.data(), update.size()) == 0, "chunks landed");
+  CHECK(slots.stage_trial(1, descriptor), "stage");
+  // Power loss right here: the record survives a reload.
+  tesla::SlotManager after_reset(flash, 0, 16384);
+  CHECK(after_reset.load() && after_reset.trial_pending(), "trial persisted");
+  CHECK(after_reset.select_boot() == 1, "trial boots once");
+  tesla::SlotManager crashed(flash, 0, 16384);  // it hung in the self-test: reboot
+  CHECK(crashed.load() && crashed.select_boot() == 0, "falls back after an unconfirmed trial");
+  CHECK(!crashed.has_model(1), "failed trial slot invalidated");
+  CHECK(crashed.stage_trial(1, descriptor) && crashed.select_boot() == 1 && crashed.confirm(1), "confirm");
+  tesla::SlotManager confirmed(flash, 0, 16384);
+  CHECK(confirmed.load() && confirmed.select_boot() == 1 && confirmed.active() == 1, "confirmed survives reset");
+  CHECK(confirmed.stage_trial(0, descriptor) && confirmed.select_boot() == 0 && confirmed.reject(0), "reject");
+  CHECK(confirmed.select_boot() == 1, "rejected trial: previous slot boots");
+}
+
+void test_pms5003() {
+  uint8_t frame[32] = {0x42, 0x4D, 0x00, 28};
+  uint16_t words[13] = {1, 2, 3, 11, 22, 33, 0, 0, 0, 0, 0, 0, 0};
+  for (int i = 0; i < 13; ++i) {
+    frame[4 + 2 * i] = uint8_t(words[i] >> 8);
+    frame[5 + 2 * i] = uint8_t(words[i]);
+  }
+  uint16_t sum = 0;
+  for (int i = 0; i < 30; ++i) sum = uint16_t(sum + frame[i]);
+  frame[30] = uint8_t(sum >> 8);
+  frame[31] = uint8_t(sum);
+  tesla::Pms5003Parser parser;
+  std::vector<uint8_t> stream = {0x00, 0x42, 0x42};  // noise, then a false start
+  stream.insert(stream.end(), frame, frame + 32);
+  std::vector<uint8_t> bad(frame, frame + 32);
+  bad[10] ^= 1;
+  stream.insert(stream.end(), bad.begin(), bad.end());
+  int frames = 0, bad_checksums = 0;
+  for (uint8_t b : stream) {
+    auto result = parser.feed(b);
+    if (result == tesla::Pms5003Parser::Result::kFrame) {
+      ++frames;
+      CHECK(parser.reading().pm1 == 11 && parser.reading().pm2_5 == 22 && parser.reading().pm10 == 33, "values");
+    }
+    if (result == tesla::Pms5003Parser::Result::kBadChecksum) ++bad_checksums;
+  }
+  CHECK(frames == 1 && bad_checksums == 1, "frames %d bad %d", frames, bad_checksums);
+}
+
+// The gap rule of gateway/series.py on a window of 5 with max_interpolated 2.
+void test_window() {
+  float storage[5];
+  tesla::Window window(storage, 5, 2);
+  for (int p = 0; p < 4; ++p) window.add(p, float(p));
+  CHECK(!window.valid(), "not full yet");
+  window.add(4, 4.0f);
+  float out[5];
+  CHECK(window.copy(out) && out[0] == 0.0f && out[4] == 4.0f, "full window, oldest first");
+  window.add(7, 7.0f);  // two missing periods: interpolated
+  CHECK(window.copy(out) && std::fabs(out[2] - 5.0f) < 1e-6f && std::fabs(out[3] - 6.0f) < 1e-6f, "short gap filled");
+  window.add(7, 9.0f);  // same period: averaged
+  CHECK(window.copy(out) && out[4] == 8.0f, "same period averaged");
+  window.add(11, 11.0f);  // three missing: stays missing
+  CHECK(!window.valid(), "long gap leaves the window invalid");
+  for (int p = 12; p < 15; ++p) window.add(p, float(p));
+  CHECK(!window.valid(), "gap still inside");
+  window.add(15, 15.0f);
+  CHECK(window.valid(), "gap scrolled out");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s <tests/vectors directory>\n", argv[0]);
+    return 2;
+  }
+  if (sodium_init() < 0) return 2;
+  std::string dir = argv[1];
+  std::string line_text = read_file(dir + "/line_protocol.json");
+  std::string ota_text = read_file(dir + "/ota_protocol.json");
+  json::Value line_vectors = json::Parser(line_text).parse();
+  json::Value ota_vectors = json::Parser(ota_text).parse();
+  test_checksums(line_vectors, ota_vectors);
+  test_line_vectors(line_vectors);
+  test_line_reader();
+  test_ota_codes(ota_vectors);
+  test_signatures_and_descriptor(ota_vectors);
+  test_frames(ota_vectors);
+  test_receiver_scenarios(ota_vectors);
+  test_slots();
+  test_pms5003();
+  test_window();
+  std::printf("%d checks, %d failures\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
