@@ -4,15 +4,24 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SYSTEM_STAMP := $(VENV)/.system-deps
+# tflite-runtime (the gateway's fallback runtime) needs numpy<2, so it is tested in its own venv.
+LEGACY_VENV := .venv-legacy
+LEGACY_STAMP := $(LEGACY_VENV)/.installed
 
 .PHONY: setup demo test lint typecheck pytest bench reliability models clean
 
-setup: $(STAMP) $(SYSTEM_STAMP)
+setup: $(STAMP) $(SYSTEM_STAMP) $(LEGACY_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[train,dev]'
+	touch $@
+
+$(LEGACY_STAMP): pyproject.toml
+	test -x $(LEGACY_VENV)/bin/python || $(PYTHON) -m venv $(LEGACY_VENV)
+	$(LEGACY_VENV)/bin/python -m pip install --quiet "tflite-runtime==2.14.*" "numpy<2" \
+		"pydantic>=2.8,<3" "structlog>=24.1" "paho-mqtt>=2.1,<3" "pyserial==3.5" "pynacl>=1.5"
 	touch $@
 
 $(SYSTEM_STAMP): scripts/install-system-deps.sh
@@ -46,4 +55,4 @@ models: setup
 	$(PY) -m training default-models --out models --runs runs
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LEGACY_VENV) .pytest_cache .mypy_cache .ruff_cache
