@@ -289,6 +289,8 @@ password_file $PASSWD_FILE
 acl_file $MOSQ_DIR/tesla-gateway.acl
 set_tcp_nodelay true
 max_queued_messages 100000
+# Bounded input: no MQTT packet above 1 MiB (release bundles of issue 5 fit; readings are tiny).
+max_packet_size 1048576
 
 # Local clients (the gateway on this machine): loopback only, still authenticated.
 listener 1883 127.0.0.1

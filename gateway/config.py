@@ -49,6 +49,7 @@ __all__ = [
 ]
 
 ENV_PREFIX = "TESLA_GATEWAY__"
+_SECRET_WORDS = ("password", "secret", "token", "private")  # never echoed in error messages
 Feature = Literal["pm10", "pm2_5", "pm1"]
 
 
@@ -132,6 +133,15 @@ class SensorPolicy(_Section):
         description="Accept any valid sensor id; false accepts only the ids in 'known'.",
     )
     known: list[str] = Field(default_factory=list, description="Sensor ids of this deployment.")
+    max_sensors: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Most distinct sensor ids accepted per run: readings from further new ids are "
+            "rejected, so ids from the wire cannot grow memory without bound."
+        ),
+    )
 
     @field_validator("known")
     @classmethod
@@ -282,7 +292,10 @@ def _describe(path: Path, exc: ValidationError, env_keys: Mapping[str, str]) -> 
         origin = _env_origin(key, env_keys)
         suffix = f" (set by {origin})" if origin else ""
         given = error.get("input")
-        shown = "" if isinstance(given, dict | list) or given is None else f" (got {given!r})"
+        secret = any(word in key.lower() for word in _SECRET_WORDS)
+        shown = (
+            "" if secret or isinstance(given, dict | list) or given is None else f" (got {given!r})"
+        )
         lines.append(f"  {key}: {error['msg']}{shown}{suffix}")
     return "\n".join(lines)
 

@@ -129,6 +129,7 @@ class GatewayService:
         self._reload: asyncio.Event | None = None
         self._tick_wanted: asyncio.Event | None = None
         self._mqtt_sources: dict[str, MqttSource] = {}
+        self._sensor_ids: set[str] = set()  # bounded by sensors.max_sensors
         self._serial_source: SerialSource | None = None
         self.ota: OtaService | None = None
 
@@ -308,6 +309,15 @@ class GatewayService:
                 detail=f"sensor {reading.sensor_id} is not in sensors.known",
             )
             return
+        if reading.sensor_id not in self._sensor_ids:
+            if len(self._sensor_ids) >= policy.max_sensors:
+                self.rejects.reject(
+                    RejectReason.UNKNOWN_SENSOR,
+                    source=reading.source,
+                    detail=f"sensors.max_sensors={policy.max_sensors} reached",
+                )
+                return
+            self._sensor_ids.add(reading.sensor_id)
         self.ticker.ingest(reading)
         if self.ticker.has_closed_periods and self._tick_wanted is not None:
             self._tick_wanted.set()
@@ -404,6 +414,9 @@ class GatewayService:
             "publish_failures": self._publish_failures,
             "mqtt_sources_connected": {
                 name: source.connected for name, source in self._mqtt_sources.items()
+            },
+            "mqtt_other_shard": {
+                name: source.other_shard for name, source in self._mqtt_sources.items()
             },
         }
 

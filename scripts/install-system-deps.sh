@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests and the demo need, only when something is missing.
 # mosquitto: the real broker the tests start on loopback; socat: pty pairs for serial tests;
-# gcc-arm-none-eabi: the Cortex-M4 firmware build; libsodium-dev: Ed25519 in the firmware tests;
+# gcc-arm-none-eabi + libnewlib-arm-none-eabi: the Cortex-M4 firmware build (the compiler and
+# its C library headers, which --no-install-recommends would leave out); libsodium-dev: Ed25519 in the firmware tests;
 # systemd: systemd-analyze verify for the unit files.
 set -euo pipefail
 
@@ -9,6 +10,7 @@ need=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 command -v socat >/dev/null 2>&1 || need+=(socat)
 command -v arm-none-eabi-gcc >/dev/null 2>&1 || need+=(gcc-arm-none-eabi)
+[ -f /usr/lib/arm-none-eabi/include/string.h ] || need+=(libnewlib-arm-none-eabi)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 dpkg -s libsodium-dev >/dev/null 2>&1 || need+=(libsodium-dev)

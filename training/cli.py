@@ -81,6 +81,12 @@ def _add_release_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     )
     constants.add_argument("--model", type=Path, required=True, help="model directory")
     constants.add_argument("--out", type=Path, required=True, help="header to write")
+    constants.add_argument(
+        "--public-key", type=Path, help="release .pub file: also write release_key.h beside it"
+    )
+    constants.add_argument(
+        "--model-data", type=Path, help="also write the default model as a C++ array here"
+    )
 
 
 def _keygen(args: argparse.Namespace) -> int:
@@ -126,7 +132,9 @@ def _push(args: argparse.Namespace) -> int:
 def _firmware_constants(args: argparse.Namespace) -> int:
     from training.firmware_constants import write_model_constants
 
-    path = write_model_constants(args.model, args.out)
+    path = write_model_constants(
+        args.model, args.out, public_key=args.public_key, model_data=args.model_data
+    )
     print(json.dumps({"header": str(path)}))
     return 0
 

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,6 +201,14 @@ def push_release(
     payload = encode_bundle((release_dir / RELEASE_FILENAME).read_bytes(), files)
     topic = release_topic(topic_prefix, target, model)
     client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="")
+    connack: list[str] = []
+    answered = threading.Event()
+
+    def on_connect(_c: object, _u: object, _f: object, reason: object, _p: object) -> None:
+        connack.append(str(reason))
+        answered.set()
+
+    client.on_connect = on_connect
     if username is not None:
         client.username_pw_set(username, password)
     if ca_file is not None:
@@ -210,13 +219,19 @@ def push_release(
         raise ReleaseError(f"cannot connect to the broker {host}:{port}: {exc}") from exc
     client.loop_start()
     try:
+        if not answered.wait(timeout_s) or connack[0] != "Success":
+            reason = connack[0] if connack else "no CONNACK"
+            raise ReleaseError(
+                f"the broker {host}:{port} refused the connection ({reason}); check "
+                "--username/--password-file and TLS"
+            )
         info = client.publish(topic, payload, qos=1, retain=True)
         deadline = time.monotonic() + timeout_s
         while not info.is_published():
             if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS or time.monotonic() > deadline:
                 raise ReleaseError(
                     f"the broker {host}:{port} did not accept the release on {topic} within "
-                    f"{timeout_s} s ({paho.error_string(info.rc)}); check credentials and ACLs"
+                    f"{timeout_s} s ({paho.error_string(info.rc)}); check its ACLs"
                 )
             time.sleep(0.01)
     finally:

@@ -118,7 +118,17 @@ int SlotManager::select_boot() {
   return has_model(record_.active) ? record_.active : kNone;
 }
 
+SlotManager::Outcome SlotManager::take_outcome() {
+  Outcome outcome = static_cast<Outcome>(record_.outcome);
+  if (outcome != Outcome::kNone) {
+    record_.outcome = 0;
+    persist();
+  }
+  return outcome;
+}
+
 bool SlotManager::confirm(int slot) {
+  record_.outcome = uint8_t(Outcome::kConfirmed);
   record_.active = uint8_t(slot);
   record_.trial = 0xFF;
   record_.trial_booted = 0;
@@ -126,6 +136,7 @@ bool SlotManager::confirm(int slot) {
 }
 
 bool SlotManager::reject(int slot) {
+  record_.outcome = uint8_t(Outcome::kRolledBack);
   record_.valid[slot] = 0;
   record_.trial = 0xFF;
   record_.trial_booted = 0;

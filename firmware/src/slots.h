@@ -42,6 +42,10 @@ class SlotManager {
   bool confirm(int slot);       // the trial passed its self-test
   bool reject(int slot);        // the trial failed: back to the previous slot
   bool trial_pending() const { return record_.trial != 0xFF; }
+  bool is_trial(int slot) const { return record_.trial == slot; }
+  enum class Outcome : uint8_t { kNone = 0, kConfirmed = 1, kRolledBack = 2 };
+  // The outcome of the last trial, once (persisted, so it survives the reboot that follows).
+  Outcome take_outcome();
 
  private:
   struct Record {
@@ -50,7 +54,7 @@ class SlotManager {
     uint8_t active;
     uint8_t trial;         // 0xFF: none
     uint8_t trial_booted;  // 1 once the trial has been booted
-    uint8_t reserved;
+    uint8_t outcome;       // last trial: 0 none/reported, 1 confirmed, 2 rolled back
     uint8_t valid[2];
     uint8_t pad[2];
     uint8_t descriptors[2][kDescriptorSize];

@@ -301,6 +301,8 @@ void test_slots() {
   CHECK(confirmed.load() && confirmed.select_boot() == 1 && confirmed.active() == 1, "confirmed survives reset");
   CHECK(confirmed.stage_trial(0, descriptor) && confirmed.select_boot() == 0 && confirmed.reject(0), "reject");
   CHECK(confirmed.select_boot() == 1, "rejected trial: previous slot boots");
+  CHECK(confirmed.take_outcome() == tesla::SlotManager::Outcome::kRolledBack, "outcome reported");
+  CHECK(confirmed.take_outcome() == tesla::SlotManager::Outcome::kNone, "outcome reported once");
 }
 
 void test_pms5003() {

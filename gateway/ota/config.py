@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.mqtt_connection import MqttBrokerConfig
 from gateway.ota.protocol import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
@@ -57,3 +57,17 @@ class OtaConfig(BaseModel):
     max_retries: int = Field(
         default=10, ge=1, le=1000, description="Retransmissions of one frame before giving up."
     )
+
+    @field_validator("releases_topic_prefix", "status_topic_prefix")
+    @classmethod
+    def _plain_topic(cls, value: str | None) -> str | None:
+        if value is not None and (
+            not value
+            or "+" in value
+            or "#" in value
+            or value.startswith("/")
+            or value.endswith("/")
+            or "//" in value
+        ):
+            raise ValueError(f"{value!r} must be a topic without wildcards or empty levels")
+        return value

@@ -52,6 +52,7 @@ _PERMANENT = frozenset(
         OtaStatus.BAD_MAGIC,
     }
 )
+_POLL_S = 0.1  # how often a pending frame checks that the link and the node are still there
 _RESEND = frozenset({OtaStatus.CRC_MISMATCH, OtaStatus.OUT_OF_SEQUENCE, OtaStatus.INCOMPLETE})
 
 
@@ -149,6 +150,8 @@ class _NodeWorker:
         self._wake = asyncio.Event()
         self._refused: set[tuple[str, int]] = set()
         self._activated: int | None = None  # version committed since the last hello
+        self._committing: VerifiedRelease | None = None  # commit sent, outcome not yet known
+        self._hellos = 0
         self.port = str(link.port)
         link.ota_handler = self._on_frame
         link.hello_handler = self._on_hello
@@ -169,6 +172,7 @@ class _NodeWorker:
 
     def _on_hello(self, _hello: Hello) -> None:
         self._activated = None  # the hello itself now says what runs
+        self._hellos += 1
         self._wake.set()
 
     async def run(self) -> None:
@@ -178,6 +182,8 @@ class _NodeWorker:
             hello = self._link.hello
             if hello is None:
                 continue
+            if self._committing is not None:
+                self._settle_commit(hello, self._committing)
             release = self._relay.candidate(hello, self._refused, self._activated)
             if release is None:
                 continue
@@ -211,16 +217,27 @@ class _NodeWorker:
             raise _LinkLostError(str(exc)) from exc
 
     async def _exchange(self, message: OtaMessage, timeout_s: float) -> Status | None:
-        """Send one frame and wait for the node's status (None after a timeout)."""
+        """Send one frame and wait for the node's status (None after a timeout).
+
+        Raises :class:`_LinkLostError` as soon as the port closes or the node says hello again
+        (it restarted): waiting out the timeout would only delay the resumption.
+        """
         while not self._statuses.empty():  # answers to earlier, timed-out frames
             self._statuses.get_nowait()
+        hellos = self._hellos
         await self._send(message)
-        try:
-            return await asyncio.wait_for(self._statuses.get(), timeout_s)
-        except TimeoutError:
-            if not self._link.connected:
-                raise _LinkLostError("port closed while waiting for the node") from None
-            return None
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return None
+            try:
+                return await asyncio.wait_for(self._statuses.get(), min(remaining, _POLL_S))
+            except TimeoutError:
+                if not self._link.connected:
+                    raise _LinkLostError("port closed while waiting for the node") from None
+                if self._hellos != hellos:
+                    raise _LinkLostError("the node restarted while the frame was pending") from None
 
     async def _begin(self, begin: Begin) -> int:
         """Handshake (also used to resynchronise); returns the node's next_seq."""
@@ -295,10 +312,21 @@ class _NodeWorker:
                 raise _GiveUpError(status.code, status.message, permanent=False)
         self._report(hello, release, f"transferring {total}/{total}")
 
+    def _settle_commit(self, hello: Hello, release: VerifiedRelease) -> None:
+        """A board reboots on commit (its USB port drops): its next hello tells the outcome."""
+        self._committing = None
+        if hello.model_version == release.version:
+            self._report(hello, release, "active")
+        else:
+            self._refused.add((release.metadata.model, release.version))
+            self._report(hello, release, "rolled back", f"node runs v{hello.model_version}")
+
     async def _commit(self, hello: Hello, release: VerifiedRelease) -> None:
+        self._committing = release
         status = await self._exchange(Commit(), self._config.commit_timeout_s)
         if status is None:
             raise _LinkLostError("no answer to commit; the node's next hello tells the outcome")
+        self._committing = None
         if status.code == OtaStatus.ACTIVE:
             self._activated = release.version  # until its next hello, which may lag
             self._report(hello, release, "active")

@@ -83,10 +83,19 @@ class OtaService:
     def _node_status(self, status: NodeUpdateStatus) -> None:
         self._queue_status(f"{self.status_prefix}/node/{status.node_id}", status.as_dict())
 
-    def _gateway_status(self, model: object, version: object, status: str, detail: str) -> None:
+    def _gateway_status(
+        self, target: str, model: object, version: object, status: str, detail: str
+    ) -> None:
+        """What this gateway did with a release it received (its own, or one to relay)."""
         self._queue_status(
             f"{self.status_prefix}/gateway",
-            {"model": model, "version": version, "status": status, "detail": detail},
+            {
+                "target": target,
+                "model": model,
+                "version": version,
+                "status": status,
+                "detail": detail,
+            },
         )
 
     async def _status_loop(self, connection: MqttConnection) -> None:
@@ -127,11 +136,11 @@ class OtaService:
                 version=version,
                 error=str(exc),
             )
-            self._gateway_status(model, version, f"rejected: {exc.reason}", str(exc))
+            self._gateway_status(target, model, version, f"rejected: {exc.reason}", str(exc))
         except OtaError as exc:
             model, version = _claimed(message.payload)
             _log.error("release_install_failed", topic=message.topic, error=str(exc))
-            self._gateway_status(model, version, "failed", str(exc))
+            self._gateway_status(target, model, version, "failed", str(exc))
 
     async def _accept_gateway_release(self, payload: bytes) -> None:
         # Authenticity first: nothing the release claims (its feature) is believed before.
@@ -152,7 +161,9 @@ class OtaService:
         )
         await asyncio.to_thread(install_release, release, model_dir, feature)
         _log.info("release_installed", model=release.metadata.model, version=release.version)
-        self._gateway_status(release.metadata.model, release.version, "installed", str(model_dir))
+        self._gateway_status(
+            "gateway", release.metadata.model, release.version, "installed", str(model_dir)
+        )
         self._on_installed()
 
     # -- run -------------------------------------------------------------------------------

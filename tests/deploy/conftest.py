@@ -64,8 +64,10 @@ def build_wheel(target: Path) -> Path:
         shutil.copytree(REPO / package, source / package, ignore=ignore)
     wheels = target / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
-        + ["--disable-pip-version-check", "-w", str(wheels), str(source)],
+        [
+            *(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"),
+            *("--disable-pip-version-check", "-w", str(wheels), str(source)),
+        ],
         check=True,
         capture_output=True,
     )

@@ -6,11 +6,11 @@ See conftest.py for what is faked (a minimal /etc, an offline wheel install with
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import tomllib
 from pathlib import Path
 
+from gateway.config import load_config
 from tests.deploy.conftest import (
     GATEWAY_ID,
     NODES,
@@ -28,7 +28,7 @@ def snapshot(root: Path) -> Snapshot:
     for path in sorted(root.rglob("*")):
         info = path.lstat()
         if path.is_symlink():
-            kind, digest = "link", os.readlink(path)
+            kind, digest = "link", str(path.readlink())
         elif path.is_dir():
             kind, digest = "dir", ""
         else:
@@ -40,9 +40,19 @@ def snapshot(root: Path) -> Snapshot:
 
 def ids(root: Path) -> tuple[int, int, int]:
     """uid and gid of tesla-gateway and gid of mosquitto, from the target root's /etc."""
-    passwd = {line.split(":")[0]: line.split(":") for line in (root / "etc/passwd").read_text().splitlines()}
-    group = {line.split(":")[0]: line.split(":") for line in (root / "etc/group").read_text().splitlines()}
-    return int(passwd["tesla-gateway"][2]), int(group["tesla-gateway"][2]), int(group["mosquitto"][2])
+    passwd = {
+        line.split(":")[0]: line.split(":")
+        for line in (root / "etc/passwd").read_text().splitlines()
+    }
+    group = {
+        line.split(":")[0]: line.split(":")
+        for line in (root / "etc/group").read_text().splitlines()
+    }
+    return (
+        int(passwd["tesla-gateway"][2]),
+        int(group["tesla-gateway"][2]),
+        int(group["mosquitto"][2]),
+    )
 
 
 def mode_owner(path: Path) -> tuple[str, int, int]:
@@ -54,7 +64,9 @@ def test_installed_files_modes_and_owners(installed_root: InstalledRoot) -> None
     root = installed_root.root
     uid, gid, mosquitto_gid = ids(root)
     passwd_line = next(
-        line for line in (root / "etc/passwd").read_text().splitlines() if line.startswith("tesla-gateway:")
+        line
+        for line in (root / "etc/passwd").read_text().splitlines()
+        if line.startswith("tesla-gateway:")
     )
     assert passwd_line.endswith(":/var/lib/tesla-gateway:/usr/sbin/nologin")
     assert "dialout:x:20:tesla-gateway" in (root / "etc/group").read_text()
@@ -75,14 +87,19 @@ def test_installed_files_modes_and_owners(installed_root: InstalledRoot) -> None
         assert (model_dir / "manifest.json").exists()
     unit = root / "etc/systemd/system/tesla-gateway.service"
     assert mode_owner(unit) == ("0o644", 0, 0)
-    assert unit.read_bytes() == (Path(__file__).parents[2] / "systemd/tesla-gateway.service").read_bytes()
+    assert (
+        unit.read_bytes()
+        == (Path(__file__).parents[2] / "systemd/tesla-gateway.service").read_bytes()
+    )
     mosq = root / "etc/mosquitto"
     assert mode_owner(mosq / "tesla-gateway.passwd") == ("0o640", 0, mosquitto_gid)
     assert mode_owner(mosq / "tesla-gateway.acl") == ("0o640", 0, mosquitto_gid)
     assert mode_owner(mosq / "certs/tesla-server.key") == ("0o640", 0, mosquitto_gid)
     conf = (mosq / "conf.d/tesla-gateway.conf").read_text()
     assert "allow_anonymous false" in conf and "listener 8883" in conf
-    users = [line.split(":")[0] for line in (mosq / "tesla-gateway.passwd").read_text().splitlines()]
+    users = [
+        line.split(":")[0] for line in (mosq / "tesla-gateway.passwd").read_text().splitlines()
+    ]
     assert sorted(users) == sorted(["tesla-gateway", "tesla-reader", "tesla-release", *NODES])
     # The venv holds the gateway (dependencies are not installed offline here).
     venv = root / "opt/tesla-gateway/venv"
@@ -92,13 +109,20 @@ def test_installed_files_modes_and_owners(installed_root: InstalledRoot) -> None
     # The generated configuration validates (models resolved inside the throwaway root).
     config = tomllib.loads((root / "etc/tesla-gateway/gateway.toml").read_text())
     assert config["gateway_id"] == GATEWAY_ID
-    assert config["publisher"]["broker"]["password_file"] == "/etc/tesla-gateway/credentials/tesla-gateway"
+    assert (
+        config["publisher"]["broker"]["password_file"]
+        == "/etc/tesla-gateway/credentials/tesla-gateway"
+    )
     assert "password" not in config["publisher"]["broker"]
+    validated = load_config(root / "etc/tesla-gateway/gateway.toml", environ={})
+    assert validated.publisher.broker.username == "tesla-gateway"
 
 
 def test_second_run_changes_nothing(installed_root: InstalledRoot) -> None:
     before = snapshot(installed_root.root)
-    result = subprocess.run(installed_root.install_args(), capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        installed_root.install_args(), capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stderr
     assert "done: 0 change(s)" in result.stdout, result.stdout
     assert snapshot(installed_root.root) == before
@@ -134,7 +158,9 @@ def test_uninstall_then_purge(tmp_path: Path, installed_root: InstalledRoot) -> 
         [str(UNINSTALL), "--root", str(root)], capture_output=True, text=True, check=True
     )
     assert "done: 0 change(s)" in again.stdout
-    subprocess.run([str(UNINSTALL), "--root", str(root), "--purge"], capture_output=True, check=True)
+    subprocess.run(
+        [str(UNINSTALL), "--root", str(root), "--purge"], capture_output=True, check=True
+    )
     assert not (root / "etc/tesla-gateway").exists()
     assert not (root / "var/lib/tesla-gateway").exists()
     assert "tesla-gateway" not in (root / "etc/passwd").read_text()

@@ -92,11 +92,13 @@ class Client:
         self.client = paho.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
         self.client.tls_set(ca_certs=str(broker.ca))
         if user is not None:
-            self.client.username_pw_set(user, password if password is not None else broker.password(user))
+            self.client.username_pw_set(
+                user, password if password is not None else broker.password(user)
+            )
         self.client.on_connect = self._on_connect
         self.client.on_publish = self._on_ack
         self.client.on_subscribe = lambda _c, _u, mid, codes, _p: self._record(mid, list(codes))
-        self.client.on_message = lambda _c, _u, m: self.messages.append((m.topic, m.payload))
+        self.client.on_message = lambda _c, _u, m: self.messages.append((m.topic, bytes(m.payload)))
         self.client.connect("127.0.0.1", broker.tls_port)
         self.client.loop_start()
         assert self._connected.wait(WAIT_S), "no CONNACK"

@@ -74,7 +74,9 @@ def test_systemd_analyze_security_score(tmp_path: Path) -> None:
         text=True,
         check=False,
     )
-    match = re.search(r"Overall exposure level for tesla-gateway.service: ([0-9.]+) (\w+)", result.stdout)
+    match = re.search(
+        r"Overall exposure level for tesla-gateway.service: ([0-9.]+) (\w+)", result.stdout
+    )
     assert match, result.stdout + result.stderr
     score = float(match.group(1))
     print(f"systemd-analyze security: {score} {match.group(2)}")

@@ -9,9 +9,9 @@ Timestamps are replayed in the recent past on the model's grid, so periods close
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -20,7 +20,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +122,7 @@ kind = "node"
 port = "{serial_port}"
 reconnect_initial_s = 0.05
 reconnect_max_s = 0.2
+max_backlog_s = 86400
 """
     path.write_text(text, encoding="utf-8")
     return path
@@ -142,19 +142,14 @@ class Daemon:
         self.config = config
         self.state_dir = state_dir
         self.log = config.with_suffix(".log")
-        limit = file_size_limit
-
-        def limits() -> None:  # in the child, before exec
-            if limit is not None:
-                resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
+        # prlimit execs the daemon in place (same pid) with a cap on file size: a full disk.
+        limit = [] if file_size_limit is None else ["prlimit", f"--fsize={file_size_limit}", "--"]
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-X", "faulthandler", "-m", "gateway", "run", "--config", str(config)],
+                [*limit, sys.executable, "-m", "gateway", "run", "--config", str(config)],
                 stdout=log,
                 stderr=log,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                preexec_fn=limits if limit is not None else None,
             )
         wait_for(
             lambda: (
@@ -193,7 +188,7 @@ class Daemon:
         return 0
 
     def open_fds(self) -> int:
-        return len(os.listdir(f"/proc/{self.pid}/fd"))
+        return sum(1 for _ in Path(f"/proc/{self.pid}/fd").iterdir())
 
 
 class Sensors:
@@ -206,7 +201,7 @@ class Sensors:
         self.sent = 0
         self.retries = 0
         self._client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id)
-        self._client.reconnect_delay_set(0.05, 0.5)
+        self._client.reconnect_delay_set(0.05, 0.5)  # type: ignore[arg-type]  # paho types int
         self._client.connect("127.0.0.1", port)
         self._client.loop_start()
 
@@ -216,10 +211,8 @@ class Sensors:
         while time.monotonic() < deadline:
             info = self._client.publish(f"sensors/{sensor}/raw", payload, qos=1)
             if info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
-                try:
+                with contextlib.suppress(RuntimeError):
                     info.wait_for_publish(2.0)
-                except RuntimeError:
-                    pass
                 if info.is_published():
                     self.sent += 1
                     return
@@ -239,7 +232,9 @@ class Collector:
     replays are ignored (they are the latest value, not a new delivery).
     """
 
-    def __init__(self, port: int, topic: str = "tesla/+/+/pm10", client_id: str = "collector") -> None:
+    def __init__(
+        self, port: int, topic: str = "tesla/+/+/pm10", client_id: str = "collector"
+    ) -> None:
         self.counts: Counter[tuple[str, str, str]] = Counter()
         self.stats: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
@@ -247,7 +242,7 @@ class Collector:
         self._client = paho.Client(
             CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=False
         )
-        self._client.reconnect_delay_set(0.05, 0.5)
+        self._client.reconnect_delay_set(0.05, 0.5)  # type: ignore[arg-type]  # paho types int
         self._client.on_connect = self._on_connect
         self._client.on_message = self._on_message
         self._subscribed = threading.Event()

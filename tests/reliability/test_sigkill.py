@@ -37,6 +37,8 @@ from tests.support.mosquitto import Mosquitto
 
 pytestmark = pytest.mark.reliability
 
+QUEUE_MARGIN_S = 0.5
+
 
 def check_state_files(state_dir: Path) -> None:
     for snapshot in (state_dir / "windows").glob("*.npz"):
@@ -49,6 +51,14 @@ def check_state_files(state_dir: Path) -> None:
         with sqlite3.connect(outbox) as db:
             assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert not list(state_dir.rglob("*.corrupt-*"))
+
+
+def snapshot_saved_at(state_dir: Path) -> float:
+    path = state_dir / "windows" / "pm10.npz"
+    if not path.exists():
+        return 0.0
+    with np.load(path, allow_pickle=False) as data:
+        return float(json.loads(str(data["meta"]))["saved_at"])
 
 
 def test_sigkill_and_restart(tmp_path: Path, mosquitto: Mosquitto, long_form: bool) -> None:
@@ -69,23 +79,19 @@ def test_sigkill_and_restart(tmp_path: Path, mosquitto: Mosquitto, long_form: bo
     names = [f"node-{i:02d}" for i in range(sensors_n)]
     base = grid_base(periods + 10)
     kill_at = set(rng.sample(range(8, periods - 2), kills))
-    expected: set[tuple[str, str, str]] = set()
+    sent_at: dict[tuple[str, str, str], float] = {}
+    at_risk: set[tuple[str, str, str]] = set()  # sent after the snapshot a kill fell back to
     restored = 0
     kills_after_a_snapshot = 0
     try:
         for period in range(periods):
             if period in kill_at:
                 time.sleep(rng.uniform(0.0, 0.4))  # somewhere in ingest, tick, save or publish
-                st = daemon.status()
-                print("BEFORE KILL", period, st.get("ticker"), st.get("windows"), st.get("publisher"), st.get("readings_in"))
-                if st.get("readings_in") == 0:
-                    import signal as _s
-                    time.sleep(1.0)
-                    print("STATUS AFTER 1s", daemon.status().get("readings_in"), daemon.status().get("updated_at"), time.time())
-                    daemon.process.send_signal(_s.SIGABRT)
-                    daemon.process.wait()
                 daemon.kill()
-                kills_after_a_snapshot += (state_dir / "windows" / "pm10.npz").exists()
+                saved_at = snapshot_saved_at(state_dir)
+                kills_after_a_snapshot += saved_at > 0
+                # Queue latency: a reading sent just before the snapshot may not be in it.
+                at_risk |= {key for key, t in sent_at.items() if t >= saved_at - QUEUE_MARGIN_S}
                 check_state_files(state_dir)
                 daemon = Daemon(config, state_dir)
                 status = daemon.status()
@@ -93,20 +99,28 @@ def test_sigkill_and_restart(tmp_path: Path, mosquitto: Mosquitto, long_form: bo
                 restored += status["state"]["restored"]
             for name in names:
                 sensors.send(name, base + period * PERIOD_S + 30, rng.uniform(5, 80))
-                expected.add(("gw-k", name, iso(base + period * PERIOD_S)))
+                sent_at[("gw-k", name, iso(base + period * PERIOD_S))] = time.time()
+        expected = set(sent_at)
         last = {("gw-k", name, iso(base + (periods - 1) * PERIOD_S)) for name in names}
         wait_for(lambda: all(collector.snapshot()[key] for key in last), "the last period")
         time.sleep(1.0)  # let stragglers of the outbox arrive before counting
-        figures = delivery_figures(expected, collector.snapshot())
-        print("LOST", sorted(k[2][11:16] + k[1] for k in expected if not collector.snapshot()[k]), "KILLS", sorted(iso(base + p * PERIOD_S)[11:16] for p in kill_at))
+        received = collector.snapshot()
+        figures = delivery_figures(expected, received)
+        lost = {key for key in expected if received[key] == 0}
         assert daemon.stop() == 0
         check_state_files(state_dir)
     finally:
         sensors.close()
         collector.close()
         daemon.kill()
-    figures |= {"kills": kills, "restores": restored, "readings_sent": sensors.sent}
+    figures |= {
+        "kills": kills,
+        "restores": restored,
+        "readings_sent": sensors.sent,
+        "at_risk_after_last_snapshot": len(at_risk),
+        "lost_outside_documented_window": len(lost - at_risk),
+    }
     report("daemon_sigkill", figures)
     assert restored == kills_after_a_snapshot  # every restart found its windows
     assert figures["unexpected"] == 0
-    assert figures["lost"] <= kills * sensors_n * 2
+    assert lost <= at_risk, sorted(lost - at_risk)

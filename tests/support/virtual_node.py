@@ -84,6 +84,7 @@ class NodeFaults:
     corrupt_chunks: set[int] = field(default_factory=set)  # flip a payload bit before the CRC
     cut_link_after_chunk: int | None = None  # unplug the "USB cable" after storing this chunk
     cut_link_s: float = 0.3
+    usb_reboot: bool = False  # commit resets the board: the USB port drops before any answer
 
 
 @dataclass
@@ -325,6 +326,10 @@ class VirtualNode:
             self._slots[1 - previous] = Slot(*verified)
             self._active = 1 - previous
         self.events.append("reboot")
+        if self._faults.usb_reboot:
+            self._device.unplug()
+            time.sleep(self._faults.cut_link_s)
+            self._device.replug()
         self._boot()  # the previous slot passed its self-test when it booted, so this succeeds
         code = OtaStatus.ACTIVE if self._active != previous else OtaStatus.ROLLED_BACK
         self._answer(Status(code, 0))

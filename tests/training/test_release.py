@@ -134,3 +134,24 @@ def test_push_to_a_dead_broker_fails_with_a_message(tmp_path: Path) -> None:
         from training.release import push_release
 
         push_release(out, "127.0.0.1", free_port())
+
+
+def test_push_with_credentials_and_a_refusal(tmp_path: Path) -> None:
+    from training.release import push_release
+
+    broker = Mosquitto(tmp_path / "auth-broker", users={"ci": "s3cret"})
+    broker.start()
+    try:
+        kit = ReleaseKit(tmp_path)
+        out = kit.release(kit.base_version + 1)
+        secret = tmp_path / "password"
+        secret.write_text("s3cret\n")
+        code = main(
+            ["push", "--release", str(out), "--broker", f"127.0.0.1:{broker.port}",
+             "--username", "ci", "--password-file", str(secret)]
+        )  # fmt: skip
+        assert code == 0
+        with pytest.raises(ReleaseError, match="refused the connection"):
+            push_release(out, "127.0.0.1", broker.port, username="ci", password="wrong")
+    finally:
+        broker.stop()

@@ -541,8 +541,8 @@ class SequenceSelfAttention(TokenSelfAttention):
     The same function. The portable (device) form sums over keys with a FULLY_CONNECTED
     (:func:`sum_axis2`) so the 16-bit graph stays exact; every other graph (training, predict,
     the gateway's float graph) uses the parent's batched-matmul form, which does not
-    materialise [B, L, L, d] products (see :func:`_device_trace`). TESLA's few tokens keep the parent
-    layer untouched. Memory and multiply-adds grow as L²·d. Input and output [B, L, d].
+    materialise [B, L, L, d] products (see :func:`_device_trace`). TESLA's few tokens keep the
+    parent layer untouched. Memory and multiply-adds grow as L²·d. Input and output [B, L, d].
     """
 
     def build(self, input_shape: Any) -> None:

@@ -125,6 +125,18 @@ def test_a_cut_link_resumes_where_it_stopped(
     assert node.active_version == new
 
 
+def test_a_board_that_resets_on_commit_reports_through_its_next_hello(
+    release_kit: ReleaseKit, mosquitto: Mosquitto, pty_serial: PtySerial
+) -> None:
+    new = release_kit.base_version + 6
+    node = make_node(pty_serial, release_kit, faults=NodeFaults(usb_reboot=True))
+    states = asyncio.run(
+        _update(release_kit, mosquitto, pty_serial, node, release_kit.release(new), "active")
+    )
+    assert states[-2:] == ["verified", "active"]
+    assert node.active_version == new
+
+
 def test_a_node_with_another_key_rejects_the_release_and_keeps_its_model(
     release_kit: ReleaseKit, mosquitto: Mosquitto, pty_serial: PtySerial, tmp_path: Path
 ) -> None:
@@ -137,6 +149,34 @@ def test_a_node_with_another_key_rejects_the_release_and_keeps_its_model(
     assert node.status_codes() == [OtaStatus.BAD_SIGNATURE]
     assert node.active_version == release_kit.base_version
     assert _calibrated_with(node, release_kit.base_version)
+
+
+def test_a_node_release_signed_by_an_unknown_key_never_reaches_the_node(
+    release_kit: ReleaseKit, mosquitto: Mosquitto, pty_serial: PtySerial, tmp_path: Path
+) -> None:
+    other = keygen(tmp_path / "stranger")
+    release = release_kit.release(release_kit.base_version + 8, key=other.private_path)
+    node = make_node(pty_serial, release_kit)
+
+    async def scenario() -> list[dict[str, object]]:
+        with collecting(mosquitto, [f"{STATUS_PREFIX}/#"]) as collector:
+            async with gateway(ota_config(release_kit, mosquitto), pty_serial) as gw:
+                node.start()
+                try:
+                    link = next(iter(gw.serial.links.values()))
+                    await eventually(lambda: link.hello is not None, 10)
+                    await asyncio.to_thread(_push, release, mosquitto)
+                    await eventually(lambda: bool(gateway_states(collector)), 10)
+                finally:
+                    node.stop()
+            return gateway_states(collector)
+
+    states = asyncio.run(scenario())
+    assert states[0]["target"] == "node"
+    assert states[0]["status"] == "rejected: unknown key"
+    assert "configure its public key" in str(states[0]["detail"])
+    assert node.status_codes() == []
+    assert node.active_version == release_kit.base_version
 
 
 def test_a_model_that_fails_its_self_test_is_rolled_back(

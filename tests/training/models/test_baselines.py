@@ -32,6 +32,7 @@ from training.export import (
 from training.flatbuffer import read_graph
 from training.models import (
     BASELINE_KINDS,
+    AnyModelConfig,
     DLinearConfig,
     InformerConfig,
     ITransformerConfig,
@@ -44,7 +45,7 @@ from training.models import (
 from training.train import RunResult, TrainConfig, prepare_data, train
 
 N = 32
-CONFIGS = {
+CONFIGS: dict[str, AnyModelConfig] = {
     "linear": LinearConfig(),
     "nlinear": NLinearConfig(),
     "dlinear": DLinearConfig(),

@@ -1,0 +1,214 @@
+// TESLA calibration node: Arduino Nano 33 BLE Sense + Plantower PMS5003 on Serial1 (9600 8N1),
+// reporting to the gateway over USB (Serial, docs/serial-protocol.md) and receiving signed
+// model updates over the same line (docs/ota-protocol.md).
+//
+// Build with `make -C firmware arduino` (assembles this sketch with the portable core, the
+// board shims and the generated constants, then runs arduino-cli): see the README.
+#include <Arduino.h>
+#include <TensorFlowLite.h>
+#include <math.h>
+#include <new>
+
+#include "tensorflow/lite/micro/micro_interpreter.h"
+#include "tensorflow/lite/micro/micro_mutable_op_resolver.h"
+#include "tensorflow/lite/schema/schema_generated.h"
+
+#include "arduino_hardware.h"
+#include "src/line_protocol.h"
+#include "src/model_constants.h"
+#include "src/ota_receiver.h"
+#include "src/pms5003.h"
+#include "src/slots.h"
+#include "src/window.h"
+#if __has_include("src/release_key.h")
+#include "src/release_key.h"  // kReleasePublicKey, generated from the operator's .pub file
+#else
+#error "generate src/release_key.h: make -C firmware arduino RELEASE_KEY=keys/release_key.pub"
+#endif
+
+extern const unsigned char kModelData[];  // the default model, generated into model_data.cpp
+extern const unsigned int kModelDataSize;
+extern const unsigned char kModelDescriptor[];  // its signed descriptor bytes (88)
+
+namespace {
+
+constexpr char kNodeId[] = "node-1";  // change per node (readings are published under it)
+constexpr char kFirmwareVersion[] = "1.0.0";
+constexpr uint32_t kSlotBase = 0xE0000;   // last 128 KB of the 1 MB flash
+constexpr uint32_t kSlotBytes = 0xF000;   // 60 KB per slot
+constexpr float kSelfTestLevel = 20.0f;   // µg/m³, the known window of the self-test
+
+tesla::ArduinoFlash flash;
+tesla::ArduinoSignatureVerifier verifier;
+tesla::ArduinoStream gateway(true);
+tesla::ArduinoStream sensor_uart(false);
+tesla::SlotManager slots(flash, kSlotBase, kSlotBytes);
+const tesla::ReceiverProfile kProfile{tesla::model::kModelName, tesla::model::kWindowLength,
+                                      tesla::model::kArenaBytes, kReleasePublicKey};
+tesla::OtaReceiver* receiver = nullptr;
+alignas(tesla::OtaReceiver) uint8_t receiver_storage[sizeof(tesla::OtaReceiver)];
+
+alignas(16) uint8_t arena[tesla::model::kArenaBytes];
+tflite::MicroMutableOpResolver<tesla::model::kOpCount> resolver;
+alignas(tflite::MicroInterpreter) uint8_t interpreter_storage[sizeof(tflite::MicroInterpreter)];
+tflite::MicroInterpreter* interpreter = nullptr;
+tesla::ImageDescriptor active;
+
+float window_storage[tesla::model::kWindowLength];
+tesla::Window window(window_storage, tesla::model::kWindowLength,
+                     tesla::model::kMaxInterpolatedPeriods);
+float input_window[tesla::model::kWindowLength];
+tesla::LineReader gateway_lines;
+tesla::Pms5003Parser pms;
+char out[tesla::kMaxLineBytes + 1];
+uint32_t seq = 0;
+int64_t period = -1;
+uint32_t samples = 0;
+double sum_pm1 = 0, sum_pm2_5 = 0, sum_pm10 = 0;
+
+void send(size_t length) {
+  if (length > 0) gateway.write(reinterpret_cast<const uint8_t*>(out), length);
+}
+
+void send_hello() {
+  send(tesla::encode_hello(kNodeId, kFirmwareVersion, active.model_name, &active.model_version,
+                           out, sizeof(out)));
+}
+
+void send_status(tesla::OtaStatus code) {
+  send(tesla::encode_ota_status({uint8_t(code), 0}, out, sizeof(out)));
+}
+
+void register_ops() {
+#define TESLA_REGISTER_OP(op, method) resolver.Add##method();
+  TESLA_MODEL_OPS(TESLA_REGISTER_OP)
+#undef TESLA_REGISTER_OP
+}
+
+float invoke(const float* values) {
+  TfLiteTensor* input = interpreter->input(0);
+  for (uint32_t i = 0; i < tesla::model::kWindowLength; ++i) {
+    float q = roundf(values[i] / tesla::model::kInputScale) + tesla::model::kInputZeroPoint;
+    input->data.i16[i] = int16_t(q < -32768.f ? -32768.f : (q > 32767.f ? 32767.f : q));
+  }
+  if (interpreter->Invoke() != kTfLiteOk) return NAN;
+  TfLiteTensor* output = interpreter->output(0);
+  return (float(output->data.i16[0]) - tesla::model::kOutputZeroPoint) *
+         tesla::model::kOutputScale;
+}
+
+// Loads a slot into the interpreter and runs the self-test; false if the model is unusable.
+bool load_and_test(int slot) {
+  if (!slots.descriptor(slot, &active)) return false;
+  const tflite::Model* model = tflite::GetModel(slots.image(slot));
+  if (model->version() != TFLITE_SCHEMA_VERSION) return false;
+  if (interpreter != nullptr) interpreter->~MicroInterpreter();
+  interpreter = new (interpreter_storage)
+      tflite::MicroInterpreter(model, resolver, arena, sizeof(arena));
+  if (interpreter->AllocateTensors() != kTfLiteOk) return false;
+  TfLiteTensor* input = interpreter->input(0);
+  if (input->type != kTfLiteInt16 || input->bytes != 2 * tesla::model::kWindowLength) {
+    return false;
+  }
+  for (uint32_t i = 0; i < tesla::model::kWindowLength; ++i) input_window[i] = kSelfTestLevel;
+  float value = invoke(input_window);
+  return isfinite(value) && value >= 0.0f && value < 1000.0f;
+}
+
+void boot_model() {
+  if (!slots.load()) {
+    slots.install_factory(kModelDescriptor, kModelData, kModelDataSize);
+  }
+  int slot = slots.select_boot();
+  bool trial = slots.is_trial(slot);
+  if (load_and_test(slot)) {
+    if (trial) slots.confirm(slot);
+  } else if (trial) {
+    slots.reject(slot);  // back to the previous slot on the next boot
+    tesla::reboot();
+  } else {
+    while (true) delay(1000);  // no working model at all: never reached with a factory image
+  }
+}
+
+void report_period() {
+  if (samples == 0) return;
+  tesla::ReadingValues v;
+  v.has_pm1 = v.has_pm2_5 = v.has_pm10 = true;
+  v.pm1 = sum_pm1 / samples;
+  v.pm2_5 = sum_pm2_5 / samples;
+  v.pm10 = sum_pm10 / samples;
+  if (window.copy(input_window)) {
+    float calibrated = invoke(input_window);
+    if (isfinite(calibrated)) {
+      v.has_cal_pm10 = true;
+      v.cal_pm10 = calibrated;
+      v.has_model_version = true;
+      v.model_version = active.model_version;
+    }
+  }
+  send(tesla::encode_reading(kNodeId, seq++, -1.0, v, out, sizeof(out)));
+  samples = 0;
+  sum_pm1 = sum_pm2_5 = sum_pm10 = 0;
+}
+
+void on_gateway_line() {
+  tesla::LineView view;
+  if (tesla::parse_line(gateway_lines.line(), gateway_lines.length(), &view) !=
+      tesla::LineReject::kNone) {
+    return;  // the gateway resends after its timeout
+  }
+  if (view.type == 'Q') {
+    send_hello();
+  } else if (view.type == 'O') {
+    tesla::OtaAnswer answer{};
+    if (receiver->handle(view.fields, view.count, &answer)) {
+      send(tesla::encode_ota_status(answer, out, sizeof(out)));
+    } else if (receiver->stage_verified()) {
+      tesla::reboot();  // boot the new slot; its self-test decides active or rolled back
+    } else {
+      send_status(tesla::OtaStatus::kFlashError);
+    }
+  }
+}
+
+}  // namespace
+
+void setup() {
+  Serial.begin(115200);
+  Serial1.begin(9600);
+  flash.begin();
+  register_ops();
+  boot_model();
+  receiver = new (receiver_storage)
+      tesla::OtaReceiver(kProfile, verifier, slots, active.model_version);
+  switch (slots.take_outcome()) {
+    case tesla::SlotManager::Outcome::kConfirmed: send_status(tesla::OtaStatus::kActive); break;
+    case tesla::SlotManager::Outcome::kRolledBack:
+      send_status(tesla::OtaStatus::kRolledBack);
+      break;
+    default: break;
+  }
+  send_hello();
+}
+
+void loop() {
+  int byte;
+  while ((byte = gateway.read()) >= 0) {
+    if (gateway_lines.feed(uint8_t(byte))) on_gateway_line();
+  }
+  while ((byte = sensor_uart.read()) >= 0) {
+    if (pms.feed(uint8_t(byte)) != tesla::Pms5003Parser::Result::kFrame) continue;
+    int64_t now = int64_t(millis() / 1000u / tesla::model::kPeriodSeconds);
+    if (now != period) {
+      report_period();  // the period just closed
+      period = now;
+    }
+    const tesla::Pms5003Reading& r = pms.reading();
+    window.add(now, float(r.pm10));
+    sum_pm1 += r.pm1;
+    sum_pm2_5 += r.pm2_5;
+    sum_pm10 += r.pm10;
+    ++samples;
+  }
+}

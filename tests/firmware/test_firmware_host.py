@@ -1,0 +1,145 @@
+"""The firmware's portable C++ core: host tests on the shared vectors, and a Cortex-M4 build.
+
+No Arduino board exists here; the core is built with g++ (libsodium for Ed25519) and runs
+tests/vectors/*.json, the same files the Python tests run, then compiled with Debian's
+arm-none-eabi-g++ for the nRF52840's Cortex-M4F to measure its code and static RAM.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gateway.manifest import load_manifest
+from training.device_ops import ARDUINO_TFLM_OPS
+from training.firmware_constants import render_model_constants, resolver_method
+
+ROOT = Path(__file__).resolve().parents[2]
+FIRMWARE = ROOT / "firmware"
+VECTORS = ROOT / "tests" / "vectors"
+DEFAULT_MODEL = ROOT / "models" / "pm10-ispra-1min"
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+
+
+@pytest.fixture(scope="module")
+def build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("firmware-build")
+
+
+@pytest.fixture(scope="module")
+def host_binary(build_dir: Path) -> Path:
+    subprocess.run(
+        ["make", "-C", str(FIRMWARE), f"BUILD={build_dir}", f"{build_dir}/test_firmware"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return build_dir / "test_firmware"
+
+
+def _run(binary: Path, vectors: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(binary), str(vectors)], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_host_core_passes_the_shared_vectors(host_binary: Path) -> None:
+    result = _run(host_binary, VECTORS)
+    assert result.returncode == 0, result.stderr
+    checks = int(re.search(r"(\d+) checks, 0 failures", result.stdout).group(1))  # type: ignore[union-attr]
+    assert checks > 200
+
+
+def test_host_core_notices_a_vector_it_disagrees_with(host_binary: Path, tmp_path: Path) -> None:
+    """Proof the comparison is live: one changed expected answer makes the C++ side fail."""
+    shutil.copy(VECTORS / "line_protocol.json", tmp_path)
+    document = json.loads((VECTORS / "ota_protocol.json").read_text())
+    step = document["scenarios"][0]["steps"][1]
+    step["answer_hex"] = step["answer_hex"].replace("4f2c532c30", "4f2c532c32", 1)  # O,S,0 -> 2
+    document["status_codes"][3]["message"] = "changed on one side only"
+    (tmp_path / "ota_protocol.json").write_text(json.dumps(document))
+    result = _run(host_binary, tmp_path)
+    assert result.returncode == 1
+    assert "complete transfer step 2" in result.stderr
+    assert "message of 3" in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("arm-none-eabi-g++") is None, reason="no ARM toolchain")
+def test_core_builds_for_cortex_m4_and_fits(build_dir: Path, record_property: object) -> None:
+    result = subprocess.run(
+        ["make", "-C", str(FIRMWARE), f"BUILD={build_dir}", "size"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    totals = next(line for line in result.stdout.splitlines() if "(TOTALS)" in line).split()
+    text, data, bss = (int(value) for value in totals[:3])
+    print(f"cortex-m4 -Os portable core: code {text} B, data {data} B, bss {bss} B")
+    record_property("cortex_m4_code_bytes", text)  # type: ignore[operator]
+    record_property("cortex_m4_static_ram_bytes", data + bss)  # type: ignore[operator]
+    assert 0 < text < 16 * 1024  # the nRF52840 has 1 MB flash; the core must stay small
+    # The window (N floats) dominates the static RAM; 256 KB is shared with the model arena.
+    manifest = load_manifest(DEFAULT_MODEL)
+    assert bss >= 4 * manifest.window_length
+    assert data + bss < 8 * 1024
+
+
+def test_model_constants_header_is_generated_from_the_default_manifest() -> None:
+    manifest = load_manifest(DEFAULT_MODEL)
+    source = f"{DEFAULT_MODEL.name}/manifest.json (v{manifest.version})"
+    committed = (FIRMWARE / "src" / "model_constants.h").read_text(encoding="utf-8")
+    assert committed == render_model_constants(manifest, source), (
+        "regenerate: .venv/bin/python -m training firmware-constants "
+        "--model models/pm10-ispra-1min --out firmware/src/model_constants.h"
+    )
+
+
+@pytest.mark.parametrize("model", sorted(p.name for p in (ROOT / "models").iterdir()))
+def test_every_default_device_graph_runs_on_the_arduino_library(model: str) -> None:
+    manifest = load_manifest(ROOT / "models" / model)
+    ops = manifest.files["int8"].ops
+    assert set(ops) <= ARDUINO_TFLM_OPS
+    assert "BATCH_MATMUL" not in ops
+    header = render_model_constants(manifest, model)
+    registered = re.findall(r"^  X\(([A-Z0-9_]+), (\w+)\)", header, re.MULTILINE)
+    assert [op for op, _ in registered] == sorted(ops)
+    assert all(method == resolver_method(op) for op, method in registered)
+
+
+@pytest.mark.skipif(shutil.which("arm-none-eabi-g++") is None, reason="no ARM toolchain")
+def test_sketch_folder_is_assembled_with_generated_key_and_model(
+    build_dir: Path, tmp_path: Path
+) -> None:
+    """arduino-cli and the board are not here; the assembly and the generated sources are."""
+    from training.release import keygen
+
+    keys = keygen(tmp_path / "keys")
+    subprocess.run(
+        ["make", "-C", str(FIRMWARE), f"BUILD={build_dir}", "sketch",
+         f"RELEASE_KEY={keys.public_path}", f"PYTHON={ROOT / '.venv' / 'bin' / 'python'}"],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    sketch = build_dir / "sketch" / "tesla_node"
+    for name in ("tesla_node.ino", "arduino_flash.cpp", "arduino_signature.cpp", "model_data.cpp"):
+        assert (sketch / name).is_file(), name
+    key_header = (sketch / "src" / "release_key.h").read_text()
+    key = bytes.fromhex(keys.public_path.read_text())
+    assert ", ".join(f"0x{b:02x}" for b in key[:16]) in key_header
+    subprocess.run(
+        ["arm-none-eabi-g++", "-std=c++17", "-mcpu=cortex-m4", "-mthumb", "-Os", "-c",
+         str(sketch / "model_data.cpp"), "-o", str(tmp_path / "model_data.o")],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    size = subprocess.run(
+        ["arm-none-eabi-size", str(tmp_path / "model_data.o")],
+        check=True, capture_output=True, text=True,
+    ).stdout.splitlines()[1].split()  # fmt: skip
+    manifest = load_manifest(DEFAULT_MODEL)
+    assert int(size[0]) >= manifest.files["int8"].size_bytes + 88  # image + descriptor in flash

@@ -1,0 +1,124 @@
+"""The real daemon (``python -m gateway run``) with an ``[ota]`` section: one push updates the
+gateway's own model (installed, hot-reloaded) and a node on its serial port (relayed, activated).
+
+Real: the daemon process, mosquitto, the release tools, a pty as the node's USB serial port.
+Virtual: the Arduino (tests/support/virtual_node.py), since no board exists here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.gateway.io.helpers import collecting
+from tests.gateway.ota.harness import make_node
+from tests.support.mosquitto import Mosquitto
+from tests.support.pty_serial import PtySerial
+from tests.support.releases import ReleaseKit
+from training.release import push_release
+
+WAIT_S = 60.0  # generous bound for slow machines; never a timing assertion
+
+
+def _wait(condition: Callable[[], Any], what: str) -> Any:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _config(tmp_path: Path, broker: Mosquitto, model_dir: Path, port: Path, key: Path) -> Path:
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        f"""
+gateway_id = "gw-ota"
+state_dir = "{tmp_path / "state"}"
+[[models]]
+feature = "pm10"
+model_dir = "{model_dir}"
+[runtime]
+model_poll_s = 600
+[state]
+status_interval_s = 0.1
+[logging]
+format = "json"
+[[sources]]
+kind = "node"
+port = "{port}"
+reconnect_initial_s = 0.05
+reconnect_max_s = 0.2
+[publisher.broker]
+port = {broker.port}
+[ota]
+public_key_file = "{key}"
+ack_timeout_s = 1.0
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_one_push_updates_the_gateway_and_its_node(
+    release_kit: ReleaseKit, mosquitto: Mosquitto, pty_serial: PtySerial, tmp_path: Path
+) -> None:
+    model_dir = tmp_path / "pm10"
+    shutil.copytree(release_kit.source, model_dir)
+    new = release_kit.base_version + 7
+    config = _config(tmp_path, mosquitto, model_dir, pty_serial.path, release_kit.keys.public_path)
+    status_file = tmp_path / "state" / "status.json"
+    log = tmp_path / "daemon.log"
+    node = make_node(pty_serial, release_kit)
+
+    def status() -> dict[str, Any]:
+        if process.poll() is not None:
+            raise AssertionError(f"daemon exited:\n{log.read_text()[-4000:]}")
+        try:
+            return dict(json.loads(status_file.read_text()))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    with collecting(mosquitto, ["tesla/gw-ota/ota/#"]) as collector, log.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "run", "--config", str(config)],
+            stdout=out,
+            stderr=out,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        node.start()
+        try:
+            _wait(lambda: status().get("phase") == "running", "the daemon to run")
+            for target in ("gateway", "node"):
+                push_release(release_kit.release(new, target), mosquitto.host, mosquitto.port)
+            _wait(
+                lambda: status().get("models", {}).get("pm10", {}).get("version") == new,
+                "the gateway to serve the new model",
+            )
+            _wait(lambda: node.active_version == new, "the node to activate the new model")
+            _wait(
+                lambda: any(
+                    json.loads(p)["status"] == "active"
+                    for p in collector.on("tesla/gw-ota/ota/node/node-7")
+                ),
+                "the node's 'active' status on MQTT",
+            )
+            gateway_status = [json.loads(p) for p in collector.on("tesla/gw-ota/ota/gateway")]
+            assert gateway_status[-1]["status"] == "installed"
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=WAIT_S) == 0
+        finally:
+            node.stop()
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert [r for r in node.readings() if r.model_version == new and r.calibrated]
