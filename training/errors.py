@@ -6,7 +6,16 @@ input to fix (a data file, a configuration, a model).
 
 from __future__ import annotations
 
-__all__ = ["DataError", "ExportError", "ExportVerificationError", "TrainingError"]
+__all__ = [
+    "DataError",
+    "ExportError",
+    "ExportVerificationError",
+    "FeatureMismatchError",
+    "HoldoutError",
+    "NoPairsError",
+    "RetrainError",
+    "TrainingError",
+]
 
 
 class TrainingError(Exception):
@@ -23,3 +32,19 @@ class ExportError(TrainingError):
 
 class ExportVerificationError(ExportError):
     """An exported FlatBuffer disagrees with the Keras model or does not run where it must."""
+
+
+class NoPairsError(DataError):
+    """The recorded-pairs directory is missing or holds no complete row."""
+
+
+class FeatureMismatchError(DataError):
+    """Recorded pairs, a model and/or training data describe different features or grids."""
+
+
+class HoldoutError(DataError):
+    """Too few pairs to train before, or to score within, the held-back period."""
+
+
+class RetrainError(TrainingError):
+    """A retraining run cannot proceed as configured (champion, key or broker options)."""

@@ -9,6 +9,7 @@ from training.data.cleaning import CleaningReport, CleaningRules, clean
 from training.data.frame import CoLocationData, Feature, LoadCounts, tidy_frame
 from training.data.grid import GriddedSensor, to_grid
 from training.data.ispra import load_ispra
+from training.data.pairs import RecordedPairs, load_pairs, read_pairs
 from training.data.plain_csv import load_plain_csv
 from training.data.registry import DATASET_NAMES, default_data_dir, load_dataset
 from training.data.senseurcity import load_senseurcity
@@ -24,6 +25,7 @@ __all__ = [
     "Feature",
     "GriddedSensor",
     "LoadCounts",
+    "RecordedPairs",
     "SensorSplit",
     "WindowSet",
     "clean",
@@ -32,9 +34,11 @@ __all__ = [
     "load_antwerp",
     "load_dataset",
     "load_ispra",
+    "load_pairs",
     "load_plain_csv",
     "load_senseurcity",
     "paper_split",
+    "read_pairs",
     "tidy_frame",
     "to_grid",
 ]

@@ -26,7 +26,13 @@ from training.data.frame import (
 )
 from training.errors import DataError
 
-__all__ = ["PLAIN_CSV_ATTRIBUTION", "infer_period_seconds", "load_plain_csv"]
+__all__ = [
+    "PLAIN_CSV_ATTRIBUTION",
+    "infer_period_seconds",
+    "load_plain_csv",
+    "numeric_column",
+    "tidy_plain_table",
+]
 
 PLAIN_CSV_ATTRIBUTION = "user-supplied co-location data"
 
@@ -37,26 +43,7 @@ def load_plain_csv(
     """Read a plain co-location CSV; the period is the median spacing unless given."""
     path = Path(path)
     table = read_csv(path, dtype=dict.fromkeys((*REQUIRED_COLUMNS, *COVARIATES), "str"))
-    _check_header(path, list(table.columns))
-    covariates: dict[str, npt.NDArray[np.float64]] = {
-        name: _numeric(path, table, name) for name in COVARIATES if name in table.columns
-    }
-    sensor_ids = table["sensor_id"].astype("str").str.strip()
-    bad_ids = ~sensor_ids.str.fullmatch(SENSOR_ID_PATTERN.pattern).fillna(value=False)
-    if bad_ids.any():
-        position = int(bad_ids.to_numpy().argmax())
-        raise DataError(
-            f"{path}: line {position + 2}, column 'sensor_id': "
-            f"{table['sensor_id'].iloc[position]!r} is not a valid sensor id"
-            f" (must match {SENSOR_ID_PATTERN.pattern})"
-        )
-    frame = tidy_frame(
-        timestamp=parse_timestamps(path, table["timestamp"], "timestamp"),
-        sensor_id=sensor_ids,
-        raw=_numeric(path, table, "raw"),
-        reference=_numeric(path, table, "reference"),
-        covariates=covariates,
-    )
+    frame = tidy_plain_table(path, table)
     if frame.empty:
         raise DataError(f"{path}: no data rows after the header")
     period = period_seconds if period_seconds is not None else infer_period_seconds(frame, path)
@@ -68,6 +55,33 @@ def load_plain_csv(
         target="reference",
         attribution=PLAIN_CSV_ATTRIBUTION,
         load_counts=LoadCounts(rows_read=len(table)),
+    )
+
+
+def tidy_plain_table(path: Path, table: pd.DataFrame) -> pd.DataFrame:
+    """The tidy frame of a table read as text with the plain CSV columns (``path`` names errors).
+
+    Row ``k`` of ``table`` is reported as line ``k + 2`` of ``path`` (line 1 is the header).
+    """
+    _check_header(path, list(table.columns))
+    covariates: dict[str, npt.NDArray[np.float64]] = {
+        name: numeric_column(path, table, name) for name in COVARIATES if name in table.columns
+    }
+    sensor_ids = table["sensor_id"].astype("str").str.strip()
+    bad_ids = ~sensor_ids.str.fullmatch(SENSOR_ID_PATTERN.pattern).fillna(value=False)
+    if bad_ids.any():
+        position = int(bad_ids.to_numpy().argmax())
+        raise DataError(
+            f"{path}: line {position + 2}, column 'sensor_id': "
+            f"{table['sensor_id'].iloc[position]!r} is not a valid sensor id"
+            f" (must match {SENSOR_ID_PATTERN.pattern})"
+        )
+    return tidy_frame(
+        timestamp=parse_timestamps(path, table["timestamp"], "timestamp"),
+        sensor_id=sensor_ids,
+        raw=numeric_column(path, table, "raw"),
+        reference=numeric_column(path, table, "reference"),
+        covariates=covariates,
     )
 
 
@@ -111,7 +125,7 @@ def _check_header(path: Path, columns: list[str]) -> None:
         )
 
 
-def _numeric(path: Path, table: pd.DataFrame, column: str) -> npt.NDArray[np.float64]:
+def numeric_column(path: Path, table: pd.DataFrame, column: str) -> npt.NDArray[np.float64]:
     text = table[column].astype("str").str.strip()
     blank = table[column].isna() | (text == "")
     values = pd.to_numeric(text.where(~blank), errors="coerce")

@@ -12,6 +12,7 @@ from typing import Any
 from training.data.antwerp import load_antwerp
 from training.data.frame import CoLocationData
 from training.data.ispra import load_ispra
+from training.data.pairs import load_pairs
 from training.data.plain_csv import load_plain_csv
 from training.data.senseurcity import load_senseurcity
 from training.data.synthetic import generate_synthetic
@@ -65,6 +66,7 @@ _DATASETS: Mapping[str, tuple[_Loader, str | None, _Loader, frozenset[str]]] = M
         ),
         "senseurcity": (load_senseurcity, None, load_senseurcity, frozenset({"paths"})),
         "csv": (load_plain_csv, None, load_plain_csv, frozenset({"path"})),
+        "pairs": (load_pairs, None, load_pairs, frozenset({"path"})),
     }
 )
 DATASET_NAMES: tuple[str, ...] = (*_DATASETS, "synthetic")
