@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from gateway.errors import GatewayError, ModelIntegrityError, ModelLoadError
 from gateway.manifest import Manifest, load_manifest, verify_model_files
+from gateway.model_trust import ModelTrust
 from gateway.runtime import (
     DEFAULT_RUNTIME_PREFERENCE,
     BatchedInterpreter,
@@ -47,12 +48,14 @@ class Calibrator:
         runtime_name: RuntimeName,
         runtime_version: str,
         sha256: str,
+        trust: str = "sha256",
     ) -> None:
         self.model_dir = model_dir
         self.manifest = manifest
         self.runtime_name = runtime_name
         self.runtime_version = runtime_version
         self.sha256 = sha256
+        self.trust = trust  # how the directory was vouched for (gateway/model_trust.py)
         self.geometry = WindowGeometry.from_manifest(manifest)
         self._interpreter = interpreter
 
@@ -82,9 +85,11 @@ class Calibrator:
         runtime_preference: Sequence[RuntimeName] = DEFAULT_RUNTIME_PREFERENCE,
         *,
         num_threads: int | None = None,
+        trust: ModelTrust | None = None,
     ) -> Calibrator:
         """Validate and load a model directory; raise ManifestError/ModelIntegrityError/
-        ModelLoadError naming what is wrong."""
+        ModelLoadError naming what is wrong; ``trust`` is the signature rule of
+        gateway/model_trust.py (default: sha256, plus the signature when a key is given)."""
         manifest = load_manifest(model_dir)
         entry = manifest.files.get("float32")
         if entry is None:
@@ -97,6 +102,7 @@ class Calibrator:
                 f"{model_dir / entry.path}: batch is {entry.batch}, the gateway needs 'dynamic'"
             )
         verify_model_files(model_dir, manifest)
+        vouched = (trust or ModelTrust()).check(model_dir, manifest)
         try:
             content = (model_dir / entry.path).read_bytes()
         except OSError as exc:
@@ -120,6 +126,7 @@ class Calibrator:
             runtime_name=runtime.name,
             runtime_version=runtime.version,
             sha256=digest,
+            trust=vouched,
         )
         calibrator._check_signature(interpreter)
         calibrator._test_invoke()

@@ -92,10 +92,18 @@ def _check_config(config: GatewayConfig, *, check_models: bool) -> int:
     from gateway.calibrator import Calibrator
 
     failed = False
+    try:
+        trust = config.model_trust()
+    except GatewayError as exc:
+        print(f"  release key: REFUSED: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     for model in config.models:
         try:
             calibrator = Calibrator.load(
-                model.model_dir, config.runtime.preference, num_threads=config.runtime.num_threads
+                model.model_dir,
+                config.runtime.preference,
+                num_threads=config.runtime.num_threads,
+                trust=trust[model.feature],
             )
         except GatewayError as exc:
             failed = True
@@ -105,7 +113,7 @@ def _check_config(config: GatewayConfig, *, check_models: bool) -> int:
         print(
             f"  model {model.feature}: {manifest.name} v{manifest.version} "
             f"(N={manifest.window_length}, period {manifest.period_seconds}s) "
-            f"on {calibrator.runtime_name} {calibrator.runtime_version}"
+            f"on {calibrator.runtime_name} {calibrator.runtime_version}; {calibrator.trust}"
         )
     return EXIT_FAILURE if failed else EXIT_OK
 

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gateway.errors import ConfigError
 from gateway.logging import LogFormat, LogLevel
+from gateway.model_trust import ModelTrust, SignaturePolicy
 from gateway.ota.config import OtaConfig
 from gateway.publisher import PublisherConfig
 from gateway.readings import SENSOR_ID_PATTERN
@@ -74,6 +75,14 @@ class ModelConfig(_Section):
     feature: Feature = Field(description="Feature the model calibrates (one model per feature).")
     model_dir: Path = Field(
         description="Model directory (manifest.json + model.tflite); watched for new versions."
+    )
+    signature: SignaturePolicy = Field(
+        default="auto",
+        description=(
+            "'auto': a directory the daemon can write must hold a signed release.json that "
+            "verifies with [ota] public_key_file (when one is configured); 'required': always; "
+            "'off': sha256 only. See docs/deployment.md."
+        ),
     )
 
 
@@ -204,6 +213,23 @@ class GatewayConfig(_Section):
         if duplicates:
             raise ValueError(f"one model per feature; {duplicates} listed more than once")
         return value
+
+    @model_validator(mode="after")
+    def _signature_needs_key(self) -> GatewayConfig:
+        required = [m.feature for m in self.models if m.signature == "required"]
+        if required and self.ota is None:
+            raise ValueError(
+                f"models {required} have signature = 'required': add an [ota] section with "
+                "public_key_file"
+            )
+        return self
+
+    def model_trust(self) -> dict[str, ModelTrust]:
+        """The signature rule of each model slot (reads the release key file, if configured)."""
+        from gateway.ota.release import load_public_key
+
+        key = None if self.ota is None else load_public_key(self.ota.public_key_file)
+        return {m.feature: ModelTrust(m.signature, key) for m in self.models}
 
     @property
     def model_dirs(self) -> dict[str, Path]:

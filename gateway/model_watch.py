@@ -18,6 +18,7 @@ import structlog
 
 from gateway.calibrator import Calibrator
 from gateway.errors import GatewayError
+from gateway.model_trust import ModelTrust
 from gateway.runtime import DEFAULT_RUNTIME_PREFERENCE, RuntimeName
 
 __all__ = ["ModelRefusedError", "ModelSet", "ReloadOutcome", "ReloadResult"]
@@ -85,8 +86,10 @@ class ModelSet:
         runtime_preference: Sequence[RuntimeName] = DEFAULT_RUNTIME_PREFERENCE,
         *,
         num_threads: int | None = None,
+        trust: Mapping[str, ModelTrust] | None = None,
     ) -> None:
         self._slots = {feature: _Slot(model_dir=path) for feature, path in model_dirs.items()}
+        self._trust = dict(trust or {})
         self._preference = tuple(runtime_preference)
         self._num_threads = num_threads
         self._lock = threading.Lock()
@@ -120,7 +123,10 @@ class ModelSet:
         current = slot.calibrator
         try:
             candidate = Calibrator.load(
-                slot.model_dir, self._preference, num_threads=self._num_threads
+                slot.model_dir,
+                self._preference,
+                num_threads=self._num_threads,
+                trust=self._trust.get(feature),
             )
             self._check_candidate(feature, current, candidate)
         except GatewayError as exc:
@@ -156,6 +162,7 @@ class ModelSet:
             runtime=candidate.runtime_name,
             runtime_version=candidate.runtime_version,
             model_dir=str(slot.model_dir),
+            trust=candidate.trust,
         )
         return ReloadResult(feature, ReloadOutcome.LOADED, version=candidate.version)
 

@@ -183,6 +183,12 @@ class Publisher:
     def state_topic(self, sensor_id: str, feature: str) -> str:
         return f"{self.topic_prefix}/{sensor_id}/{feature}"
 
+    def sensor_topic(self, sensor_id: str, feature: str, kind: Literal["health", "drift"]) -> str:
+        """``<prefix>/<sensor>/<feature>/health`` or ``.../drift`` (docs/mqtt.md)."""
+        if not SENSOR_ID_PATTERN.fullmatch(sensor_id) or not SENSOR_ID_PATTERN.fullmatch(feature):
+            raise PublisherError(f"sensor {sensor_id!r} / feature {feature!r} cannot be a topic")
+        return f"{self.state_topic(sensor_id, feature)}/{kind}"
+
     # -- the non-blocking side -------------------------------------------------------------
 
     def submit(self, readings: Sequence[CalibratedReading]) -> None:
@@ -207,6 +213,26 @@ class Publisher:
                 )
             )
             self._known.setdefault((reading.sensor_id, reading.feature), None)
+        self._enqueue(messages)
+
+    def submit_documents(self, documents: Sequence[tuple[str, Mapping[str, object]]]) -> None:
+        """Queue retained JSON documents (health, drift: docs/mqtt.md) behind the readings.
+
+        Each topic must lie under this publisher's prefix (build it with :meth:`sensor_topic`).
+        """
+        if self._closed_counts is not None:
+            raise PublisherError("the publisher is closed; documents can no longer be queued")
+        messages: list[OutboxMessage] = []
+        for topic, document in documents:
+            if not topic.startswith(self.topic_prefix + "/"):
+                raise PublisherError(f"topic {topic!r} is not under {self.topic_prefix!r}")
+            payload = json.dumps(document, ensure_ascii=False, default=str).encode("utf-8")
+            messages.append(
+                OutboxMessage(topic=topic, payload=payload, qos=self._config.qos, retain=True)
+            )
+        self._enqueue(messages)
+
+    def _enqueue(self, messages: Sequence[OutboxMessage]) -> None:
         dropped = self._outbox.append(messages)
         if dropped:
             self._dropped += dropped

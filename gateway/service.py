@@ -113,7 +113,10 @@ class GatewayService:
         self._clock = clock
         self.rejects = RejectCounter()
         self.models = ModelSet(
-            config.model_dirs, config.runtime.preference, num_threads=config.runtime.num_threads
+            config.model_dirs,
+            config.runtime.preference,
+            num_threads=config.runtime.num_threads,
+            trust=config.model_trust(),
         )
         self.store = WindowStore()
         self.state = StateStore(config.state_dir, clock=clock)

@@ -1,7 +1,8 @@
 """Install a verified gateway release into a model directory so the hot reload picks it up.
 
 Every file is written to a temporary name in the same directory, fsynced, then renamed over the
-old one: FlatBuffers first, ``manifest.json`` last. A reader (the model watcher) therefore sees
+old one: FlatBuffers first, then ``release.json``, ``manifest.json`` last. A reader (the model
+watcher) therefore sees
 either the old model or, once the manifest lands, the new one; in between the new FlatBuffer
 with the old manifest fails its sha256 check and the serving model stays in service until the
 manifest arrives and the directory's fingerprint changes again.
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from gateway.manifest import MANIFEST_FILENAME
 from gateway.ota.errors import IncompatibleReleaseError, ReleaseInstallError, WrongTargetError
-from gateway.ota.release import VerifiedRelease
+from gateway.ota.release import RELEASE_FILENAME, VerifiedRelease
 
 __all__ = ["install_release"]
 
@@ -46,8 +47,12 @@ def install_release(release: VerifiedRelease, model_dir: Path, feature: str) -> 
     order = sorted(name for name in release.files if name != MANIFEST_FILENAME)
     try:
         model_dir.mkdir(parents=True, exist_ok=True)
-        for name in [*order, MANIFEST_FILENAME]:
+        for name in order:
             _write_atomic(model_dir, name, release.files[name])
+        # The signed release.json stays beside the model: a directory the daemon can write is
+        # trusted only through it (gateway/model_trust.py).
+        _write_atomic(model_dir, RELEASE_FILENAME, release.release_json)
+        _write_atomic(model_dir, MANIFEST_FILENAME, release.files[MANIFEST_FILENAME])
         directory = os.open(model_dir, os.O_RDONLY)
         try:
             os.fsync(directory)  # the renames themselves survive a power cut

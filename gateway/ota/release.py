@@ -121,6 +121,8 @@ class VerifiedRelease:
     metadata: ReleaseMetadata
     manifest: Manifest
     files: Mapping[str, bytes] = field(repr=False)
+    # release.json exactly as signed: installed beside the model so the load can re-verify it
+    release_json: bytes = field(default=b"", repr=False)
 
     @property
     def target(self) -> Target:
@@ -373,4 +375,9 @@ def verify_release(
             f"release {metadata.model} v{metadata.version} is not newer than the running "
             f"v{running_version}; publish a higher version or allow the downgrade explicitly"
         )
-    return VerifiedRelease(metadata=metadata, manifest=manifest, files=MappingProxyType(files))
+    return VerifiedRelease(
+        metadata=metadata,
+        manifest=manifest,
+        files=MappingProxyType(files),
+        release_json=canonical_json(document),
+    )

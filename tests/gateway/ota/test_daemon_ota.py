@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gateway.ota.install import install_release
+from gateway.ota.release import verify_release
 from tests.gateway.io.helpers import collecting
 from tests.gateway.ota.harness import make_node
 from tests.support.mosquitto import Mosquitto
@@ -73,7 +74,10 @@ def test_one_push_updates_the_gateway_and_its_node(
     release_kit: ReleaseKit, mosquitto: Mosquitto, pty_serial: PtySerial, tmp_path: Path
 ) -> None:
     model_dir = tmp_path / "pm10"
-    shutil.copytree(release_kit.source, model_dir)
+    # The daemon can write its OTA target, so it trusts it only through a signed release: the
+    # first model is installed the same way as every later one.
+    initial = release_kit.release(release_kit.base_version, "gateway")
+    install_release(verify_release(initial, release_kit.public_key, None), model_dir, "pm10")
     new = release_kit.base_version + 7
     config = _config(tmp_path, mosquitto, model_dir, pty_serial.path, release_kit.keys.public_path)
     status_file = tmp_path / "state" / "status.json"

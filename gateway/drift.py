@@ -1,0 +1,174 @@
+"""Rolling error of calibrated vs reference, and drift events with hysteresis (pure).
+
+For a sensor co-located with a reference station, every paired period with a calibrated value
+feeds :class:`RollingError`: the RMSE and MAE of the calibrated and of the raw values against the
+reference over the last ``window_pairs`` pairs. :class:`DriftDetector` raises a drift when the
+calibrated RMSE, over at least ``min_pairs`` pairs, exceeds the threshold, and clears it only once
+it falls below ``clear_fraction`` times the threshold (hysteresis: no flapping at the edge).
+
+The threshold is the smallest configured one of ``rmse_abs`` (µg/m³) and ``rmse_ratio`` times the
+model's test RMSE from its manifest; with neither configured, errors are tracked but no drift is
+ever raised.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Self
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "DriftChange",
+    "DriftConfig",
+    "DriftDetector",
+    "ErrorFigures",
+    "RollingError",
+    "drift_threshold",
+]
+
+
+class DriftConfig(BaseModel):
+    """``[drift]``: rolling error against a co-located reference and when it is drift."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    window_pairs: int = Field(
+        default=360, ge=2, le=1_000_000, description="Recent pairs the rolling error covers."
+    )
+    min_pairs: int = Field(
+        default=60, ge=1, description="Pairs needed before a drift can be raised or cleared."
+    )
+    rmse_abs: float | None = Field(
+        default=None, gt=0, description="Drift when the rolling RMSE exceeds this (µg/m³)."
+    )
+    rmse_ratio: float | None = Field(
+        default=2.0,
+        gt=0,
+        description="Drift when the rolling RMSE exceeds this times the manifest's test RMSE.",
+    )
+    clear_fraction: float = Field(
+        default=0.8,
+        gt=0,
+        lt=1,
+        description="A drift clears once the RMSE falls below this fraction of the threshold.",
+    )
+
+    @model_validator(mode="after")
+    def _min_within_window(self) -> Self:
+        if self.min_pairs > self.window_pairs:
+            raise ValueError(
+                f"min_pairs ({self.min_pairs}) cannot exceed window_pairs ({self.window_pairs})"
+            )
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorFigures:
+    """Errors over the recent pairs, in the feature's unit; NaN while there are none."""
+
+    pairs: int
+    rmse: float
+    mae: float
+    raw_rmse: float
+    raw_mae: float
+
+    def as_dict(self) -> dict[str, object]:
+        def clean(value: float) -> float | None:
+            return round(value, 4) if math.isfinite(value) else None
+
+        return {
+            "pairs": self.pairs,
+            "rmse": clean(self.rmse),
+            "mae": clean(self.mae),
+            "raw_rmse": clean(self.raw_rmse),
+            "raw_mae": clean(self.raw_mae),
+        }
+
+
+class RollingError:
+    """Errors of the last ``window`` (calibrated, raw) vs reference pairs, in a ring buffer."""
+
+    def __init__(self, window: int) -> None:
+        if window < 1:
+            raise ValueError(f"window must be at least 1, got {window}")
+        self._errors: npt.NDArray[np.float64] = np.zeros((2, window))  # [calibrated|raw, K]
+        self._count = 0
+        self._next = 0
+
+    def add(self, calibrated: float, raw: float, reference: float) -> None:
+        self._errors[0, self._next] = calibrated - reference
+        self._errors[1, self._next] = raw - reference
+        self._next = (self._next + 1) % self._errors.shape[1]
+        self._count = min(self._count + 1, self._errors.shape[1])
+
+    def reset(self) -> None:
+        self._count = 0
+        self._next = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def figures(self) -> ErrorFigures:
+        if not self._count:
+            nan = math.nan
+            return ErrorFigures(pairs=0, rmse=nan, mae=nan, raw_rmse=nan, raw_mae=nan)
+        errors = self._errors[:, : self._count]  # order does not matter for these figures
+        rmse = np.sqrt(np.mean(errors * errors, axis=1))
+        mae = np.mean(np.abs(errors), axis=1)
+        return ErrorFigures(
+            pairs=self._count,
+            rmse=float(rmse[0]),
+            mae=float(mae[0]),
+            raw_rmse=float(rmse[1]),
+            raw_mae=float(mae[1]),
+        )
+
+
+def drift_threshold(config: DriftConfig, test_rmse: float | None) -> float | None:
+    """The RMSE above which a drift is raised, or None when no threshold applies."""
+    candidates: list[float] = []
+    if config.rmse_abs is not None:
+        candidates.append(config.rmse_abs)
+    if config.rmse_ratio is not None and test_rmse is not None and test_rmse > 0:
+        candidates.append(config.rmse_ratio * test_rmse)
+    return min(candidates) if candidates else None
+
+
+class DriftChange(enum.StrEnum):
+    RAISED = "raised"
+    CLEARED = "cleared"
+    CONFIRMED_CLEAR = "confirmed_clear"  # first judgement after start: no drift (state unknown)
+
+
+class DriftDetector:
+    """The drift state of one (sensor, feature), with hysteresis."""
+
+    def __init__(self, config: DriftConfig) -> None:
+        self._config = config
+        self.active = False
+        self.judged = False  # a first judgement (min_pairs reached) was made in this run
+
+    def evaluate(self, figures: ErrorFigures, threshold: float | None) -> DriftChange | None:
+        """The state change these figures cause, if any.
+
+        The first judgement of a run is always reported (as RAISED or CONFIRMED_CLEAR), so a
+        retained drift message left by an earlier run is corrected.
+        """
+        if threshold is None or figures.pairs < self._config.min_pairs:
+            return None
+        first = not self.judged
+        self.judged = True
+        if not self.active and figures.rmse > threshold:
+            self.active = True
+            return DriftChange.RAISED
+        if self.active and figures.rmse < self._config.clear_fraction * threshold:
+            self.active = False
+            return DriftChange.CLEARED
+        if first and not self.active:
+            return DriftChange.CONFIRMED_CLEAR
+        return None
