@@ -22,14 +22,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway.drift import DriftConfig
 from gateway.errors import ConfigError
+from gateway.health import HealthConfig
 from gateway.logging import LogFormat, LogLevel
 from gateway.model_trust import ModelTrust, SignaturePolicy
 from gateway.ota.config import OtaConfig
+from gateway.pairs import PairsConfig
 from gateway.publisher import PublisherConfig
 from gateway.readings import SENSOR_ID_PATTERN
+from gateway.references import ReferenceConfig
 from gateway.runtime import DEFAULT_RUNTIME_PREFERENCE, RuntimeName
 from gateway.sources.mqtt_source import MqttSourceConfig
 from gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig
@@ -40,6 +44,7 @@ __all__ = [
     "LoggingConfig",
     "ModelConfig",
     "MqttSourceEntry",
+    "ReferenceConfig",
     "RuntimeConfig",
     "SensorPolicy",
     "SourceConfig",
@@ -204,6 +209,19 @@ class GatewayConfig(_Section):
     ota: OtaConfig | None = Field(
         default=None, description="Signed over-the-air model updates; omit to disable."
     )
+    health: HealthConfig = Field(
+        default_factory=HealthConfig, description="Per-sensor health signals (no reference)."
+    )
+    references: list[ReferenceConfig] = Field(
+        default_factory=list,
+        description="Co-located reference stations on MQTT: pairs dataset and rolling error.",
+    )
+    pairs: PairsConfig = Field(
+        default_factory=PairsConfig, description="How reference pairs are formed and recorded."
+    )
+    drift: DriftConfig = Field(
+        default_factory=DriftConfig, description="Rolling error vs reference and drift events."
+    )
 
     @field_validator("models")
     @classmethod
@@ -213,6 +231,28 @@ class GatewayConfig(_Section):
         if duplicates:
             raise ValueError(f"one model per feature; {duplicates} listed more than once")
         return value
+
+    @model_validator(mode="after")
+    def _references_consistent(self) -> GatewayConfig:
+        names = [reference.name for reference in self.references]
+        if len(set(names)) != len(names):
+            raise ValueError(f"references: names must be unique, got {names}")
+        features = {model.feature for model in self.models}
+        placed: dict[tuple[str, str], str] = {}
+        for reference in self.references:
+            if reference.feature not in features:
+                raise ValueError(
+                    f"references: {reference.name} measures {reference.feature}, "
+                    f"but no model calibrates it (models: {sorted(features)})"
+                )
+            for sensor_id in reference.colocated_with:
+                other = placed.setdefault((sensor_id, reference.feature), reference.name)
+                if other != reference.name:
+                    raise ValueError(
+                        f"references: sensor {sensor_id} is co-located with both {other} and "
+                        f"{reference.name} for {reference.feature}; keep one"
+                    )
+        return self
 
     @model_validator(mode="after")
     def _signature_needs_key(self) -> GatewayConfig:

@@ -27,14 +27,16 @@ from gateway import __version__
 from gateway.config import GatewayConfig, MqttSourceEntry
 from gateway.errors import GatewayError, ModelLoadError
 from gateway.model_watch import ModelSet, ReloadOutcome
+from gateway.monitoring import ModelInfo, Monitor, SensorDocument
 from gateway.ota.config import OtaConfig
 from gateway.ota.service import OtaService
 from gateway.outbox import OutboxError
 from gateway.publisher import Publisher, PublisherError
 from gateway.readings import Reading, RejectReason
+from gateway.references import ReferenceConfig
 from gateway.rejects import RejectCounter
 from gateway.sd_notify import SdNotifier
-from gateway.sources.mqtt_source import MqttSource
+from gateway.sources.mqtt_source import MqttSource, MqttSourceConfig
 from gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig, SerialSource
 from gateway.state import StateStore
 from gateway.ticker import Ticker
@@ -135,6 +137,17 @@ class GatewayService:
         self._sensor_ids: set[str] = set()  # bounded by sensors.max_sensors
         self._serial_source: SerialSource | None = None
         self.ota: OtaService | None = None
+        self.reference_rejects = RejectCounter()
+        self._reference_sources: dict[str, MqttSource] = {}
+        self.monitor = Monitor(
+            health=config.health,
+            drift=config.drift,
+            pairs=config.pairs,
+            references=config.references,
+            state_dir=config.state_dir,
+            model_info=self._model_info,
+            now=clock(),
+        )
 
     # -- control ----------------------------------------------------------------------------
 
@@ -173,6 +186,7 @@ class GatewayService:
             for signum in handled:
                 loop.remove_signal_handler(signum)
             self._phase = "stopped"
+            self.monitor.close()  # fsync the pairs dataset
             self.state.save_all(self.store)  # also after a crash: keep what we have
             self._write_status()
             self.config.pid_file.unlink(missing_ok=True)
@@ -218,12 +232,25 @@ class GatewayService:
         assert self._stop is not None
         queue: asyncio.Queue[Reading] = asyncio.Queue(maxsize=_QUEUE_BOUND)
         sources = self._make_sources()
+        references = self._make_references()
         if self.config.ota is not None:
             self.ota = self._make_ota(self.config.ota)  # a bad key file fails here, at start
         async with asyncio.TaskGroup() as group:
             publisher_task = group.create_task(publisher.run(), name="publisher")
             source_tasks: list[asyncio.Task[None]] = [
                 group.create_task(run(queue, self.rejects), name=name) for name, run in sources
+            ]
+            for name, (run, reference_queue) in references.items():
+                source_tasks.append(
+                    group.create_task(
+                        run(reference_queue, self.reference_rejects), name=f"reference-{name}"
+                    )
+                )
+            reference_tasks = [
+                group.create_task(
+                    self._reference_loop(name, reference_queue), name=f"reference-{name}-in"
+                )
+                for name, (_, reference_queue) in references.items()
             ]
             ingest_task = group.create_task(self._ingest_loop(queue), name="ingest")
             tick_task = group.create_task(self._tick_loop(publisher), name="tick")
@@ -250,9 +277,12 @@ class GatewayService:
             self._phase = "stopping"
             self.notifier.stopping("stopping: flushing windows and outbox")
             await _cancel_and_wait(source_tasks)
-            await _cancel_and_wait([ingest_task])
+            await _cancel_and_wait([ingest_task, *reference_tasks])
             while not queue.empty():
                 self._ingest(queue.get_nowait())
+            for name, (_, reference_queue) in references.items():
+                while not reference_queue.empty():
+                    self._observe_reference(name, reference_queue.get_nowait())
             await _cancel_and_wait([tick_task])
             await self._tick_once(publisher)
             await _cancel_and_wait(helpers)
@@ -275,6 +305,32 @@ class GatewayService:
             made.append(("serial-sources", self._serial_source.run))
         return made
 
+    def _make_references(self) -> dict[str, tuple[_SourceRun, asyncio.Queue[Reading]]]:
+        """One MQTT subscription per reference station (by name), each with its own queue."""
+        made: dict[str, tuple[_SourceRun, asyncio.Queue[Reading]]] = {}
+        for reference in self.config.references:
+            mqtt = MqttSource(
+                _reference_source_config(reference, self.config.gateway_id),
+                gateway_id=self.config.gateway_id,
+                clock=self._clock,
+            )
+            self._reference_sources[reference.name] = mqtt
+            made[reference.name] = (mqtt.run, asyncio.Queue(maxsize=_QUEUE_BOUND))
+        return made
+
+    def _model_info(self, feature: str) -> ModelInfo | None:
+        calibrator = self.models.get(feature)
+        if calibrator is None:
+            return None
+        manifest = calibrator.manifest
+        return ModelInfo(
+            name=manifest.name,
+            version=manifest.version,
+            period_seconds=manifest.period_seconds,
+            input_range=manifest.input_range,
+            test_rmse=manifest.test.model.rmse,
+        )
+
     def _make_ota(self, config: OtaConfig) -> OtaService:
         def running_version(feature: str) -> int | None:
             calibrator = self.models.get(feature)
@@ -292,6 +348,15 @@ class GatewayService:
         )
 
     # -- loops ------------------------------------------------------------------------------
+
+    async def _reference_loop(self, name: str, queue: asyncio.Queue[Reading]) -> None:
+        while True:
+            self._observe_reference(name, await queue.get())
+
+    def _observe_reference(self, name: str, reading: Reading) -> None:
+        documents = self.monitor.observe_reference(name, reading, self._clock())
+        if documents and self.publisher is not None:
+            self._submit_documents(self.publisher, documents)
 
     async def _ingest_loop(self, queue: asyncio.Queue[Reading]) -> None:
         while True:
@@ -321,7 +386,7 @@ class GatewayService:
                 )
                 return
             self._sensor_ids.add(reading.sensor_id)
-        self.ticker.ingest(reading)
+        self.monitor.observe_reading(reading, self.ticker.ingest(reading))
         if self.ticker.has_closed_periods and self._tick_wanted is not None:
             self._tick_wanted.set()
 
@@ -338,13 +403,31 @@ class GatewayService:
     async def _tick_once(self, publisher: Publisher) -> None:
         readings = await self.ticker.tick()
         self._tick_beat = time.monotonic()
-        if not readings:
+        now = self._clock()
+        documents = self.monitor.observe_tick(readings, now) if readings else []
+        documents += self.monitor.poll(now)
+        if readings:
+            try:
+                publisher.submit(readings)
+            except (OutboxError, PublisherError) as exc:
+                self._publish_failures += len(readings)
+                _log.error("publish_submit_failed", readings=len(readings), error=str(exc))
+        self._submit_documents(publisher, documents)
+
+    def _submit_documents(self, publisher: Publisher, documents: list[SensorDocument]) -> None:
+        """Health and drift documents go through the outbox like the readings."""
+        if not documents:
             return
         try:
-            publisher.submit(readings)
+            publisher.submit_documents(
+                [
+                    (publisher.sensor_topic(d.sensor_id, d.feature, d.kind), d.document)
+                    for d in documents
+                ]
+            )
         except (OutboxError, PublisherError) as exc:
-            self._publish_failures += len(readings)
-            _log.error("publish_submit_failed", readings=len(readings), error=str(exc))
+            self._publish_failures += len(documents)
+            _log.error("publish_submit_failed", documents=len(documents), error=str(exc))
 
     async def _watch_loop(self) -> None:
         assert self._reload is not None
@@ -421,6 +504,11 @@ class GatewayService:
             "mqtt_other_shard": {
                 name: source.other_shard for name, source in self._mqtt_sources.items()
             },
+            "references_connected": {
+                name: source.connected for name, source in self._reference_sources.items()
+            },
+            "references_rejected": self.reference_rejects.snapshot(),
+            **self.monitor.stats(),
         }
 
     def _status_line(self) -> str:
@@ -446,6 +534,12 @@ class GatewayService:
             write_json_atomic(self.config.status_file, document)
         except OSError as exc:
             _log.error("status_write_failed", path=str(self.config.status_file), error=str(exc))
+
+
+def _reference_source_config(reference: ReferenceConfig, gateway_id: str) -> MqttSourceConfig:
+    """The reference's subscription, with a client id of its own (never the sensors' one)."""
+    client_id = reference.mqtt.client_id or f"tesla-gateway-{gateway_id}-ref-{reference.name}"
+    return reference.mqtt.model_copy(update={"client_id": client_id[:64]})
 
 
 async def _cancel_and_wait(tasks: list[asyncio.Task[None]]) -> None:
