@@ -6,9 +6,9 @@ reference over the last ``window_pairs`` pairs. :class:`DriftDetector` raises a 
 calibrated RMSE, over at least ``min_pairs`` pairs, exceeds the threshold, and clears it only once
 it falls below ``clear_fraction`` times the threshold (hysteresis: no flapping at the edge).
 
-The threshold is the smallest configured one of ``rmse_abs`` (µg/m³) and ``rmse_ratio`` times the
-model's test RMSE from its manifest; with neither configured, errors are tracked but no drift is
-ever raised.
+The threshold is the smaller of ``rmse_abs`` (µg/m³) and ``rmse_ratio`` times the model's test
+RMSE from its manifest, each ignored when 0; with both 0, errors are tracked and published but no
+drift is ever raised.
 """
 
 from __future__ import annotations
@@ -43,13 +43,18 @@ class DriftConfig(BaseModel):
     min_pairs: int = Field(
         default=60, ge=1, description="Pairs needed before a drift can be raised or cleared."
     )
-    rmse_abs: float | None = Field(
-        default=None, gt=0, description="Drift when the rolling RMSE exceeds this (µg/m³)."
+    rmse_abs: float = Field(
+        default=0.0,
+        ge=0,
+        description="Drift when the rolling RMSE exceeds this (µg/m³); 0: not used.",
     )
-    rmse_ratio: float | None = Field(
+    rmse_ratio: float = Field(
         default=2.0,
-        gt=0,
-        description="Drift when the rolling RMSE exceeds this times the manifest's test RMSE.",
+        ge=0,
+        description=(
+            "Drift when the rolling RMSE exceeds this times the model's test RMSE (manifest); "
+            "0: not used."
+        ),
     )
     clear_fraction: float = Field(
         default=0.8,
@@ -132,9 +137,9 @@ class RollingError:
 def drift_threshold(config: DriftConfig, test_rmse: float | None) -> float | None:
     """The RMSE above which a drift is raised, or None when no threshold applies."""
     candidates: list[float] = []
-    if config.rmse_abs is not None:
+    if config.rmse_abs > 0:
         candidates.append(config.rmse_abs)
-    if config.rmse_ratio is not None and test_rmse is not None and test_rmse > 0:
+    if config.rmse_ratio > 0 and test_rmse is not None and test_rmse > 0:
         candidates.append(config.rmse_ratio * test_rmse)
     return min(candidates) if candidates else None
 

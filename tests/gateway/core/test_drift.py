@@ -52,11 +52,12 @@ def test_reset_forgets_the_pairs() -> None:
 
 
 def test_threshold_is_the_smallest_configured() -> None:
-    assert drift_threshold(DriftConfig(rmse_abs=None, rmse_ratio=2.0), 4.0) == 8.0
+    assert drift_threshold(DriftConfig(rmse_abs=0, rmse_ratio=2.0), 4.0) == 8.0
     assert drift_threshold(DriftConfig(rmse_abs=5.0, rmse_ratio=2.0), 4.0) == 5.0
     assert drift_threshold(DriftConfig(rmse_abs=10.0, rmse_ratio=2.0), 4.0) == 8.0
     assert drift_threshold(DriftConfig(rmse_abs=10.0, rmse_ratio=2.0), None) == 10.0
-    assert drift_threshold(DriftConfig(rmse_abs=None, rmse_ratio=None), 4.0) is None
+    assert drift_threshold(DriftConfig(rmse_abs=10.0, rmse_ratio=0), 4.0) == 10.0
+    assert drift_threshold(DriftConfig(rmse_abs=0, rmse_ratio=0), 4.0) is None
 
 
 def test_config_rejects_min_pairs_above_the_window() -> None:

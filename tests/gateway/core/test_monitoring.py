@@ -94,7 +94,7 @@ def test_health_is_published_on_a_flag_change_and_by_interval(tmp_path: Path) ->
 
 
 def test_pairs_are_recorded_and_drift_is_raised_then_cleared(tmp_path: Path) -> None:
-    mon = monitor(tmp_path, rmse_abs=5.0, rmse_ratio=None)
+    mon = monitor(tmp_path, rmse_abs=5.0, rmse_ratio=0)
     rng = np.random.default_rng(0)
     truth = rng.uniform(10, 60, 40)
     documents: list[SensorDocument] = []
@@ -146,7 +146,7 @@ def test_pairs_are_recorded_and_drift_is_raised_then_cleared(tmp_path: Path) -> 
 
 
 def test_relative_threshold_uses_the_manifest_test_rmse(tmp_path: Path) -> None:
-    mon = monitor(tmp_path, rmse_abs=None, rmse_ratio=3.0)  # 3 x 2.0 = 6.0
+    mon = monitor(tmp_path, rmse_abs=0, rmse_ratio=3.0)  # 3 x 2.0 = 6.0
     documents: list[SensorDocument] = []
     for period in range(8):
         documents += mon.observe_reference("ref", reference(period, 20.0), now=0.0)
