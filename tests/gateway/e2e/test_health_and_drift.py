@@ -261,7 +261,7 @@ def test_pairs_health_and_drift_end_to_end(
             "stuck-1 flagged stuck",
         )
         assert stuck["ok"] is False and stuck["stuck_periods"] >= 5
-        track = wait_for(
+        track_health = wait_for(
             lambda: latest_where(
                 calibrated,
                 f"{PREFIX}/co-track/pm10/health",
@@ -269,9 +269,9 @@ def test_pairs_health_and_drift_end_to_end(
             ),
             "co-track health with its rolling error",
         )
-        assert track["ok"] is True and track["flags"] == []
-        assert track["reference"]["drift"] is False
-        assert track["reference"]["rmse"] < track["reference"]["threshold"]
+        assert track_health["ok"] is True and track_health["flags"] == []
+        assert track_health["reference"]["drift"] is False
+        assert track_health["reference"]["rmse"] < track_health["reference"]["threshold"]
         drift_health = wait_for(
             lambda: latest_where(
                 calibrated, f"{PREFIX}/co-drift/pm10/health", lambda d: "drift" in d["flags"]
