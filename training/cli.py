@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gateway.errors import GatewayError
+from training import retrain_cli
+from training.bench import cli as bench_cli
 from training.errors import TrainingError
 
 __all__ = ["main"]
@@ -251,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_evaluate(sub)
     _add_defaults(sub)
     _add_release_commands(sub)
+    bench_cli.add_parser(sub)
+    retrain_cli.add_parser(sub)
     return parser
 
 
@@ -265,6 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "release": _release,
         "push": _push,
         "firmware-constants": _firmware_constants,
+        "bench": bench_cli.run,
+        "retrain": retrain_cli.run,
     }
     try:
         return handlers[args.command](args)

@@ -1,0 +1,1106 @@
+"""Champion/challenger retraining from the pairs a gateway recorded beside a reference.
+
+``retrain(config, out_dir)``:
+
+1. reads the champion model directory (its manifest fixes N, period, channels, architecture and
+   version) and the recorded pairs of its feature;
+2. holds back the most recent part of the pairs (a duration or a share of the recorded periods);
+   the periods before it train the challenger, their most recent share selects its epoch;
+3. trains the challenger: fine-tuned from the champion's Keras model when its run directory is
+   given, else built fresh with the champion's architecture, on the pairs (and the original
+   training data, when given);
+4. scores champion and challenger on the held-back period through the evaluate path (their float
+   FlatBuffers under LiteRT, as the gateway runs them) on the same windows;
+5. accepts the challenger only if its RMSE beats the champion's by the configured margin; then
+   exports it with the champion's version + 1, signs a release (given a key) and pushes it
+   (given a broker).
+
+Every input, figure and decision goes to ``report.json`` and ``report.md`` in the output
+directory, also when the challenger is rejected or the run fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import keras
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from gateway.errors import GatewayError
+from gateway.manifest import (
+    DataSummary,
+    ErrorMetrics,
+    InputRange,
+    Manifest,
+    ModelFile,
+    Precision,
+    TestMetrics,
+    load_manifest,
+    sha256_file,
+    verify_model_files,
+    write_manifest,
+)
+from gateway.series import GapPolicy
+from training.data import (
+    CleaningReport,
+    CoLocationData,
+    GriddedSensor,
+    RecordedPairs,
+    WindowSet,
+    clean,
+    load_dataset,
+    read_pairs,
+    to_grid,
+)
+from training.data.frame import unix_seconds
+from training.errors import (
+    FeatureMismatchError,
+    HoldoutError,
+    RetrainError,
+    TrainingError,
+)
+from training.evaluate import Evaluation, evaluate_model_dir, model_channels
+from training.export import FLOAT_FILENAME, convert_float, export_flatbuffers, litert_predict
+from training.metrics import LinearCalibration, error_metrics
+from training.models import ModelConfig, build_model
+from training.retrain_report import write_report
+from training.train import TrainConfig, WindowBatches, load_run, predict_windows
+
+__all__ = [
+    "REPORT_JSON",
+    "REPORT_MD",
+    "HoldBack",
+    "PushTarget",
+    "RetrainConfig",
+    "RetrainResult",
+    "decide",
+    "retrain",
+]
+
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+REPRESENTATIVE_WINDOWS = 1000
+REPRESENTATIVE_PEAKS = 100
+CHECK_WINDOWS = 512
+RUN_MATCH_TOLERANCE = 1e-3  # champion run vs champion FlatBuffer, relative to the output scale
+_TRAINING_KEYS = frozenset(
+    {
+        "epochs",
+        "batch_size",
+        "learning_rate",
+        "seed",
+        "epochs_run",
+        "retrain_mode",
+        "retrained_from",
+    }
+)
+_SCORED = ("raw", "linear", "champion", "challenger")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+Mode = Literal["auto", "finetune", "fresh"]
+
+
+class HoldBack(BaseModel):
+    """The most recent part of the pairs: kept out of training, used to compare the models.
+
+    Written ``12h``, ``7d``, ``90m``, ``3600s`` (a duration ending at the last recorded period)
+    or ``0.2`` / ``20%`` (that share of the recorded periods, the most recent ones).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["duration", "fraction"]
+    value: float = Field(gt=0, description="Seconds for a duration, a share in (0, 1) otherwise.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_text(cls, data: Any) -> Any:
+        if not isinstance(data, str | int | float) or isinstance(data, bool):
+            return data
+        text = str(data).strip()
+        duration = _DURATION.match(text)
+        if duration is not None:
+            return {
+                "kind": "duration",
+                "value": float(duration.group(1)) * _UNIT_SECONDS[duration.group(2)],
+            }
+        share = text.removesuffix("%")
+        try:
+            value = float(share) / (100.0 if share != text else 1.0)
+        except ValueError:
+            raise ValueError(
+                f"held-back period {text!r}: write a duration (12h, 7d, 90m, 3600s) or a share "
+                "of the recorded periods (0.2 or 20%)"
+            ) from None
+        return {"kind": "fraction", "value": value}
+
+    @model_validator(mode="after")
+    def _share_below_one(self) -> HoldBack:
+        if self.kind == "fraction" and not 0 < self.value < 1:
+            raise ValueError(f"a held-back share must lie in (0, 1), got {self.value}")
+        return self
+
+    def describe(self) -> str:
+        if self.kind == "fraction":
+            return f"the most recent {self.value:.0%} of the recorded periods"
+        return f"the last {_duration_text(self.value)} of pairs"
+
+
+class PushTarget(BaseModel):
+    """Where an accepted, signed release is published (as ``tesla-train push`` does)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field(min_length=1)
+    port: int = Field(ge=1, le=65535)
+    topic_prefix: str = Field(default="tesla/releases", min_length=1)
+    username: str | None = None
+    password_file: Path | None = Field(default=None, description="First line is the password.")
+    ca_file: Path | None = Field(default=None, description="CA bundle: connect with TLS.")
+
+
+class RetrainConfig(BaseModel):
+    """One retraining run; defaults keep the champion's configuration."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    champion: Path = Field(description="Model directory in service (manifest.json + FlatBuffers).")
+    pairs: Path = Field(description="<state_dir>/pairs/<feature> of the gateway (or a copy).")
+    champion_run: Path | None = Field(
+        default=None, description="The champion's training run directory: enables fine-tuning."
+    )
+    mode: Mode = Field(
+        default="auto",
+        description="finetune (needs champion_run), fresh, or auto (finetune when possible).",
+    )
+    dataset: str | None = Field(
+        default=None, description="Original training data (registry name) trained on as well."
+    )
+    data_path: Path | None = Field(default=None, description="Folder or file for 'dataset'.")
+    dataset_options: dict[str, int | float | str] = Field(default_factory=dict)
+    holdout: HoldBack = Field(default_factory=lambda: HoldBack.model_validate("0.25"))
+    validation_fraction: float = Field(
+        default=0.2,
+        ge=0.0,
+        lt=1.0,
+        description="Most recent share of the training pairs that selects the epoch; 0: none.",
+    )
+    margin: float = Field(
+        default=0.05,
+        ge=0.0,
+        lt=1.0,
+        description="The challenger's RMSE must be at most (1 - margin) x the champion's.",
+    )
+    min_improvement: float = Field(
+        default=0.0, ge=0.0, description="... and at least this much lower, in the feature's unit."
+    )
+    min_holdout_windows: int = Field(default=30, ge=1)
+    min_train_windows: int = Field(default=30, ge=1)
+    epochs: int = Field(default=10, ge=1)
+    batch_size: int | None = Field(default=None, ge=1, description="Default: the champion's.")
+    learning_rate: float | None = Field(default=None, gt=0, description="Default: the champion's.")
+    early_stopping_patience: int = Field(default=3, ge=1)
+    seed: int = 0
+    pairs_weight: int = Field(
+        default=1, ge=1, description="Each pairs window is seen this many times per epoch."
+    )
+    max_original_windows: int | None = Field(
+        default=None, ge=1, description="Cap on original-data windows (random subset)."
+    )
+    model: ModelConfig | None = Field(
+        default=None, description="Another architecture for a fresh challenger."
+    )
+    window_length: int | None = Field(default=None, ge=1, description="Another N (fresh only).")
+    name: str | None = Field(default=None, description="Model name; default: the champion's.")
+    key: Path | None = Field(default=None, description="Private key: sign an accepted challenger.")
+    target: Literal["gateway", "node"] = "gateway"
+    push: PushTarget | None = Field(default=None, description="Publish the signed release here.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RetrainConfig:
+        if self.push is not None and self.key is None:
+            raise ValueError("pushing needs a signed release: give the private key too")
+        if self.mode == "finetune" and self.champion_run is None:
+            raise ValueError("mode 'finetune' needs the champion's run directory (champion_run)")
+        if self.mode == "finetune" and (self.model is not None or self.window_length is not None):
+            raise ValueError("another model or window length needs mode 'fresh'")
+        if self.data_path is not None and self.dataset is None:
+            raise ValueError("data_path without dataset: name the original dataset")
+        return self
+
+
+@dataclass(frozen=True)
+class RetrainResult:
+    decision: Literal["accepted", "rejected"]
+    reason: str
+    out_dir: Path
+    report: dict[str, Any]
+    model_dir: Path | None
+    release_dir: Path | None
+    topic: str | None
+
+    @property
+    def accepted(self) -> bool:
+        return self.decision == "accepted"
+
+
+@dataclass(frozen=True)
+class _Periods:
+    """Unix-second boundaries: training < validation_start <= validation < holdout_start."""
+
+    validation_start: float
+    holdout_start: float
+    first: float
+    last: float
+
+    def as_json(self) -> dict[str, str | None]:
+        has_validation = self.validation_start < self.holdout_start
+        return {
+            "training": f"{_iso(self.first)}/{_iso(self.validation_start)}",
+            "validation": (
+                f"{_iso(self.validation_start)}/{_iso(self.holdout_start)}"
+                if has_validation
+                else None
+            ),
+            "held_back": f"{_iso(self.holdout_start)}/{_iso(self.last)}",
+        }
+
+
+@dataclass(frozen=True)
+class _TrainingSets:
+    train: WindowSet  # pairs sensors first, then the original data's
+    indices: npt.NDArray[np.int64]  # windows of one epoch (pairs repeated pairs_weight times)
+    pairs_windows: int
+    validation: WindowSet | None
+    counts: dict[str, int]
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    champion: Manifest
+    channels: tuple[str, ...]
+    pairs: RecordedPairs
+    cleaning: CleaningReport
+    periods: _Periods
+    window_length: int
+    holdout: WindowSet
+    original: CoLocationData | None
+    sets: _TrainingSets
+
+
+@dataclass(frozen=True)
+class _Challenger:
+    model: keras.Model
+    model_config: Any  # one of training.models' configs
+    mode: Literal["finetune", "fresh"]
+    batch_size: int
+    learning_rate: float
+    history: dict[str, list[float]]
+    validation: ErrorMetrics
+    linear: LinearCalibration
+
+    @property
+    def epochs_run(self) -> int:
+        return len(self.history.get("loss", []))
+
+
+@dataclass
+class _Comparison:
+    scores: dict[str, ErrorMetrics]  # raw, linear, champion, challenger
+    per_sensor: dict[str, dict[str, ErrorMetrics]]
+    predictions: pd.DataFrame
+    evaluated_sha256: str
+    recorded: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return self.scores["champion"].n
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            **{name: metrics.model_dump() for name, metrics in self.scores.items()},
+            "n": self.n,
+            "per_sensor": {
+                sensor: {name: m.model_dump() for name, m in scores.items()}
+                for sensor, scores in self.per_sensor.items()
+            },
+            "recorded_by_gateway": self.recorded,
+        }
+
+
+def decide(
+    champion_rmse: float, challenger_rmse: float, margin: float, min_improvement: float
+) -> tuple[bool, str]:
+    """Accept only a challenger at most ``(1 - margin)`` x and ``min_improvement`` below."""
+    required = _required_rmse(champion_rmse, margin, min_improvement)
+    terms = f"champion {champion_rmse:.3f}, margin {margin:.1%}, min improvement {min_improvement}"
+    if challenger_rmse < champion_rmse and challenger_rmse <= required:
+        return True, (f"challenger RMSE {challenger_rmse:.3f} <= {required:.3f} required ({terms})")
+    return False, f"challenger RMSE {challenger_rmse:.3f} > {required:.3f} required ({terms})"
+
+
+def retrain(config: RetrainConfig, out_dir: Path, *, verbose: int | str = 0) -> RetrainResult:
+    """Train, compare and (if better) release a challenger; the report is written in any case."""
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise RetrainError(f"{out_dir} is not empty; each retraining run needs its own directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "created_at": _iso(datetime.now(UTC).timestamp()),
+        "decision": "error",
+        "config": config.model_dump(mode="json"),
+    }
+    try:
+        return _retrain(config, out_dir, report, verbose)
+    except (TrainingError, GatewayError) as exc:
+        if report["decision"] != "error":  # compared, then failed (export, release or push)
+            report["comparison"] = {"decision": report["decision"], "reason": report["reason"]}
+        report["decision"] = "error"
+        report["reason"] = f"{type(exc).__name__}: {exc}"
+        write_report(out_dir / REPORT_JSON, out_dir / REPORT_MD, report)
+        raise
+
+
+def _retrain(
+    config: RetrainConfig, out_dir: Path, report: dict[str, Any], verbose: int | str
+) -> RetrainResult:
+    if config.key is not None:
+        from training.release import load_private_key
+
+        load_private_key(config.key)  # a bad key fails now, not after training
+    inputs = _prepare(config, report)
+    challenger = _train_challenger(config, inputs, report, verbose)
+    manifest = _challenger_manifest(config, inputs, challenger)
+    comparison = _score(config, inputs, challenger, manifest, out_dir)
+    report["figures"] = comparison.figures()
+
+    champion_rmse = comparison.scores["champion"].rmse
+    challenger_rmse = comparison.scores["challenger"].rmse
+    accepted, reason = decide(champion_rmse, challenger_rmse, config.margin, config.min_improvement)
+    report["margin"] = {
+        "relative": config.margin,
+        "absolute": config.min_improvement,
+        "required_rmse": _required_rmse(champion_rmse, config.margin, config.min_improvement),
+        "improvement": champion_rmse - challenger_rmse,
+        "improvement_fraction": (
+            (champion_rmse - challenger_rmse) / champion_rmse if champion_rmse > 0 else 0.0
+        ),
+    }
+    report["decision"] = "accepted" if accepted else "rejected"
+    report["reason"] = reason
+
+    test = TestMetrics(
+        raw=comparison.scores["raw"],
+        linear=comparison.scores["linear"],
+        model=comparison.scores["challenger"],
+    )
+    run_dir = out_dir / "run"
+    _save_run(run_dir, inputs, challenger, manifest, test)
+    report["challenger"]["run_dir"] = str(run_dir)
+    model_dir: Path | None = None
+    release: dict[str, Any] | None = None
+    if accepted:
+        model_dir = out_dir / "model"
+        _export(challenger.model, model_dir, manifest=manifest, inputs=inputs, test=test)
+        released_sha256 = sha256_file(model_dir / FLOAT_FILENAME)
+        report["challenger"]["model_dir"] = str(model_dir)
+        report["challenger"]["float32_sha256"] = released_sha256
+        report["challenger"]["float32_is_the_evaluated_file"] = (
+            released_sha256 == comparison.evaluated_sha256
+        )
+        release = _release(config, model_dir, out_dir / "release")
+    report["release"] = release
+    write_report(out_dir / REPORT_JSON, out_dir / REPORT_MD, report)
+    return RetrainResult(
+        decision="accepted" if accepted else "rejected",
+        reason=reason,
+        out_dir=out_dir,
+        report=report,
+        model_dir=model_dir,
+        release_dir=Path(release["path"]) if release else None,
+        topic=release["topic"] if release else None,
+    )
+
+
+def _prepare(config: RetrainConfig, report: dict[str, Any]) -> _Inputs:
+    """Champion, pairs, periods and windows; every check that needs no training runs here."""
+    champion = load_manifest(config.champion)
+    verify_model_files(config.champion, champion)
+    channels = model_channels(champion)
+    report["champion"] = _describe_model(config.champion, champion)
+
+    pairs = _read_pairs(config, champion)
+    report["data"] = {"pairs": pairs.summary()}
+    cleaned, cleaning = clean(pairs.data)
+    report["data"]["pairs"]["cleaning"] = {
+        "rows_kept": cleaning.rows_kept,
+        "rows_dropped": dict(cleaning.rows_dropped),
+        "values_nulled": dict(cleaning.values_nulled),
+        "sensors_dropped": list(cleaning.sensors_dropped),
+    }
+    if cleaned.frame.empty:
+        raise HoldoutError(f"no pair in {pairs.directory} survives cleaning; see the report")
+    periods = _split_periods(cleaned, config)
+    report["data"]["holdout"] = config.holdout.describe()
+    report["data"]["periods"] = periods.as_json()
+
+    window_length = config.window_length or champion.window_length
+    sensors = to_grid(cleaned)
+    holdout = WindowSet.build(
+        _masked(sensors.values(), periods.holdout_start, math.inf),
+        window_length,
+        champion.gap_policy,
+        channels,
+    )
+    if len(holdout) < config.min_holdout_windows:
+        raise HoldoutError(
+            f"only {len(holdout)} window(s) of N={window_length} with a reference in the "
+            f"held-back period ({periods.as_json()['held_back']}); at least "
+            f"{config.min_holdout_windows} are needed: record longer, hold back more, or lower "
+            "min_holdout_windows"
+        )
+    original = _load_original(config, champion)
+    if original is not None:
+        report["data"]["original"] = {
+            "dataset": config.dataset,
+            "source": original.source,
+            "sensors": list(original.sensor_ids),
+        }
+    sets = _training_sets(
+        config, sensors, original, periods, (window_length, champion.gap_policy, channels)
+    )
+    report["data"]["windows"] = {**sets.counts, "held_back": len(holdout)}
+    return _Inputs(
+        champion=champion,
+        channels=channels,
+        pairs=pairs,
+        cleaning=cleaning,
+        periods=periods,
+        window_length=window_length,
+        holdout=holdout,
+        original=original,
+        sets=sets,
+    )
+
+
+def _train_challenger(
+    config: RetrainConfig, inputs: _Inputs, report: dict[str, Any], verbose: int | str
+) -> _Challenger:
+    champion = inputs.champion
+    mode: Literal["finetune", "fresh"] = (
+        "finetune"
+        if config.mode == "finetune" or (config.mode == "auto" and config.champion_run is not None)
+        else "fresh"
+    )
+    model, model_config = _challenger_model(config, champion, mode, inputs)
+    keras.utils.set_random_seed(config.seed)
+    batch_size = config.batch_size or int(champion.hyperparameters.get("batch_size", 32))
+    learning_rate = config.learning_rate or float(
+        champion.hyperparameters.get("learning_rate", 1e-3)
+    )
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="mse")
+    history = _fit(model, inputs.sets, config, batch_size, verbose)
+    sets = inputs.sets
+    if sets.validation is not None:
+        validation = error_metrics(
+            predict_windows(model, sets.validation), sets.validation.targets()
+        )
+    else:  # no validation period: the figure is on the training pairs (stated in the report)
+        validation = error_metrics(predict_windows(model, sets.train), sets.train.targets())
+    challenger = _Challenger(
+        model=model,
+        model_config=model_config,
+        mode=mode,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        history=history,
+        validation=validation,
+        linear=LinearCalibration.fit(sets.train.current_raw(), sets.train.targets()),
+    )
+    report["challenger"] = {
+        "name": config.name or champion.name,
+        "version": champion.version + 1,
+        "mode": mode,
+        "from_run": str(config.champion_run) if mode == "finetune" else None,
+        "architecture": model_config.kind,
+        "window_length": inputs.window_length,
+        "epochs": config.epochs,
+        "epochs_run": challenger.epochs_run,
+        "batch_size": batch_size,
+        "learning_rate": learning_rate,
+        "seed": config.seed,
+        "validation": validation.model_dump(),
+        "validation_on": "validation period" if sets.validation is not None else "training pairs",
+        "history": history,
+    }
+    return challenger
+
+
+def _score(
+    config: RetrainConfig,
+    inputs: _Inputs,
+    challenger: _Challenger,
+    manifest: Manifest,
+    out_dir: Path,
+) -> _Comparison:
+    """Champion and challenger through the evaluate path (float FlatBuffer under LiteRT)."""
+    holdout_data = _only_references_from(inputs.pairs.data, inputs.periods.holdout_start)
+    champion_eval = evaluate_model_dir(config.champion, holdout_data)
+    candidate_dir = out_dir / ".candidate"
+    candidate_dir.mkdir()
+    try:
+        (candidate_dir / FLOAT_FILENAME).write_bytes(convert_float(challenger.model))
+        placeholder = TestMetrics(
+            raw=challenger.validation, linear=challenger.validation, model=challenger.validation
+        )
+        write_manifest(
+            candidate_dir,
+            _with_files(
+                manifest, {"float32": _float_file(candidate_dir / FLOAT_FILENAME)}, placeholder
+            ),
+        )
+        challenger_eval = evaluate_model_dir(candidate_dir, holdout_data)
+        evaluated_sha256 = sha256_file(candidate_dir / FLOAT_FILENAME)
+    finally:
+        shutil.rmtree(candidate_dir, ignore_errors=True)
+    comparison = _compare(champion_eval, challenger_eval, challenger.linear, evaluated_sha256)
+    comparison.recorded = _recorded_figures(inputs.pairs, inputs.periods.holdout_start)
+    if comparison.n < config.min_holdout_windows:
+        raise HoldoutError(
+            f"champion and challenger share only {comparison.n} scored window(s) in the "
+            f"held-back period; at least {config.min_holdout_windows} are needed"
+        )
+    comparison.predictions.to_csv(
+        out_dir / "holdout_predictions.csv", index=False, float_format="%.4f"
+    )
+    return comparison
+
+
+def _describe_model(model_dir: Path, manifest: Manifest) -> dict[str, Any]:
+    return {
+        "model_dir": str(model_dir),
+        "name": manifest.name,
+        "version": manifest.version,
+        "architecture": manifest.architecture,
+        "feature": manifest.feature,
+        "window_length": manifest.window_length,
+        "period_seconds": manifest.period_seconds,
+        "channels": list(manifest.channel_names),
+        "max_interpolated_periods": manifest.gap_policy.max_interpolated_periods,
+    }
+
+
+def _read_pairs(config: RetrainConfig, champion: Manifest) -> RecordedPairs:
+    try:
+        pairs = read_pairs(
+            config.pairs, feature=champion.feature, period_seconds=champion.period_seconds
+        )
+    except FeatureMismatchError as exc:
+        raise FeatureMismatchError(
+            f"the champion {champion.name} calibrates {champion.feature}: {exc}"
+        ) from exc
+    stamps = unix_seconds(pairs.data.frame["timestamp"]).astype(np.int64)
+    off_grid = np.flatnonzero(stamps % champion.period_seconds)
+    if off_grid.size:
+        raise FeatureMismatchError(
+            f"{pairs.directory}: {off_grid.size} pair(s) do not start a {champion.period_seconds} s"
+            f" period of the champion's grid (first at {_iso(float(stamps[off_grid[0]]))}): were "
+            "they recorded for another model?"
+        )
+    missing = [c for c in model_channels(champion) if c not in ("raw", *pairs.data.covariates)]
+    if missing:
+        raise FeatureMismatchError(
+            f"the champion reads channel(s) {missing} that the pairs in {pairs.directory} never "
+            "carry: the sensors must send them"
+        )
+    return pairs
+
+
+def _split_periods(cleaned: CoLocationData, config: RetrainConfig) -> _Periods:
+    frame = cleaned.frame
+    seconds = unix_seconds(frame["timestamp"])
+    with_reference = np.unique(seconds[np.isfinite(frame["reference"].to_numpy())])
+    if with_reference.size == 0:
+        raise HoldoutError("no pair has a valid reference after cleaning")
+    first, last = float(with_reference[0]), float(with_reference[-1])
+    if config.holdout.kind == "duration":
+        holdout_start = last + cleaned.period_seconds - config.holdout.value
+    else:
+        position = math.floor((1.0 - config.holdout.value) * with_reference.size)
+        holdout_start = float(with_reference[min(position, with_reference.size - 1)])
+    before = with_reference[with_reference < holdout_start]
+    if before.size == 0:
+        raise HoldoutError(
+            f"every recorded period ({_iso(first)} to {_iso(last)}) falls in the held-back "
+            f"period ({config.holdout.describe()}): hold back less or record longer"
+        )
+    validation_start = holdout_start
+    if config.validation_fraction > 0:
+        position = math.floor((1.0 - config.validation_fraction) * before.size)
+        validation_start = float(before[min(position, before.size - 1)])
+    return _Periods(
+        validation_start=validation_start, holdout_start=holdout_start, first=first, last=last
+    )
+
+
+def _masked(sensors: Any, start: float, end: float) -> list[GriddedSensor]:
+    """The sensors with their reference kept only in ``[start, end)`` (inputs untouched)."""
+    masked = []
+    for sensor in sensors:
+        stamps = sensor.timestamps
+        keep = (stamps >= start) & (stamps < end)
+        masked.append(
+            dataclasses.replace(sensor, reference=np.where(keep, sensor.reference, np.nan))
+        )
+    return masked
+
+
+def _only_references_from(data: CoLocationData, start: float) -> CoLocationData:
+    """The data with references before ``start`` removed: inputs stay for the windows' history."""
+    frame = data.frame
+    keep = unix_seconds(frame["timestamp"]) >= start
+    return data.with_frame(frame.assign(reference=frame["reference"].where(keep)))
+
+
+def _load_original(config: RetrainConfig, champion: Manifest) -> CoLocationData | None:
+    if config.dataset is None:
+        return None
+    options = dict(config.dataset_options)
+    if config.dataset in ("csv", "pairs"):
+        options.setdefault("period_seconds", champion.period_seconds)
+    loaded = load_dataset(config.dataset, config.data_path, **options)
+    if loaded.feature != champion.feature:
+        raise FeatureMismatchError(
+            f"dataset {config.dataset} measures {loaded.feature}, the champion {champion.feature}"
+        )
+    if loaded.period_seconds != champion.period_seconds:
+        raise FeatureMismatchError(
+            f"dataset {config.dataset} is on a {loaded.period_seconds} s grid, the champion on "
+            f"{champion.period_seconds} s"
+        )
+    cleaned, _ = clean(loaded)
+    return cleaned
+
+
+def _training_sets(
+    config: RetrainConfig,
+    sensors: dict[str, GriddedSensor],
+    original: CoLocationData | None,
+    periods: _Periods,
+    shape: tuple[int, GapPolicy, tuple[str, ...]],
+) -> _TrainingSets:
+    """Pairs windows before the validation period (+ original data), and validation windows."""
+    window_length, policy, channels = shape
+    pairs_train = _masked(sensors.values(), -math.inf, periods.validation_start)
+    pairs_count = len(WindowSet.build(pairs_train, window_length, policy, channels))
+    if pairs_count < config.min_train_windows:
+        raise HoldoutError(
+            f"only {pairs_count} training window(s) of N={window_length} in the pairs before "
+            f"the validation and held-back periods ({periods.as_json()['training']}); at least "
+            f"{config.min_train_windows} are needed: record longer or hold back less"
+        )
+    original_sensors = (
+        [
+            dataclasses.replace(sensor, sensor_id=f"original/{sensor.sensor_id}")
+            for sensor in to_grid(original).values()
+        ]
+        if original is not None
+        else []
+    )
+    # Pairs sensors first, so the first pairs_count windows are the pairs' windows.
+    train = WindowSet.build([*pairs_train, *original_sensors], window_length, policy, channels)
+    indices = np.arange(len(train), dtype=np.int64)
+    pairs_indices = np.repeat(indices[:pairs_count], config.pairs_weight)
+    original_indices = indices[pairs_count:]
+    cap = config.max_original_windows
+    if cap is not None and original_indices.size > cap:
+        rng = np.random.default_rng(config.seed)
+        original_indices = np.sort(rng.choice(original_indices, cap, replace=False))
+    validation: WindowSet | None = None
+    if periods.validation_start < periods.holdout_start:
+        validation = WindowSet.build(
+            _masked(sensors.values(), periods.validation_start, periods.holdout_start),
+            window_length,
+            policy,
+            channels,
+        )
+        if len(validation) == 0:
+            raise HoldoutError(
+                f"no window with a reference in the validation period "
+                f"({periods.as_json()['validation']}); record longer, raise "
+                "validation_fraction, or set it to 0 to train without early stopping"
+            )
+    return _TrainingSets(
+        train=train,
+        indices=np.concatenate([pairs_indices, original_indices]),
+        pairs_windows=pairs_count,
+        validation=validation,
+        counts={
+            "train_pairs": pairs_count,
+            "train_original": int(original_indices.size),
+            "validation": len(validation) if validation is not None else 0,
+        },
+    )
+
+
+def _challenger_model(
+    config: RetrainConfig,
+    champion: Manifest,
+    mode: Literal["finetune", "fresh"],
+    inputs: _Inputs,
+) -> tuple[keras.Model, Any]:
+    """The model to train and its config: the champion's run reloaded, or a fresh build."""
+    if mode == "fresh":
+        model_config = config.model or _champion_model_config(champion)
+        model = build_model(
+            model_config, inputs.window_length, len(inputs.channels), champion.input_scale
+        )
+        return model, model_config
+    assert config.champion_run is not None  # the config's validator guarantees it
+    if not (config.champion_run / "model.keras").is_file():
+        raise RetrainError(
+            f"{config.champion_run} holds no model.keras: give the champion's run directory "
+            "from `train`, or retrain with mode 'fresh'"
+        )
+    run_config, model, _ = load_run(config.champion_run)
+    if run_config.window_length != champion.window_length or run_config.channels != inputs.channels:
+        raise RetrainError(
+            f"{config.champion_run} trained N={run_config.window_length} on "
+            f"{list(run_config.channels)}, the champion runs N={champion.window_length} on "
+            f"{list(inputs.channels)}: it is not the champion's run"
+        )
+    _check_run_matches(model, config.champion, champion, inputs.holdout)
+    return model, run_config.model
+
+
+def _champion_model_config(champion: Manifest) -> Any:
+    values = {k: v for k, v in champion.hyperparameters.items() if k not in _TRAINING_KEYS}
+    try:
+        return TypeAdapter(ModelConfig).validate_python({"kind": champion.architecture, **values})
+    except ValidationError as exc:
+        raise RetrainError(
+            f"the champion's architecture {champion.architecture!r} with hyperparameters "
+            f"{values} is not a model training can build ({exc.error_count()} problem(s)); "
+            "give its run directory to fine-tune, or a model config for a fresh challenger"
+        ) from exc
+
+
+def _check_run_matches(
+    model: keras.Model, champion_dir: Path, champion: Manifest, windows: WindowSet
+) -> None:
+    """The run must be the one the champion was exported from: same outputs on a few windows."""
+    x, _ = windows.gather(np.arange(min(len(windows), 64)))
+    keras_out = np.asarray(model.predict(x, verbose=0)).reshape(-1)
+    flatbuffer = (champion_dir / champion.files["float32"].path).read_bytes()
+    litert_out = litert_predict(flatbuffer, x)
+    scale = max(float(np.max(np.abs(keras_out))), 1e-6)
+    difference = float(np.max(np.abs(keras_out - litert_out)))
+    if difference > RUN_MATCH_TOLERANCE * scale:
+        raise RetrainError(
+            f"the run's Keras model and the champion's FlatBuffer disagree by {difference:.3g} "
+            f"on held-back windows: the run directory is not the champion's {champion.name} "
+            f"v{champion.version}"
+        )
+
+
+def _fit(
+    model: keras.Model,
+    sets: _TrainingSets,
+    config: RetrainConfig,
+    batch_size: int,
+    verbose: int | str,
+) -> dict[str, list[float]]:
+    callbacks: list[keras.callbacks.Callback] = []
+    validation_data = None
+    if sets.validation is not None:
+        validation_data = sets.validation.gather(np.arange(len(sets.validation)))
+        callbacks.append(
+            keras.callbacks.EarlyStopping(
+                monitor="val_loss",
+                patience=config.early_stopping_patience,
+                restore_best_weights=True,
+            )
+        )
+    history = model.fit(
+        WindowBatches(sets.train, sets.indices, batch_size, config.seed),
+        validation_data=validation_data,
+        epochs=config.epochs,
+        callbacks=callbacks,
+        verbose=verbose,
+    )
+    return {k: [float(v) for v in values] for k, values in history.history.items()}
+
+
+def _input_range(windows: WindowSet) -> InputRange:
+    raw = np.asarray(windows.current_raw(), dtype=np.float64)
+    p = np.percentile(raw, [0, 1, 50, 99, 100])
+    return InputRange(min=p[0], p01=p[1], p50=p[2], p99=p[3], max=p[4])
+
+
+def _summary(inputs: _Inputs) -> DataSummary:
+    pairs, original, cleaning = inputs.pairs, inputs.original, inputs.cleaning
+    spans = inputs.periods.as_json()
+    source = f"retrain:{pairs.data.source}"
+    attribution = pairs.data.attribution
+    train_sensors = list(pairs.data.sensor_ids)
+    if original is not None:
+        source += f"+{original.source}"
+        attribution += f"; {original.attribution}"
+        train_sensors += [f"original/{sensor}" for sensor in original.sensor_ids]
+    return DataSummary(
+        source=source,
+        target="reference",
+        train_sensors=train_sensors,
+        validation_sensor=f"pairs {spans['validation'] or spans['training']}",
+        test_sensor=f"pairs {spans['held_back']}",
+        rows_read=cleaning.rows_read,
+        rows_dropped=dict(cleaning.rows_dropped),
+        sensors_dropped=list(cleaning.sensors_dropped),
+        windows={
+            "train": int(inputs.sets.indices.size),
+            "validation": inputs.sets.counts["validation"],
+            "test": len(inputs.holdout),
+        },
+        attribution=attribution,
+    )
+
+
+def _challenger_manifest(
+    config: RetrainConfig, inputs: _Inputs, challenger: _Challenger
+) -> Manifest:
+    """The champion's manifest with what changed; files and test figures are filled later."""
+    champion = inputs.champion
+    document = champion.model_dump(mode="json")
+    document.update(
+        name=config.name or champion.name,
+        version=champion.version + 1,
+        architecture=challenger.model_config.kind,
+        window_length=inputs.window_length,
+        parameter_count=int(challenger.model.count_params()),
+        hyperparameters={
+            **{k: v for k, v in challenger.model_config.model_dump().items() if k != "kind"},
+            "epochs": config.epochs,
+            "batch_size": challenger.batch_size,
+            "learning_rate": challenger.learning_rate,
+            "seed": config.seed,
+            "epochs_run": challenger.epochs_run,
+            "retrain_mode": challenger.mode,
+            "retrained_from": champion.version,
+        },
+        validation=challenger.validation.model_dump(),
+        input_range=_input_range(inputs.sets.train).model_dump(),
+        data=_summary(inputs).model_dump(mode="json"),
+        created_at=datetime.now(UTC).isoformat(),
+    )
+    try:
+        return Manifest.model_validate(document)
+    except ValidationError as exc:
+        raise RetrainError(f"the challenger's manifest is invalid: {exc}") from exc
+
+
+def _with_files(
+    manifest: Manifest, files: Mapping[Precision, ModelFile], test: TestMetrics
+) -> Manifest:
+    document = manifest.model_dump(mode="json")
+    document["files"] = {key: value.model_dump(mode="json") for key, value in files.items()}
+    document["test"] = test.model_dump()
+    return Manifest.model_validate(document)
+
+
+def _float_file(path: Path) -> ModelFile:
+    from training.flatbuffer import read_graph
+
+    return ModelFile(
+        path=path.name,
+        sha256=sha256_file(path),
+        size_bytes=path.stat().st_size,
+        precision="float32",
+        activations="float32",
+        batch="dynamic",
+        ops=read_graph(path.read_bytes()).op_names,
+    )
+
+
+def _compare(
+    champion: Evaluation, challenger: Evaluation, linear: LinearCalibration, evaluated_sha256: str
+) -> _Comparison:
+    """Scores on the windows both models calibrated and that have a reference."""
+    keys = ["sensor_id", "timestamp"]
+    left = champion.predictions.rename(columns={"calibrated": "champion"})
+    right = challenger.predictions[[*keys, "calibrated"]].rename(
+        columns={"calibrated": "challenger"}
+    )
+    joined = left.merge(right, on=keys, how="inner", validate="one_to_one")
+    joined = joined[np.isfinite(joined["reference"])].reset_index(drop=True)
+    joined["linear"] = linear.predict(joined["raw"].to_numpy())
+
+    def scores(frame: pd.DataFrame) -> dict[str, ErrorMetrics]:
+        target = frame["reference"].to_numpy()
+        return {name: error_metrics(frame[name].to_numpy(), target) for name in _SCORED}
+
+    return _Comparison(
+        scores=scores(joined),
+        per_sensor={
+            str(sensor): scores(group) for sensor, group in joined.groupby("sensor_id", sort=True)
+        },
+        predictions=joined[["timestamp", "sensor_id", "raw", "reference", *_SCORED[1:]]],
+        evaluated_sha256=evaluated_sha256,
+    )
+
+
+def _recorded_figures(pairs: RecordedPairs, start: float) -> dict[str, Any]:
+    """What the gateway itself published in the held-back period, by model version."""
+    recorded = pairs.recorded
+    held = recorded[unix_seconds(recorded["timestamp"]) >= start]
+    held = held[np.isfinite(held["calibrated"]) & np.isfinite(held["reference"])]
+    by_version = {
+        str(int(version)): error_metrics(
+            group["calibrated"].to_numpy(), group["reference"].to_numpy()
+        ).model_dump()
+        for version, group in held.groupby("model_version", sort=True)
+    }
+    overall = error_metrics(held["calibrated"].to_numpy(), held["reference"].to_numpy())
+    return {"all": overall.model_dump(), "by_model_version": by_version}
+
+
+def _save_run(
+    run_dir: Path,
+    inputs: _Inputs,
+    challenger: _Challenger,
+    manifest: Manifest,
+    test: TestMetrics,
+) -> None:
+    """A run directory in ``train``'s layout, so the next retraining can fine-tune from it."""
+    train_config = TrainConfig(
+        dataset="pairs",
+        data_path=inputs.pairs.directory,
+        window_length=inputs.window_length,
+        max_interpolated_periods=inputs.champion.gap_policy.max_interpolated_periods,
+        channels=inputs.channels,
+        model=challenger.model_config,
+        epochs=int(manifest.hyperparameters["epochs"]),
+        batch_size=challenger.batch_size,
+        learning_rate=challenger.learning_rate,
+        seed=int(manifest.hyperparameters["seed"]),
+        input_scale=inputs.champion.input_scale,
+    )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    challenger.model.save(run_dir / "model.keras")
+    _write_json(run_dir / "config.json", train_config.model_dump(mode="json"))
+    _write_json(run_dir / "history.json", challenger.history)
+    _write_json(
+        run_dir / "metrics.json",
+        {
+            "validation": challenger.validation.model_dump(),
+            "test": test.model_dump(),
+            "linear": {"slope": challenger.linear.slope, "intercept": challenger.linear.intercept},
+            "input_scale": inputs.champion.input_scale,
+            "parameters": int(challenger.model.count_params()),
+        },
+    )
+    _write_json(
+        run_dir / "data.json",
+        {
+            "summary": manifest.data.model_dump(mode="json"),
+            "input_range": manifest.input_range.model_dump(),
+        },
+    )
+
+
+def _export(
+    model: keras.Model, model_dir: Path, *, manifest: Manifest, inputs: _Inputs, test: TestMetrics
+) -> None:
+    """Both FlatBuffers, verified, and the manifest last (as ``export_run`` does)."""
+    train = inputs.sets.train
+    holdout = inputs.holdout
+    # The integer graph's ranges come from evenly spaced training windows plus the highest
+    # readings of training and held-back windows: a drifting sensor reads beyond the training
+    # range (inputs only, no reference, so nothing about the score leaks into the model).
+    train_peaks = np.argsort(train.current_raw())[-REPRESENTATIVE_PEAKS:]
+    representative = np.concatenate(
+        [
+            train.gather(
+                np.unique(
+                    np.concatenate(
+                        [_evenly_spaced(REPRESENTATIVE_WINDOWS, len(train)), train_peaks]
+                    )
+                )
+            )[0],
+            holdout.gather(np.sort(np.argsort(holdout.current_raw())[-REPRESENTATIVE_PEAKS:]))[0],
+        ]
+    )
+    check, check_reference = holdout.gather(_evenly_spaced(CHECK_WINDOWS, len(holdout)))
+    exported = export_flatbuffers(model, model_dir, representative, check, check_reference)
+    write_manifest(model_dir, _with_files(manifest, exported.files, test))
+    verify_model_files(model_dir, load_manifest(model_dir))
+
+
+def _required_rmse(champion_rmse: float, margin: float, min_improvement: float) -> float:
+    return min(champion_rmse * (1.0 - margin), champion_rmse - min_improvement)
+
+
+def _release(config: RetrainConfig, model_dir: Path, release_dir: Path) -> dict[str, Any] | None:
+    if config.key is None:
+        return None
+    from gateway.ota.release import key_id
+    from training.release import build_release, load_private_key, push_release
+
+    build_release(model_dir, config.target, config.key, release_dir)
+    public = bytes(load_private_key(config.key).verify_key)
+    described: dict[str, Any] = {
+        "path": str(release_dir),
+        "target": config.target,
+        "key_id": key_id(public),
+        "signed": True,
+        "topic": None,
+        "pushed": False,
+    }
+    if config.push is not None:
+        push = config.push
+        password = None
+        if push.password_file is not None:
+            lines = push.password_file.read_text(encoding="utf-8").splitlines()
+            password = lines[0] if lines else ""
+        described["topic"] = push_release(
+            release_dir,
+            push.host,
+            push.port,
+            topic_prefix=push.topic_prefix,
+            username=push.username,
+            password=password,
+            ca_file=push.ca_file,
+        )
+        described["pushed"] = True
+        described["broker"] = f"{push.host}:{push.port}"
+    return described
+
+
+def _evenly_spaced(count: int, total: int) -> npt.NDArray[np.int64]:
+    return np.unique(np.linspace(0, total - 1, num=min(count, total)).astype(np.int64))
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _duration_text(seconds: float) -> str:
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _write_json(path: Path, payload: object) -> None:
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
