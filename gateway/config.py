@@ -368,10 +368,16 @@ def _describe(path: Path, exc: ValidationError, env_keys: Mapping[str, str]) -> 
 
 def _env_origin(key: str, env_keys: Mapping[str, str]) -> str | None:
     # Discriminated unions add the tag to the location (sources.0.mqtt.broker...): drop it.
+    # A [[references]] entry has a plain 'mqtt' section, so the key is tried as it is as well.
     plain = ".".join(part for part in key.split(".") if part not in {"mqtt", "node", "pms5003"})
     for dotted, variable in env_keys.items():
-        if plain == dotted or plain.startswith(dotted + ".") or dotted.startswith(plain + "."):
-            return variable
+        for candidate in (key, plain):
+            if (
+                candidate == dotted
+                or candidate.startswith(dotted + ".")
+                or dotted.startswith(candidate + ".")
+            ):
+                return variable
     return None
 
 

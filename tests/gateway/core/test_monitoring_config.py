@@ -89,3 +89,11 @@ def test_thresholds_are_validated_and_overridable(tmp_path: Path) -> None:
         },
     )
     assert config.drift.rmse_abs == 7.5 and not config.health.enabled
+
+
+def test_an_environment_error_in_a_reference_names_the_variable(tmp_path: Path) -> None:
+    variable = "TESLA_GATEWAY__REFERENCES__0__MQTT__BROKER__PORT"
+    with pytest.raises(
+        ConfigError, match=rf"references\.0\.mqtt\.broker\.port: .*set by {variable}"
+    ):
+        load_config(write(tmp_path, MINIMAL + reference("r")), environ={variable: "0"})
