@@ -44,6 +44,25 @@ def wait_for(condition: Callable[[], Any], what: str, timeout_s: float = WAIT_S)
         time.sleep(0.02)
 
 
+def wait_while_progressing(
+    condition: Callable[[], Any], progress: Callable[[], Any], what: str, stall_s: float = WAIT_S
+) -> Any:
+    """Like :func:`wait_for`, but the time limit restarts whenever ``progress()`` changes: a
+    backlog that a loaded machine drains slowly is waited for, a stall is not."""
+    seen = progress()
+    deadline = time.monotonic() + stall_s
+    while True:
+        result = condition()
+        if result:
+            return result
+        now = progress()
+        if now != seen:
+            seen, deadline = now, time.monotonic() + stall_s
+        elif time.monotonic() > deadline:
+            raise AssertionError(f"no progress for {stall_s} s waiting for {what} (at {seen})")
+        time.sleep(0.05)
+
+
 def grid_base(periods_ago: int) -> int:
     return (int(time.time()) // PERIOD_S - periods_ago) * PERIOD_S
 

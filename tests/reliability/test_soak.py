@@ -25,6 +25,7 @@ from tests.reliability.harness import (
     iso,
     report,
     wait_for,
+    wait_while_progressing,
     write_config,
 )
 from tests.support.mosquitto import Mosquitto
@@ -79,7 +80,11 @@ def test_soak(tmp_path: Path, mosquitto: Mosquitto, long_form: bool) -> None:
                 wait_for(partial(readings_at_least, daemon, SENSORS * period), "warm")
                 start = sample(daemon)
                 deadline = time.monotonic() + duration_s
-        wait_for(lambda: all(collector.snapshot()[key] for key in expected), "every message")
+        wait_while_progressing(
+            lambda: all(collector.snapshot()[key] for key in expected),
+            lambda: sum(collector.snapshot().values()),
+            "every message",
+        )
         end = sample(daemon)
         assert daemon.stop() == 0
     finally:
