@@ -91,7 +91,12 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             (f"challenger v{challenger.get('version')}", figures["challenger"]),
             ("published by the gateway", figures["recorded_by_gateway"]["all"]),
         ]
-        lines += [f"| {label} | {m['rmse']:.3f} | {m['mae']:.3f} | {m['n']} |" for label, m in rows]
+        lines += [
+            f"| {label} | {m['rmse']:.3f} | {m['mae']:.3f} | {m['n']} |"
+            if m["n"]
+            else f"| {label} | – | – | 0 |"
+            for label, m in rows
+        ]
     margin = report.get("margin")
     if margin:
         lines += [
