@@ -1,4 +1,4 @@
-"""The benchmark driver: model cost, inference throughput, footprint, training speed."""
+"""The benchmark driver: model cost, inference throughput, end to end, footprint, training speed."""
 
 from __future__ import annotations
 
@@ -32,6 +32,51 @@ def _row(label: str, value: str) -> None:
     print(f"  {label:<52} {value}")
 
 
+def _print_end_to_end(e2e: dict[str, float], counts: tuple[int, ...]) -> None:
+    _row("daemon start-up to status.json 'running'", f"{e2e['startup_s']:.2f} s")
+    _row("daemon resident memory at start (VmRSS)", f"{e2e['daemon_rss_mb_start']:.1f} MiB")
+    for s in counts:
+        restore = e2e[f"startup_restore_s_{s}"]
+        print(f"  -- {s:,} sensors (windows full, restored at start in {restore:.2f} s)")
+        _row(
+            "sustained readings/s, 1 reading per message",
+            f"{e2e[f'e2e_readings_per_s_{s}']:>10,.0f} /s  "
+            f"({e2e[f'e2e_cpu_us_per_reading_{s}']:.1f} us CPU per reading)",
+        )
+        _row(
+            "sustained readings/s, 10 readings per message",
+            f"{e2e[f'e2e_batched_readings_per_s_{s}']:>10,.0f} /s  "
+            f"({e2e[f'e2e_batched_cpu_us_per_reading_{s}']:.1f} us CPU per reading)",
+        )
+        if f"e2e_paced_kept_up_{s}" in e2e:
+            kept = "kept up" if e2e[f"e2e_paced_kept_up_{s}"] else "fell behind"
+            _row(
+                "open loop at 90 % of that rate",
+                f"{e2e[f'e2e_paced_offered_per_s_{s}']:>10,.0f} /s  {kept} "
+                f"(max backlog {e2e[f'e2e_paced_max_backlog_{s}']:,.0f})",
+            )
+        _row(
+            f"latency at {s:,} x 1 reading/s: p50 / p99 / max",
+            f"{e2e[f'e2e_latency_p50_ms_{s}']:,.1f} / {e2e[f'e2e_latency_p99_ms_{s}']:,.1f} / "
+            f"{e2e[f'e2e_latency_max_ms_{s}']:,.1f} ms  "
+            f"({e2e[f'e2e_latency_samples_{s}']:,.0f} messages, "
+            f"{e2e[f'e2e_latency_missing_{s}']:,.0f} missing)",
+        )
+        _row(
+            "daemon VmRSS / VmHWM with the windows full",
+            f"{e2e[f'daemon_rss_mb_{s}']:.1f} / {e2e[f'daemon_peak_rss_mb_{s}']:.1f} MiB",
+        )
+        _row(
+            "daemon CPU per 1,000 calibrations (incl. ingest)",
+            f"{e2e[f'cpu_s_per_1000_calibrations_{s}']:.3f} s  "
+            f"({100 * e2e[f'daemon_cpu_fraction_realtime_{s}']:.0f} % of a core at 1 reading/s)",
+        )
+    _row(
+        "load average (1 min) before / after",
+        f"{e2e['load_average_1min_before']:.2f} / {e2e['load_average_1min_after']:.2f}",
+    )
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="make bench", description=__doc__)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
@@ -61,6 +106,7 @@ def main(argv: list[str]) -> int:
 
     print("2. Inference through the gateway's Calibrator (LiteRT, 1 thread)")
     counts = (1, 64, 1000) if args.quick else (1, 64, 1000, 10000)
+    e2e_counts = (1000, 10000)
     for result in measure_inference(args.model, counts):
         s = result.sensors
         results[f"batched_per_s_{s}"] = result.batched_per_s
@@ -76,7 +122,12 @@ def main(argv: list[str]) -> int:
     results["device_graph_per_s"] = device
     _row("integer device graph (batch 1) under LiteRT", f"{device:,.0f} /s")
 
-    print("3. Footprint (a process holding the daemon's model and windows)")
+    print("3. End to end (mosquitto on loopback -> daemon -> subscriber; bench/end_to_end.py)")
+    e2e = _child("bench.end_to_end", str(args.model), "--sensors", *(str(c) for c in e2e_counts))
+    results.update(e2e)
+    _print_end_to_end(e2e, e2e_counts)
+
+    print("4. Footprint (a process holding the daemon's model and windows)")
     footprint = _child("bench.footprint", str(args.model), *(str(c) for c in counts if c >= 1000))
     for key, value in footprint.items():
         results[f"footprint_{key}"] = value
@@ -84,7 +135,7 @@ def main(argv: list[str]) -> int:
         _row(key, shown)
 
     if not args.quick:
-        print("4. Training (TESLA, synthetic 6 sensors x 10 days, batch 32)")
+        print("5. Training (TESLA, synthetic 6 sensors x 10 days, batch 32)")
         training = _child("bench.training_speed")
         for key, value in training.items():
             results[f"training_{key}"] = value
