@@ -1,0 +1,1 @@
+"""Tests of ``python -m training bench`` (training.bench)."""
