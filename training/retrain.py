@@ -64,7 +64,7 @@ from training.data import (
     read_pairs,
     to_grid,
 )
-from training.data.frame import unix_seconds
+from training.data.frame import LoadCounts, unix_seconds
 from training.errors import (
     FeatureMismatchError,
     HoldoutError,
@@ -106,6 +106,7 @@ _TRAINING_KEYS = frozenset(
         "retrained_from",
     }
 )
+BEFORE_SINCE = "pairs:before_since"
 _SCORED = ("raw", "linear", "champion", "challenger")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
@@ -185,6 +186,10 @@ class RetrainConfig(BaseModel):
     mode: Mode = Field(
         default="auto",
         description="finetune (needs champion_run), fresh, or auto (finetune when possible).",
+    )
+    since: datetime | None = Field(
+        default=None,
+        description="Use only pairs from this time on (e.g. the start of a drift); ISO-8601, UTC.",
     )
     dataset: str | None = Field(
         default=None, description="Original training data (registry name) trained on as well."
@@ -443,6 +448,8 @@ def _prepare(config: RetrainConfig, report: dict[str, Any]) -> _Inputs:
 
     pairs = _read_pairs(config, champion)
     report["data"] = {"pairs": pairs.summary()}
+    if config.since is not None:
+        report["data"]["since"] = config.since.isoformat()
     cleaned, cleaning = clean(pairs.data)
     report["data"]["pairs"]["cleaning"] = {
         "rows_kept": cleaning.rows_kept,
@@ -625,7 +632,33 @@ def _read_pairs(config: RetrainConfig, champion: Manifest) -> RecordedPairs:
             f"the champion reads channel(s) {missing} that the pairs in {pairs.directory} never "
             "carry: the sensors must send them"
         )
-    return pairs
+    return pairs if config.since is None else _since(pairs, config.since)
+
+
+def _since(pairs: RecordedPairs, since: datetime) -> RecordedPairs:
+    """Only the pairs from ``since`` on (e.g. the start of a drift); the rest counted as dropped."""
+    start = (since if since.tzinfo is not None else since.replace(tzinfo=UTC)).timestamp()
+    frame = pairs.data.frame
+    keep = unix_seconds(frame["timestamp"]) >= start
+    if not keep.any():
+        raise HoldoutError(
+            f"no pair in {pairs.directory} starts at or after {_iso(start)} (the last starts at "
+            f"{_iso(float(unix_seconds(frame['timestamp']).max()))})"
+        )
+    counts = pairs.data.load_counts
+    dropped = dict(counts.rows_dropped) if counts is not None else {}
+    dropped[BEFORE_SINCE] = int((~keep).sum())
+    data = dataclasses.replace(
+        pairs.data,
+        frame=frame.loc[keep].reset_index(drop=True),
+        load_counts=LoadCounts(
+            rows_read=counts.rows_read if counts is not None else len(frame),
+            rows_dropped=dropped,
+        ),
+    )
+    recorded = pairs.recorded
+    recorded = recorded.loc[unix_seconds(recorded["timestamp"]) >= start].reset_index(drop=True)
+    return dataclasses.replace(pairs, data=data, recorded=recorded)
 
 
 def _split_periods(cleaned: CoLocationData, config: RetrainConfig) -> _Periods:

@@ -25,6 +25,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--config", type=Path, help="JSON RetrainConfig; flags override it")
     parser.add_argument("--champion-run", type=Path, help="the champion's run dir: fine-tune it")
     parser.add_argument("--mode", choices=("auto", "finetune", "fresh"))
+    parser.add_argument("--since", help="use only pairs from this ISO-8601 time on")
     parser.add_argument("--dataset", help="original training data as `train` takes it")
     parser.add_argument("--data", type=Path, help="folder or file for --dataset")
     parser.add_argument(
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         "pairs": args.pairs,
         "champion_run": args.champion_run,
         "mode": args.mode,
+        "since": args.since,
         "dataset": args.dataset,
         "data_path": args.data,
         "holdout": args.holdout,

@@ -198,8 +198,9 @@ def test_rejects_a_challenger_short_of_the_margin_through_the_cli(
             sys.executable, "-m", "training", "retrain",
             "--champion", str(model_dir), "--pairs", str(pairs_dir), "--out", str(tmp_path / "out"),
             "--config", str(config), "--dataset", "synthetic", "--mode", "fresh",
-            "--holdout", "25%", "--margin", "0.95", "--epochs", "3", "--batch-size", "64",
-            "--learning-rate", "0.003", "--key", str(keys.private_path),
+            "--holdout", "25%", "--margin", "0.95", "--since", "2021-01-04T02:00:00Z",
+            "--epochs", "3", "--batch-size", "64", "--learning-rate", "0.003",
+            "--key", str(keys.private_path),
         ],
         capture_output=True, text=True, check=False, timeout=600,
     )  # fmt: skip
@@ -213,6 +214,9 @@ def test_rejects_a_challenger_short_of_the_margin_through_the_cli(
     assert report["challenger"]["mode"] == "fresh"
     assert report["challenger"]["architecture"] == "tesla"
     assert report["data"]["original"]["dataset"] == "synthetic"
+    assert report["data"]["since"] == "2021-01-04T02:00:00+00:00"
+    assert report["data"]["pairs"]["first"] == "2021-01-04T02:00:00Z"
+    assert report["data"]["pairs"]["cleaning"]["rows_dropped"]["pairs:before_since"] > 100
     assert report["data"]["windows"]["train_original"] == 500
     assert report["figures"]["challenger"]["rmse"] > 0.05 * report["figures"]["champion"]["rmse"]
     assert report["release"] is None
@@ -268,6 +272,8 @@ def test_too_few_pairs_for_the_held_back_period(
     with pytest.raises(HoldoutError, match="training window"):
         retrain(_config(champion, pairs_dir, holdout="0.99", min_holdout_windows=1), tmp_path / "b")
     assert json.loads((tmp_path / "b" / "report.json").read_text())["decision"] == "error"
+    with pytest.raises(HoldoutError, match=r"no pair .* starts at or after 2021-01-05T00:00:00Z"):
+        retrain(_config(champion, pairs_dir, since="2021-01-05T00:00:00"), tmp_path / "c")
 
 
 @pytest.mark.slow
