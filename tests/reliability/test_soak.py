@@ -80,11 +80,19 @@ def test_soak(tmp_path: Path, mosquitto: Mosquitto, long_form: bool) -> None:
                 wait_for(partial(readings_at_least, daemon, SENSORS * period), "warm")
                 start = sample(daemon)
                 deadline = time.monotonic() + duration_s
-        wait_while_progressing(
-            lambda: all(collector.snapshot()[key] for key in expected),
-            lambda: sum(collector.snapshot().values()),
-            "every message",
-        )
+        try:
+            wait_while_progressing(
+                lambda: all(collector.snapshot()[key] for key in expected),
+                lambda: sum(collector.snapshot().values()),
+                "every message",
+            )
+        except AssertionError as exc:
+            missing = sorted(key for key in expected if not collector.snapshot()[key])
+            status = daemon.status()
+            raise AssertionError(
+                f"{exc}; {len(missing)} of {len(expected)} missing, e.g. {missing[:3]}; "
+                f"publisher {status.get('publisher')}; ticker {status.get('ticker')}"
+            ) from exc
         end = sample(daemon)
         assert daemon.stop() == 0
     finally:
