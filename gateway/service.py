@@ -48,6 +48,7 @@ _log = structlog.get_logger(__name__)
 
 _QUEUE_BOUND = 10_000  # readings waiting for ingest; sources wait (backpressure) beyond it
 _HEARTBEAT_S = 1.0  # the ingest and tick loops wake at least this often
+_INGEST_BURST = 1_000  # readings ingested in one go before the loop yields to other tasks
 _PROGRESS_TIMEOUT_S = 30.0  # WATCHDOG=1 only if both loops beat within this
 
 
@@ -366,6 +367,10 @@ class GatewayService:
                 self._ingest_beat = time.monotonic()
                 continue
             self._ingest(reading)
+            # Take what else is queued without a wait_for (a timer) per reading; bounded, so
+            # the other tasks run at least every _INGEST_BURST readings.
+            for _ in range(min(queue.qsize(), _INGEST_BURST)):
+                self._ingest(queue.get_nowait())
 
     def _ingest(self, reading: Reading) -> None:
         self._ingest_beat = time.monotonic()

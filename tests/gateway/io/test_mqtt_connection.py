@@ -6,6 +6,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from paho.mqtt import client as paho
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from pydantic import ValidationError
 from structlog.testing import capture_logs
 
@@ -58,6 +62,55 @@ def test_subscribe_and_receive_in_order(mosquitto: Mosquitto, protocol: str) -> 
     asyncio.run(scenario())
     assert [m.payload for m in received] == [str(n).encode() for n in range(10)]
     assert received[4].topic == "in/1"
+
+
+def test_lean_and_paho_receive_paths_keep_order_and_fields(mosquitto: Mosquitto) -> None:
+    """QoS 0/1 without properties take the lean decoder; QoS 2 and MQTT 5 properties take
+    paho's own path: both deliver every message, in order, with topic, payload, QoS and retain."""
+    received: list[InboundMessage] = []
+
+    async def on_message(message: InboundMessage) -> None:
+        received.append(message)
+
+    publisher = paho.Client(
+        callback_api_version=CallbackAPIVersion.VERSION2,
+        client_id="raw-pub",
+        protocol=MQTTProtocolVersion.MQTTv5,
+    )
+    user_property = Properties(PacketTypes.PUBLISH)
+    user_property.UserProperty = ("k", "v")
+    sent = [
+        ("in/a", b"plain-qos1", 1, None, False),
+        ("in/b", b"with-properties", 1, user_property, False),
+        ("in/\u00e9", "caf\u00e9".encode(), 0, None, False),
+        ("in/c", b"qos2", 2, None, False),
+        ("in/d", b"", 1, None, False),
+        ("in/e", b"x" * 70_000, 1, None, False),
+    ]
+
+    async def scenario() -> None:
+        config = broker_config(mosquitto, protocol="5")
+        async with MqttConnection(
+            config, client_id="sub", clean_start=True, on_message=on_message
+        ) as sub:
+            await sub.subscribe(["in/#"], qos=2)
+            await asyncio.wait_for(sub.wait_connected(), 10)
+            publisher.connect(mosquitto.host, mosquitto.port)
+            publisher.loop_start()
+            try:
+                for topic, payload, qos, properties, retain in sent:
+                    publisher.publish(
+                        topic, payload, qos=qos, retain=retain, properties=properties
+                    ).wait_for_publish(10)
+                await eventually(lambda: len(received) == len(sent))
+            finally:
+                publisher.disconnect()
+                publisher.loop_stop()
+
+    asyncio.run(scenario())
+    assert [(m.topic, m.payload, m.qos, m.retain) for m in received] == [
+        (topic, payload, qos, retain) for topic, payload, qos, _, retain in sent
+    ]
 
 
 def test_refused_connection_is_not_connected_and_publish_raises(tmp_path: Path) -> None:

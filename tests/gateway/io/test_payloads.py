@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from gateway.readings import ReadingRejectedError, RejectReason
+from gateway.sources import payloads
 from gateway.sources.payloads import DecodedPayload, PayloadRules, decode_payload
 
 NOW = 1_700_000_000.0
@@ -179,3 +182,44 @@ def test_fuzz_structured_json_never_raises_anything_but_a_reject(document: objec
 def test_fuzz_bytes_never_raise_anything_but_a_reject(payload: bytes) -> None:
     with contextlib.suppress(ReadingRejectedError):
         decode(payload, topic_sensor_id="s1")
+
+
+reading_like = st.dictionaries(
+    st.sampled_from(sorted(payloads._FIELD_OF_KEY)) | st.sampled_from(["x", "co2"]),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**400), max_value=10**400)
+    | st.floats()
+    | st.text(max_size=70),
+    max_size=7,
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(reading_like)
+def test_plain_fast_path_agrees_with_the_model(element: dict[str, object]) -> None:
+    """The pydantic-free path reads exactly what ReadingPayload reads, or defers to it."""
+    fields = payloads._plain_fields(element)
+    try:
+        model = payloads.ReadingPayload.model_validate(element)
+    except ValidationError:
+        assert fields is None
+        return
+    if fields is None:
+        return  # deferring is always allowed
+    sensor, ts, values = fields
+    assert sensor == model.sensor
+    assert _same(ts, model.ts)
+    assert list(values) == list(model.values())
+    assert all(_same(a, b) for a, b in zip(values.values(), model.values().values(), strict=True))
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal, with NaN equal to NaN."""
+    nans = isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+    return a == b or nans
+
+
+def test_plain_fast_path_takes_the_usual_payloads() -> None:
+    assert payloads._plain_fields({"ts": 1_700_000_000, "pm10": 12.5}) is not None
+    assert payloads._plain_fields({"sensor": "s1", "time": "2023-11-14T22:12:20Z", "pm25": 3})
