@@ -66,13 +66,21 @@ from training.data import (
 )
 from training.data.frame import LoadCounts, unix_seconds
 from training.errors import (
+    ExportVerificationError,
     FeatureMismatchError,
     HoldoutError,
     RetrainError,
     TrainingError,
 )
 from training.evaluate import Evaluation, evaluate_model_dir, model_channels
-from training.export import FLOAT_FILENAME, convert_float, export_flatbuffers, litert_predict
+from training.export import (
+    FLOAT_FILENAME,
+    FLOAT_TOLERANCE,
+    INT8_FILENAME,
+    convert_float,
+    export_flatbuffers,
+    litert_predict,
+)
 from training.metrics import LinearCalibration, error_metrics
 from training.models import ModelConfig, build_model
 from training.retrain_report import write_report
@@ -418,7 +426,14 @@ def _retrain(
     release: dict[str, Any] | None = None
     if accepted:
         model_dir = out_dir / "model"
-        _export(challenger.model, model_dir, manifest=manifest, inputs=inputs, test=test)
+        report["challenger"]["export"] = _export(
+            challenger.model,
+            model_dir,
+            manifest=manifest,
+            inputs=inputs,
+            test=test,
+            target=config.target,
+        )
         released_sha256 = sha256_file(model_dir / FLOAT_FILENAME)
         report["challenger"]["model_dir"] = str(model_dir)
         report["challenger"]["float32_sha256"] = released_sha256
@@ -1053,31 +1068,66 @@ def _save_run(
 
 
 def _export(
-    model: keras.Model, model_dir: Path, *, manifest: Manifest, inputs: _Inputs, test: TestMetrics
-) -> None:
-    """Both FlatBuffers, verified, and the manifest last (as ``export_run`` does)."""
+    model: keras.Model,
+    model_dir: Path,
+    *,
+    manifest: Manifest,
+    inputs: _Inputs,
+    test: TestMetrics,
+    target: Literal["gateway", "node"],
+) -> dict[str, Any]:
+    """Both FlatBuffers, verified, and the manifest last (as ``export_run`` does).
+
+    A gateway runs only the float graph: when the device graph fails its verification (its
+    bound is a share of the model's own error, tight for an accurate challenger), a gateway
+    release ships the verified float graph alone and the report says why. A node release needs
+    the device graph, so there the failure stands.
+    """
     train = inputs.sets.train
     holdout = inputs.holdout
     # The integer graph's ranges come from evenly spaced training windows plus the highest
     # readings of training and held-back windows: a drifting sensor reads beyond the training
     # range (inputs only, no reference, so nothing about the score leaks into the model).
+    spaced = _evenly_spaced(REPRESENTATIVE_WINDOWS, len(train))
     train_peaks = np.argsort(train.current_raw())[-REPRESENTATIVE_PEAKS:]
+    holdout_peaks = np.argsort(holdout.current_raw())[-REPRESENTATIVE_PEAKS:]
     representative = np.concatenate(
         [
-            train.gather(
-                np.unique(
-                    np.concatenate(
-                        [_evenly_spaced(REPRESENTATIVE_WINDOWS, len(train)), train_peaks]
-                    )
-                )
-            )[0],
-            holdout.gather(np.sort(np.argsort(holdout.current_raw())[-REPRESENTATIVE_PEAKS:]))[0],
+            train.gather(np.unique(np.concatenate([spaced, train_peaks])))[0],
+            holdout.gather(np.sort(holdout_peaks))[0],
         ]
     )
     check, check_reference = holdout.gather(_evenly_spaced(CHECK_WINDOWS, len(holdout)))
-    exported = export_flatbuffers(model, model_dir, representative, check, check_reference)
-    write_manifest(model_dir, _with_files(manifest, exported.files, test))
+    described: dict[str, Any] = {"device_graph": "verified"}
+    try:
+        exported = export_flatbuffers(model, model_dir, representative, check, check_reference)
+        files: dict[Precision, ModelFile] = dict(exported.files)
+        described["verification"] = exported.verification.as_dict()
+    except ExportVerificationError as exc:
+        if target == "node":
+            raise
+        (model_dir / INT8_FILENAME).unlink(missing_ok=True)
+        files = {"float32": _export_float_only(model, model_dir / FLOAT_FILENAME, check)}
+        described["device_graph"] = f"left out (gateway release): {exc}"
+    write_manifest(model_dir, _with_files(manifest, files, test))
     verify_model_files(model_dir, load_manifest(model_dir))
+    described["files"] = sorted(files)
+    return described
+
+
+def _export_float_only(model: keras.Model, path: Path, check: npt.NDArray[np.float32]) -> ModelFile:
+    """The gateway graph alone, checked against Keras with the exporter's float tolerance."""
+    path.write_bytes(convert_float(model))
+    keras_out = np.asarray(model.predict(check, verbose=0, batch_size=256)).reshape(-1)
+    litert_out = litert_predict(path.read_bytes(), check)
+    scale = max(float(np.max(np.abs(keras_out))), 1e-6)
+    error = float(np.max(np.abs(litert_out - keras_out)))
+    if error > FLOAT_TOLERANCE * scale:
+        raise ExportVerificationError(
+            f"float32 FlatBuffer differs from Keras by {error:.3g} "
+            f"(limit {FLOAT_TOLERANCE * scale:.3g})"
+        )
+    return _float_file(path)
 
 
 def _required_rmse(champion_rmse: float, margin: float, min_improvement: float) -> float:

@@ -75,6 +75,12 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             f"{challenger.get('epochs')} epoch(s), batch {challenger.get('batch_size')}, "
             f"learning rate {challenger.get('learning_rate')}, seed {challenger.get('seed')}.",
         ]
+        export = challenger.get("export")
+        if export:
+            lines.append(
+                f"- Exported to `{challenger.get('model_dir')}` ({', '.join(export['files'])}); "
+                f"device graph: {export['device_graph']}."
+            )
     figures = report.get("figures")
     if figures:
         lines += [
