@@ -1099,6 +1099,7 @@ def _export(
     )
     check, check_reference = holdout.gather(_evenly_spaced(CHECK_WINDOWS, len(holdout)))
     described: dict[str, Any] = {"device_graph": "verified"}
+    model_dir.mkdir(parents=True, exist_ok=True)
     try:
         exported = export_flatbuffers(model, model_dir, representative, check, check_reference)
         files: dict[Precision, ModelFile] = dict(exported.files)

@@ -327,3 +327,43 @@ def test_decision_rule() -> None:
     assert not decide(10.0, 10.0, margin=0.0, min_improvement=0.0)[0]  # a tie keeps the champion
     accepted, reason = decide(10.0, 5.0, margin=0.2, min_improvement=0.0)
     assert accepted and "5.000 <= 8.000 required" in reason
+
+
+@pytest.mark.slow
+def test_a_gateway_release_keeps_the_float_graph_when_the_device_graph_fails(
+    champion: tuple[Path, Path], pairs_dir: Path, keys, tmp_path: Path, monkeypatch
+) -> None:
+    """The device graph's bound is a share of the model's own error; the gateway never runs it."""
+    import training.retrain as retrain_module
+    from training.errors import ExportVerificationError
+
+    def failing_export(*_args: object, **_kwargs: object) -> None:
+        raise ExportVerificationError("the integer FlatBuffer deviates (test)")
+
+    monkeypatch.setattr(retrain_module, "export_flatbuffers", failing_export)
+    model_dir, run_dir = champion
+    base = {
+        "champion": model_dir,
+        "pairs": pairs_dir,
+        "champion_run": run_dir,
+        "margin": 0.2,
+        "epochs": 4,
+        "batch_size": 64,
+        "learning_rate": 3e-3,
+        "key": keys.private_path,
+    }
+    result = retrain(RetrainConfig.model_validate(base), tmp_path / "gateway")
+    assert result.accepted and result.model_dir is not None
+    manifest = load_manifest(result.model_dir)
+    assert set(manifest.files) == {"float32"}
+    assert not (result.model_dir / "model_int8.tflite").exists()
+    verify_model_files(result.model_dir, manifest)
+    assert result.report["challenger"]["export"]["device_graph"].startswith("left out")
+    assert "device graph: left out" in (tmp_path / "gateway" / "report.md").read_text()
+
+    # A node runs nothing but the device graph: there the failure stands, and is reported.
+    with pytest.raises(ExportVerificationError):
+        retrain(RetrainConfig.model_validate({**base, "target": "node"}), tmp_path / "node")
+    report = json.loads((tmp_path / "node" / "report.json").read_text())
+    assert report["decision"] == "error"
+    assert report["comparison"]["decision"] == "accepted"
