@@ -127,7 +127,7 @@ def _prefill(state_dir: Path, model_dir: Path, sensors: int, first_period: int) 
     n, c = geometry.window_length, len(geometry.channels)
     rng = np.random.default_rng(sensors)
     level = rng.gamma(2.0, 12.0, size=(sensors, c, 1)) + 2.0
-    ring = level * rng.lognormal(0.0, 0.08, size=(sensors, c, n))
+    ring = (level * rng.lognormal(0.0, 0.08, size=(sensors, c, n))).astype(np.float32)
     last = first_period - 1
     state = WindowState(
         geometry=geometry,
@@ -136,7 +136,7 @@ def _prefill(state_dir: Path, model_dir: Path, sensors: int, first_period: int) 
         last_closed=np.full(sensors, last, dtype=np.int64),
         first_period=np.full(sensors, last - 2 * n, dtype=np.int64),
         last_obs_period=np.full((sensors, c), last, dtype=np.int64),
-        last_obs_value=ring[:, :, last % n].copy(),
+        last_obs_value=ring[:, :, last % n].astype(np.float64),
         open_period=np.full(sensors, NO_PERIOD, dtype=np.int64),
         open_sum=np.zeros((sensors, c)),
         open_count=np.zeros((sensors, c), dtype=np.int64),

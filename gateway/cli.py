@@ -71,8 +71,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(config: GatewayConfig) -> int:
     from gateway.logging import configure_logging
+    from gateway.memory import pin_mmap_threshold
     from gateway.service import GatewayService
 
+    pin_mmap_threshold()  # before the first large array (the window snapshot) is freed
     configure_logging(config.logging.format, config.logging.level)
     service = GatewayService(config)
     code = EXIT_FAILURE

@@ -125,7 +125,7 @@ def select_runtime(preference: Sequence[RuntimeName] = DEFAULT_RUNTIME_PREFERENC
     )
 
 
-DEFAULT_MAX_BATCH = 1024
+DEFAULT_MAX_BATCH = 256
 
 
 class BatchedInterpreter:
@@ -136,6 +136,8 @@ class BatchedInterpreter:
     larger than ``max_batch`` run as equal chunks of ``max_batch`` (the last one padded): the
     interpreter's intermediate tensors grow with the batch (attention holds B·z²·d values), so
     one 10,000-window invoke needed ~180 MB and ran slower per window than 1,024-window chunks.
+    256-window chunks run as fast per window as 1,024 (the default model: 4.5 µs per window from
+    batch 100 up) and the interpreter holds 2.3 MiB for them instead of 9.2 MiB.
     """
 
     def __init__(self, interpreter: Interpreter, max_batch: int = DEFAULT_MAX_BATCH) -> None:

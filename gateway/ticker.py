@@ -170,7 +170,9 @@ class Ticker:
         if calibrator is not None and valid.any():
             started = time.perf_counter()
             try:
-                values[valid] = calibrator.calibrate(ready.windows[valid])
+                # All valid is the usual case: no [B, N] copy of the windows.
+                rows = ready.windows if valid.all() else ready.windows[valid]
+                values[valid] = calibrator.calibrate(rows)
             except CalibrationError as exc:
                 failed = True
                 self.stats.inference_errors += 1
@@ -223,8 +225,10 @@ def _outside_domain(calibrator: Calibrator | None, ready: ReadyWindows) -> np.nd
     with np.errstate(invalid="ignore"):
         windows = ready.windows
         flat = windows if windows.ndim == 2 else windows[:, :, 0]  # the feature's own channel
-        low = np.nanmin(np.where(np.isnan(flat), np.inf, flat), axis=1)
-        high = np.nanmax(np.where(np.isnan(flat), -np.inf, flat), axis=1)
+        # fmin/fmax skip NaN (an all-NaN row gives NaN, which compares False) without the
+        # [B, N] temporaries that np.where would allocate.
+        low = np.fmin.reduce(flat, axis=1)
+        high = np.fmax.reduce(flat, axis=1)
     return np.asarray((low < span.min) | (high > span.max), dtype=np.bool_)
 
 

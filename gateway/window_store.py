@@ -1,12 +1,15 @@
 """Per (sensor, model) ring buffers filled in event time, with training's gap policy.
 
-Each model has one :class:`ModelWindows`: a preallocated ``[sensors, channels, N]`` float64 array
+Each model has one :class:`ModelWindows`: a preallocated ``[sensors, channels, N]`` float32 array
 in which period ``t`` always lives at column ``t % N`` (a roll-free circular layout: no head index
 to move, no copying on push). Readings are averaged into the sensor's *open* period; the period
 closes when a reading for a later period arrives (event time) or when the ticker forces it
 (wall-clock fallback). Closing writes the mean and fills the gap since the previous observation
 with :func:`gateway.series.gap_fill`, exactly as training's :func:`interpolate_short_gaps` does,
-so a window here equals the training window over the same series.
+so a window here equals the training window over the same series. float32 is the model's input
+type: means and interpolations are computed in float64 and rounded once on the way into the ring,
+as the cast at the model's input did before, so windows are unchanged and the ring takes half
+the memory (10,000 sensors x N = 360: 14 MB); the published raw mean stays float64.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -93,7 +97,7 @@ class ReadyWindows:
     sensor_ids: tuple[str, ...]
     periods: IntArray  # [B] grid period index of the closed period
     windows: Float32Array  # [B, N] or [B, N, C]
-    raw: FloatArray  # [B] mean of the first channel's readings in the closed period
+    raw: FloatArray  # [B] mean of the first channel's readings in the closed period (float64)
     quality: tuple[tuple[Quality, ...], ...]  # [B]
 
     @property
@@ -110,7 +114,7 @@ class WindowState:
 
     geometry: WindowGeometry
     sensor_ids: list[str]
-    ring: FloatArray  # [S, C, N]
+    ring: npt.NDArray[np.floating[Any]]  # [S, C, N] float32 (float64 in older snapshots)
     last_closed: IntArray  # [S]
     first_period: IntArray  # [S]
     last_obs_period: IntArray  # [S, C]
@@ -128,8 +132,9 @@ class _Snapshot:
 
     sensor_id: str
     period: int
-    window: FloatArray  # [C, N] oldest-first
+    window: Float32Array  # [C, N] oldest-first
     first_period: int
+    raw: float
 
 
 class ModelWindows:
@@ -144,6 +149,7 @@ class ModelWindows:
         self._index: dict[str, int] = {}
         self._seen: list[set[float]] = []
         self._overflow: list[_Snapshot] = []
+        self._pending_rows = 0  # count of True in _pending: asked for after every reading
         self.counts: dict[AddOutcome, int] = dict.fromkeys(AddOutcome, 0)
         self._allocate(max(capacity, 1))
 
@@ -151,7 +157,8 @@ class ModelWindows:
 
     def _allocate(self, capacity: int) -> None:
         c, n = self._channels, self._n
-        self._ring: FloatArray = np.full((capacity, c, n), np.nan)
+        self._ring: Float32Array = np.full((capacity, c, n), np.nan, dtype=np.float32)
+        self._pending_raw: FloatArray = np.full(capacity, np.nan)  # exact mean, for "raw"
         self._last_closed: IntArray = np.full(capacity, NO_PERIOD, dtype=np.int64)
         self._first_period: IntArray = np.full(capacity, NO_PERIOD, dtype=np.int64)
         self._last_obs_period: IntArray = np.full((capacity, c), NO_PERIOD, dtype=np.int64)
@@ -179,6 +186,7 @@ class ModelWindows:
                 "_last_arrival",
                 "_pending",
                 "_pending_period",
+                "_pending_raw",
             )
         }
         self._allocate(old * 2)
@@ -206,7 +214,7 @@ class ModelWindows:
     @property
     def pending_count(self) -> int:
         """Closed periods waiting for the ticker."""
-        return int(np.count_nonzero(self._pending[: len(self._ids)])) + len(self._overflow)
+        return self._pending_rows + len(self._overflow)
 
     def add(self, reading: Reading, arrival: float) -> AddOutcome:
         """Average one reading into its sensor's open period (``arrival``: wall-clock seconds)."""
@@ -275,14 +283,20 @@ class ModelWindows:
         if self._pending[row]:
             self._overflow.append(self._snapshot(row))
         counts = self._open_count[row]
+        first_mean = math.nan
         for channel in range(self._channels):
             count = int(counts[channel])
             mean = float(self._open_sum[row, channel]) / count if count else math.nan
             self._write(row, channel, period, mean)
+            if channel == 0:
+                first_mean = mean
         self._last_closed[row] = period
         if counts[0] > 0:
+            if not self._pending[row]:
+                self._pending_rows += 1
             self._pending[row] = True
             self._pending_period[row] = period
+            self._pending_raw[row] = first_mean
             if self._first_period[row] == NO_PERIOD:
                 self._first_period[row] = period
         self._open_period[row] = NO_PERIOD
@@ -313,10 +327,10 @@ class ModelWindows:
         self._last_obs_period[row, channel] = period
         self._last_obs_value[row, channel] = value
 
-    def _ordered(self, row: int, period: int) -> FloatArray:
+    def _ordered(self, row: int, period: int) -> Float32Array:
         """Copy of the row's window ending at ``period``, oldest first: [C, N]."""
         positions = np.arange(period + 1, period + 1 + self._n) % self._n
-        window: FloatArray = self._ring[row][:, positions]
+        window: Float32Array = self._ring[row][:, positions]
         return window
 
     def _snapshot(self, row: int) -> _Snapshot:
@@ -326,6 +340,7 @@ class ModelWindows:
             period=period,
             window=self._ordered(row, period),
             first_period=int(self._first_period[row]),
+            raw=float(self._pending_raw[row]),
         )
 
     # -- gathering --------------------------------------------------------------------------
@@ -350,8 +365,8 @@ class ModelWindows:
         self._gather(rows, windows[overflow:])
         raw = np.concatenate(
             [
-                np.array([snap.window[0, -1] for snap in self._overflow], dtype=np.float64),
-                self._ring[rows, 0, self._pending_period[rows] % n],
+                np.array([snap.raw for snap in self._overflow], dtype=np.float64),
+                self._pending_raw[rows],
             ]
         )
         first = np.concatenate(
@@ -364,12 +379,15 @@ class ModelWindows:
             self._ids[int(row)] for row in rows
         )
         # Flags only for windows holding a hole: a full window is plain OK, no Python per row.
-        incomplete = np.flatnonzero(np.isnan(windows).any(axis=(1, 2)))
+        # A window's sum is NaN exactly when it holds a NaN (values are finite otherwise), and
+        # summing needs no [B, C, N] boolean temporary.
+        incomplete = np.flatnonzero(np.isnan(windows.sum(axis=(1, 2))))
         flags: list[tuple[Quality, ...]] = [()] * periods.size
         for hole in incomplete.tolist():
             flags[hole] = self._quality(windows[hole], int(periods[hole]), int(first[hole]))
         self._overflow.clear()
         self._pending[rows] = False
+        self._pending_rows -= int(rows.size)
         shaped = windows[:, 0, :] if c == 1 else np.ascontiguousarray(windows.transpose(0, 2, 1))
         return ReadyWindows(
             sensor_ids=sensor_ids,
@@ -392,7 +410,7 @@ class ModelWindows:
             members = np.flatnonzero(shifts == shift)
             for start in range(0, members.size, _GATHER_CHUNK):
                 chunk = members[start : start + _GATHER_CHUNK]
-                source = self._ring[rows[chunk]]  # [k, C, N] float64, small
+                source = self._ring[rows[chunk]]  # [k, C, N] float32, small
                 out[chunk, :, : n - shift] = source[:, :, shift:]
                 out[chunk, :, n - shift :] = source[:, :, :shift]
 
@@ -468,6 +486,12 @@ class ModelWindows:
         windows._open_count[:s] = state.open_count
         windows._pending_period[:s] = state.pending_period
         windows._pending[:s] = state.pending_period != NO_PERIOD
+        windows._pending_rows = int(np.count_nonzero(windows._pending[:s]))
+        for row in np.flatnonzero(windows._pending[:s]).tolist():
+            # The exact mean is not saved: the ring's float32 value, read back as the shortest
+            # decimal that rounds to it (what the sensor sent, for a mean of few digits).
+            value = windows._ring[row, 0, int(state.pending_period[row]) % n]
+            windows._pending_raw[row] = float(str(value))
         for row, seen in enumerate(state.open_seen):
             windows._seen[row].update(seen)
         return windows

@@ -284,3 +284,29 @@ def test_paper_sized_window_round_trip(n: int) -> None:
     ready = windows.ready_windows(closed_through_period=BASE + n)
     assert ready.quality[-1] == ()
     np.testing.assert_allclose(ready.windows[-1], np.arange(1, n + 1, dtype=np.float32))
+
+
+def test_float32_ring_keeps_the_published_raw_mean_exact_also_after_a_restore() -> None:
+    windows = ModelWindows(geometry(n=3))
+    feed(windows, "a", {0: [10.1, 10.2], 1: [0.1, 0.2], 2: [7.0]})
+    assert windows.export_state().ring.dtype == np.float32
+    restored = ModelWindows.from_state(windows.export_state())  # period 1 pending, 2 still open
+    ready = windows.ready_windows()
+    # The float64 means, not their float32 roundings.
+    assert ready.raw.tolist() == [(10.1 + 10.2) / 2, (0.1 + 0.2) / 2]
+    assert ready.windows.dtype == np.float32
+    assert ready.windows[1, -1] == np.float32((0.1 + 0.2) / 2)
+    again = restored.ready_windows()  # a restore keeps the pending period, not the snapshot
+    assert again.raw.tolist() == [0.15]  # rebuilt from the ring: the shortest decimal
+    np.testing.assert_array_equal(again.windows, ready.windows[1:])
+
+
+def test_a_float64_snapshot_restores_into_the_float32_ring() -> None:
+    windows = ModelWindows(geometry(n=3))
+    feed(windows, "a", {0: [10.0], 1: [11.0], 2: [12.0], 3: [13.0]})
+    state = windows.export_state()
+    state.ring = state.ring.astype(np.float64)  # as the daemon saved it before
+    restored = ModelWindows.from_state(state)
+    np.testing.assert_array_equal(
+        restored.ready_windows().windows, windows.ready_windows().windows[-1:]
+    )
