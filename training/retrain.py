@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -52,11 +51,9 @@ from gateway.manifest import (
     verify_model_files,
     write_manifest,
 )
-from gateway.series import GapPolicy
 from training.data import (
     CleaningReport,
     CoLocationData,
-    GriddedSensor,
     RecordedPairs,
     WindowSet,
     clean,
@@ -64,7 +61,7 @@ from training.data import (
     read_pairs,
     to_grid,
 )
-from training.data.frame import LoadCounts, unix_seconds
+from training.data.frame import unix_seconds
 from training.errors import (
     ExportVerificationError,
     FeatureMismatchError,
@@ -83,6 +80,17 @@ from training.export import (
 )
 from training.metrics import LinearCalibration, error_metrics
 from training.models import ModelConfig, build_model
+from training.retrain_data import (
+    HoldBack,
+    Periods,
+    TrainingSets,
+    iso,
+    masked,
+    only_references_from,
+    pairs_since,
+    split_periods,
+    training_sets,
+)
 from training.retrain_report import write_report
 from training.train import TrainConfig, WindowBatches, load_run, predict_windows
 
@@ -114,58 +122,9 @@ _TRAINING_KEYS = frozenset(
         "retrained_from",
     }
 )
-BEFORE_SINCE = "pairs:before_since"
 _SCORED = ("raw", "linear", "champion", "challenger")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 
 Mode = Literal["auto", "finetune", "fresh"]
-
-
-class HoldBack(BaseModel):
-    """The most recent part of the pairs: kept out of training, used to compare the models.
-
-    Written ``12h``, ``7d``, ``90m``, ``3600s`` (a duration ending at the last recorded period)
-    or ``0.2`` / ``20%`` (that share of the recorded periods, the most recent ones).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: Literal["duration", "fraction"]
-    value: float = Field(gt=0, description="Seconds for a duration, a share in (0, 1) otherwise.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_text(cls, data: Any) -> Any:
-        if not isinstance(data, str | int | float) or isinstance(data, bool):
-            return data
-        text = str(data).strip()
-        duration = _DURATION.match(text)
-        if duration is not None:
-            return {
-                "kind": "duration",
-                "value": float(duration.group(1)) * _UNIT_SECONDS[duration.group(2)],
-            }
-        share = text.removesuffix("%")
-        try:
-            value = float(share) / (100.0 if share != text else 1.0)
-        except ValueError:
-            raise ValueError(
-                f"held-back period {text!r}: write a duration (12h, 7d, 90m, 3600s) or a share "
-                "of the recorded periods (0.2 or 20%)"
-            ) from None
-        return {"kind": "fraction", "value": value}
-
-    @model_validator(mode="after")
-    def _share_below_one(self) -> HoldBack:
-        if self.kind == "fraction" and not 0 < self.value < 1:
-            raise ValueError(f"a held-back share must lie in (0, 1), got {self.value}")
-        return self
-
-    def describe(self) -> str:
-        if self.kind == "fraction":
-            return f"the most recent {self.value:.0%} of the recorded periods"
-        return f"the last {_duration_text(self.value)} of pairs"
 
 
 class PushTarget(BaseModel):
@@ -271,47 +230,16 @@ class RetrainResult:
 
 
 @dataclass(frozen=True)
-class _Periods:
-    """Unix-second boundaries: training < validation_start <= validation < holdout_start."""
-
-    validation_start: float
-    holdout_start: float
-    first: float
-    last: float
-
-    def as_json(self) -> dict[str, str | None]:
-        has_validation = self.validation_start < self.holdout_start
-        return {
-            "training": f"{_iso(self.first)}/{_iso(self.validation_start)}",
-            "validation": (
-                f"{_iso(self.validation_start)}/{_iso(self.holdout_start)}"
-                if has_validation
-                else None
-            ),
-            "held_back": f"{_iso(self.holdout_start)}/{_iso(self.last)}",
-        }
-
-
-@dataclass(frozen=True)
-class _TrainingSets:
-    train: WindowSet  # pairs sensors first, then the original data's
-    indices: npt.NDArray[np.int64]  # windows of one epoch (pairs repeated pairs_weight times)
-    pairs_windows: int
-    validation: WindowSet | None
-    counts: dict[str, int]
-
-
-@dataclass(frozen=True)
 class _Inputs:
     champion: Manifest
     channels: tuple[str, ...]
     pairs: RecordedPairs
     cleaning: CleaningReport
-    periods: _Periods
+    periods: Periods
     window_length: int
     holdout: WindowSet
     original: CoLocationData | None
-    sets: _TrainingSets
+    sets: TrainingSets
 
 
 @dataclass(frozen=True)
@@ -371,7 +299,7 @@ def retrain(config: RetrainConfig, out_dir: Path, *, verbose: int | str = 0) -> 
         raise RetrainError(f"{out_dir} is not empty; each retraining run needs its own directory")
     out_dir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
-        "created_at": _iso(datetime.now(UTC).timestamp()),
+        "created_at": iso(datetime.now(UTC).timestamp()),
         "decision": "error",
         "config": config.model_dump(mode="json"),
     }
@@ -474,14 +402,14 @@ def _prepare(config: RetrainConfig, report: dict[str, Any]) -> _Inputs:
     }
     if cleaned.frame.empty:
         raise HoldoutError(f"no pair in {pairs.directory} survives cleaning; see the report")
-    periods = _split_periods(cleaned, config)
+    periods = split_periods(cleaned, config.holdout, config.validation_fraction)
     report["data"]["holdout"] = config.holdout.describe()
     report["data"]["periods"] = periods.as_json()
 
     window_length = config.window_length or champion.window_length
     sensors = to_grid(cleaned)
     holdout = WindowSet.build(
-        _masked(sensors.values(), periods.holdout_start, math.inf),
+        masked(sensors.values(), periods.holdout_start, math.inf),
         window_length,
         champion.gap_policy,
         channels,
@@ -500,8 +428,15 @@ def _prepare(config: RetrainConfig, report: dict[str, Any]) -> _Inputs:
             "source": original.source,
             "sensors": list(original.sensor_ids),
         }
-    sets = _training_sets(
-        config, sensors, original, periods, (window_length, champion.gap_policy, channels)
+    sets = training_sets(
+        sensors,
+        original,
+        periods,
+        (window_length, champion.gap_policy, channels),
+        min_train_windows=config.min_train_windows,
+        pairs_weight=config.pairs_weight,
+        max_original_windows=config.max_original_windows,
+        seed=config.seed,
     )
     report["data"]["windows"] = {**sets.counts, "held_back": len(holdout)}
     return _Inputs(
@@ -578,7 +513,7 @@ def _score(
     out_dir: Path,
 ) -> _Comparison:
     """Champion and challenger through the evaluate path (float FlatBuffer under LiteRT)."""
-    holdout_data = _only_references_from(inputs.pairs.data, inputs.periods.holdout_start)
+    holdout_data = only_references_from(inputs.pairs.data, inputs.periods.holdout_start)
     champion_eval = evaluate_model_dir(config.champion, holdout_data)
     candidate_dir = out_dir / ".candidate"
     candidate_dir.mkdir()
@@ -638,7 +573,7 @@ def _read_pairs(config: RetrainConfig, champion: Manifest) -> RecordedPairs:
     if off_grid.size:
         raise FeatureMismatchError(
             f"{pairs.directory}: {off_grid.size} pair(s) do not start a {champion.period_seconds} s"
-            f" period of the champion's grid (first at {_iso(float(stamps[off_grid[0]]))}): were "
+            f" period of the champion's grid (first at {iso(float(stamps[off_grid[0]]))}): were "
             "they recorded for another model?"
         )
     missing = [c for c in model_channels(champion) if c not in ("raw", *pairs.data.covariates)]
@@ -647,79 +582,7 @@ def _read_pairs(config: RetrainConfig, champion: Manifest) -> RecordedPairs:
             f"the champion reads channel(s) {missing} that the pairs in {pairs.directory} never "
             "carry: the sensors must send them"
         )
-    return pairs if config.since is None else _since(pairs, config.since)
-
-
-def _since(pairs: RecordedPairs, since: datetime) -> RecordedPairs:
-    """Only the pairs from ``since`` on (e.g. the start of a drift); the rest counted as dropped."""
-    start = (since if since.tzinfo is not None else since.replace(tzinfo=UTC)).timestamp()
-    frame = pairs.data.frame
-    keep = unix_seconds(frame["timestamp"]) >= start
-    if not keep.any():
-        raise HoldoutError(
-            f"no pair in {pairs.directory} starts at or after {_iso(start)} (the last starts at "
-            f"{_iso(float(unix_seconds(frame['timestamp']).max()))})"
-        )
-    counts = pairs.data.load_counts
-    dropped = dict(counts.rows_dropped) if counts is not None else {}
-    dropped[BEFORE_SINCE] = int((~keep).sum())
-    data = dataclasses.replace(
-        pairs.data,
-        frame=frame.loc[keep].reset_index(drop=True),
-        load_counts=LoadCounts(
-            rows_read=counts.rows_read if counts is not None else len(frame),
-            rows_dropped=dropped,
-        ),
-    )
-    recorded = pairs.recorded
-    recorded = recorded.loc[unix_seconds(recorded["timestamp"]) >= start].reset_index(drop=True)
-    return dataclasses.replace(pairs, data=data, recorded=recorded)
-
-
-def _split_periods(cleaned: CoLocationData, config: RetrainConfig) -> _Periods:
-    frame = cleaned.frame
-    seconds = unix_seconds(frame["timestamp"])
-    with_reference = np.unique(seconds[np.isfinite(frame["reference"].to_numpy())])
-    if with_reference.size == 0:
-        raise HoldoutError("no pair has a valid reference after cleaning")
-    first, last = float(with_reference[0]), float(with_reference[-1])
-    if config.holdout.kind == "duration":
-        holdout_start = last + cleaned.period_seconds - config.holdout.value
-    else:
-        position = math.floor((1.0 - config.holdout.value) * with_reference.size)
-        holdout_start = float(with_reference[min(position, with_reference.size - 1)])
-    before = with_reference[with_reference < holdout_start]
-    if before.size == 0:
-        raise HoldoutError(
-            f"every recorded period ({_iso(first)} to {_iso(last)}) falls in the held-back "
-            f"period ({config.holdout.describe()}): hold back less or record longer"
-        )
-    validation_start = holdout_start
-    if config.validation_fraction > 0:
-        position = math.floor((1.0 - config.validation_fraction) * before.size)
-        validation_start = float(before[min(position, before.size - 1)])
-    return _Periods(
-        validation_start=validation_start, holdout_start=holdout_start, first=first, last=last
-    )
-
-
-def _masked(sensors: Any, start: float, end: float) -> list[GriddedSensor]:
-    """The sensors with their reference kept only in ``[start, end)`` (inputs untouched)."""
-    masked = []
-    for sensor in sensors:
-        stamps = sensor.timestamps
-        keep = (stamps >= start) & (stamps < end)
-        masked.append(
-            dataclasses.replace(sensor, reference=np.where(keep, sensor.reference, np.nan))
-        )
-    return masked
-
-
-def _only_references_from(data: CoLocationData, start: float) -> CoLocationData:
-    """The data with references before ``start`` removed: inputs stay for the windows' history."""
-    frame = data.frame
-    keep = unix_seconds(frame["timestamp"]) >= start
-    return data.with_frame(frame.assign(reference=frame["reference"].where(keep)))
+    return pairs if config.since is None else pairs_since(pairs, config.since)
 
 
 def _load_original(config: RetrainConfig, champion: Manifest) -> CoLocationData | None:
@@ -740,67 +603,6 @@ def _load_original(config: RetrainConfig, champion: Manifest) -> CoLocationData 
         )
     cleaned, _ = clean(loaded)
     return cleaned
-
-
-def _training_sets(
-    config: RetrainConfig,
-    sensors: dict[str, GriddedSensor],
-    original: CoLocationData | None,
-    periods: _Periods,
-    shape: tuple[int, GapPolicy, tuple[str, ...]],
-) -> _TrainingSets:
-    """Pairs windows before the validation period (+ original data), and validation windows."""
-    window_length, policy, channels = shape
-    pairs_train = _masked(sensors.values(), -math.inf, periods.validation_start)
-    pairs_count = len(WindowSet.build(pairs_train, window_length, policy, channels))
-    if pairs_count < config.min_train_windows:
-        raise HoldoutError(
-            f"only {pairs_count} training window(s) of N={window_length} in the pairs before "
-            f"the validation and held-back periods ({periods.as_json()['training']}); at least "
-            f"{config.min_train_windows} are needed: record longer or hold back less"
-        )
-    original_sensors = (
-        [
-            dataclasses.replace(sensor, sensor_id=f"original/{sensor.sensor_id}")
-            for sensor in to_grid(original).values()
-        ]
-        if original is not None
-        else []
-    )
-    # Pairs sensors first, so the first pairs_count windows are the pairs' windows.
-    train = WindowSet.build([*pairs_train, *original_sensors], window_length, policy, channels)
-    indices = np.arange(len(train), dtype=np.int64)
-    pairs_indices = np.repeat(indices[:pairs_count], config.pairs_weight)
-    original_indices = indices[pairs_count:]
-    cap = config.max_original_windows
-    if cap is not None and original_indices.size > cap:
-        rng = np.random.default_rng(config.seed)
-        original_indices = np.sort(rng.choice(original_indices, cap, replace=False))
-    validation: WindowSet | None = None
-    if periods.validation_start < periods.holdout_start:
-        validation = WindowSet.build(
-            _masked(sensors.values(), periods.validation_start, periods.holdout_start),
-            window_length,
-            policy,
-            channels,
-        )
-        if len(validation) == 0:
-            raise HoldoutError(
-                f"no window with a reference in the validation period "
-                f"({periods.as_json()['validation']}); record longer, raise "
-                "validation_fraction, or set it to 0 to train without early stopping"
-            )
-    return _TrainingSets(
-        train=train,
-        indices=np.concatenate([pairs_indices, original_indices]),
-        pairs_windows=pairs_count,
-        validation=validation,
-        counts={
-            "train_pairs": pairs_count,
-            "train_original": int(original_indices.size),
-            "validation": len(validation) if validation is not None else 0,
-        },
-    )
 
 
 def _challenger_model(
@@ -865,7 +667,7 @@ def _check_run_matches(
 
 def _fit(
     model: keras.Model,
-    sets: _TrainingSets,
+    sets: TrainingSets,
     config: RetrainConfig,
     batch_size: int,
     verbose: int | str,
@@ -1173,17 +975,6 @@ def _release(config: RetrainConfig, model_dir: Path, release_dir: Path) -> dict[
 
 def _evenly_spaced(count: int, total: int) -> npt.NDArray[np.int64]:
     return np.unique(np.linspace(0, total - 1, num=min(count, total)).astype(np.int64))
-
-
-def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _duration_text(seconds: float) -> str:
-    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
 
 
 def _write_json(path: Path, payload: object) -> None:
