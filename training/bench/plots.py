@@ -50,11 +50,12 @@ def efficiency(path: Path, rows: Sequence[dict[str, object]], title: str) -> Pat
         flops = float(row["flops"])  # type: ignore[arg-type]
         size = 40 + 900 * float(row["parameters"]) / largest  # type: ignore[arg-type]
         memory_axes.scatter(memory, rmse, s=60, color=colour, zorder=3)
-        memory_axes.annotate(model, (memory, rmse), xytext=(5, 4), textcoords="offset points",
+        offset = (5, 4) if index % 2 == 0 else (5, -11)  # alternate: neighbours overlap less
+        memory_axes.annotate(model, (memory, rmse), xytext=offset, textcoords="offset points",
                              fontsize=8)  # fmt: skip
         flops_axes.scatter(flops, rmse, s=size, color=colour, alpha=0.55, edgecolors="k",
                            linewidths=0.5, zorder=3)  # fmt: skip
-        flops_axes.annotate(model, (flops, rmse), xytext=(6, 5), textcoords="offset points",
+        flops_axes.annotate(model, (flops, rmse), xytext=offset, textcoords="offset points",
                             fontsize=8)  # fmt: skip
     memory_axes.set_xscale("log")
     memory_axes.set_xlabel("peak activation memory, float graph (KiB, log)")

@@ -33,6 +33,7 @@ __all__ = [
     "collect",
     "gain",
     "mark_ranks",
+    "one_line",
     "table1_rows",
     "write_report",
 ]
@@ -177,6 +178,13 @@ def _write_csv(path: Path, rows: Sequence[dict[str, object]]) -> None:
         writer.writeheader()
         for row in rows:
             writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+
+
+def one_line(text: object, limit: int = 240) -> str:
+    """A reason as one markdown-safe line: repeated lines dropped, whitespace collapsed."""
+    lines = [" ".join(line.split()) for line in str(text).splitlines()]
+    joined = "; ".join(dict.fromkeys(line for line in lines if line)).replace("|", "/")
+    return joined if len(joined) <= limit else joined[: limit - 1] + "…"
 
 
 def _kib(value: int | None) -> str:
@@ -392,7 +400,7 @@ class _Report:
                 if row["tflm_runs"]:
                     tflm = f"yes, {_kib(row['tflm_arena_bytes'])}"  # type: ignore[arg-type]
                 else:
-                    reason = str(row["tflm_reason"])
+                    reason = one_line(row["tflm_reason"])
                     note = notes.setdefault(reason, len(notes) + 1)
                     tflm = f"no [{note}]"
                 body.append(
@@ -419,7 +427,7 @@ class _Report:
         if notes:
             lines += [f"[{n}] {reason}" + "  " for reason, n in notes.items()] + [""]
         failed = [
-            (str(r["model"]), str(r["export_reason"]))
+            (str(r["model"]), one_line(r["export_reason"]))
             for r in every
             if not r["export_verified"] and r["export_reason"]
         ]
@@ -489,7 +497,8 @@ class _Report:
         if odd:
             lines += ["Not available:", ""]
             lines += [
-                f"- {r['model']} N = {r['window_length']}: {r['status']} {r['reason'] or ''}"
+                f"- {r['model']} N = {r['window_length']}: {r['status']} "
+                + one_line(r["reason"] or "")
                 for r in odd
             ] + [""]
         return lines, rows
@@ -598,7 +607,9 @@ def write_report(config: BenchConfig, report_dir: Path, *, command: str | None =
     skipped = [r for r in report.results if r.status == "skipped"]
     if skipped:
         lines += ["Rows not computed:", ""]
-        lines += [f"- `{r.model}` N = {r.window_length}: {r.reason}" for r in skipped] + [""]
+        lines += [f"- `{r.model}` N = {r.window_length}: {one_line(r.reason)}" for r in skipped] + [
+            ""
+        ]
     if ablation_lines:
         lines += [f"## Table 2 — ablation (N = {config.window_length}, test RMSE)", ""]
         lines += ablation_lines

@@ -15,7 +15,15 @@ from training.bench.cells import CellResult, CellStore, Efficiency, TflmStatus
 from training.bench.efficiency import peak_activation_bytes
 from training.bench.flops import ResolvedGraph, ResolvedOp, count_flops, uncounted_ops
 from training.bench.grid import BenchConfig, DatasetSpec, SweepConfig
-from training.bench.report import Column, Score, gain, mark_ranks, table1_rows, write_report
+from training.bench.report import (
+    Column,
+    Score,
+    gain,
+    mark_ranks,
+    one_line,
+    table1_rows,
+    write_report,
+)
 from training.flatbuffer import Graph, GraphOp
 
 
@@ -31,6 +39,12 @@ def test_best_and_second_are_the_lowest_and_raw_is_never_marked() -> None:
     marks = mark_ranks({"raw": 1.0, "a": 3.0, "b": 2.0, "c": 2.0, "d": None, "e": 4.0})
     assert marks == {"b": "best", "c": "best", "a": "second"}
     assert mark_ranks({"raw": 1.0, "a": 3.0}, exclude=()) == {"raw": "best", "a": "second"}
+
+
+def test_reasons_become_one_markdown_line() -> None:
+    reason = "no 'GREATER'.\nno 'CAST'.\nno 'GREATER'.\n  a | b  "
+    assert one_line(reason) == "no 'GREATER'.; no 'CAST'.; a / b"
+    assert len(one_line("x" * 500)) == 240
 
 
 def test_table1_averages_regions_and_gains() -> None:
