@@ -130,6 +130,16 @@ def _command() -> str | None:
     return "python -m training " + shlex.join(sys.argv[1:])
 
 
+def _previous_command(report_dir: Path) -> str | None:
+    """The command that computed the stored cells (a rewrite keeps it), else this one."""
+    try:
+        previous = json.loads((report_dir / "results.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return _command()
+    command = previous.get("command") if isinstance(previous, dict) else None
+    return command if isinstance(command, str) else _command()
+
+
 def run(args: argparse.Namespace) -> int:
     from training.bench.report import write_report
     from training.bench.runner import run_bench
@@ -139,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(_plan(config), indent=2))
         return 0
     if args.report_only:
-        path = write_report(config, args.report_dir, command=_command())
+        path = write_report(config, args.report_dir, command=_previous_command(args.report_dir))
         print(json.dumps({"report": str(path)}))
         return 0
     summary = run_bench(

@@ -55,8 +55,9 @@ def efficiency(path: Path, rows: Sequence[dict[str, object]], title: str) -> Pat
                              fontsize=8)  # fmt: skip
         flops_axes.scatter(flops, rmse, s=size, color=colour, alpha=0.55, edgecolors="k",
                            linewidths=0.5, zorder=3)  # fmt: skip
-        flops_axes.annotate(model, (flops, rmse), xytext=offset, textcoords="offset points",
-                            fontsize=8)  # fmt: skip
+        radius = float(np.sqrt(size)) / 2  # marker size is an area in points²: label beside it
+        flops_axes.annotate(model, (flops, rmse), xytext=(radius + 2, offset[1]),
+                            textcoords="offset points", fontsize=8)  # fmt: skip
     memory_axes.set_xscale("log")
     memory_axes.set_xlabel("peak activation memory, float graph (KiB, log)")
     memory_axes.set_ylabel("test RMSE (µg/m³)")
@@ -67,6 +68,7 @@ def efficiency(path: Path, rows: Sequence[dict[str, object]], title: str) -> Pat
     flops_axes.set_title("(b) accuracy vs FLOPs (area ∝ parameters)")
     for axes in (memory_axes, flops_axes):
         axes.grid(True, which="both", alpha=0.3)
+        axes.margins(x=0.12, y=0.1)
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path)

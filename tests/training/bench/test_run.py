@@ -19,6 +19,7 @@ from training.bench.flops import count_flops, resolve_graph
 from training.bench.grid import BenchConfig, DatasetSpec, SweepConfig
 from training.bench.progress import Progress
 from training.bench.runner import BenchSummary, run_bench
+from training.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CONFIG = BenchConfig(
@@ -130,3 +131,21 @@ def test_progress_drives_an_epoch_bar_and_restores_fit() -> None:
     display.finish("tiny done")
     display.close()
     assert keras.Model.fit is original
+
+
+def test_report_only_rewrites_from_the_cells_and_keeps_the_command(
+    runs: Runs, tmp_path: Path
+) -> None:
+    results = runs.report_dir / "results.json"
+    payload = json.loads(results.read_text(encoding="utf-8"))
+    payload["command"] = "python -m training bench --epochs 1"
+    results.write_text(json.dumps(payload), encoding="utf-8")
+    (runs.report_dir / "report.md").unlink()
+    config_file = tmp_path / "bench.json"
+    config_file.write_text(CONFIG.model_dump_json(), encoding="utf-8")
+    code = main(["bench", "--report-dir", str(runs.report_dir), "--config", str(config_file),
+                 "--report-only"])  # fmt: skip
+    assert code == 0
+    report = (runs.report_dir / "report.md").read_text(encoding="utf-8")
+    assert "python -m training bench --epochs 1" in report
+    assert _cells(runs.report_dir) == runs.cells_after_first
