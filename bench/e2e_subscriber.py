@@ -3,8 +3,10 @@
 Its own process (``python -m bench.e2e_subscriber --port P --out FILE``), subscribed with QoS 0 to
 ``tesla/+/+/+``. It prints ``ready`` once subscribed, records every non-retained message with
 ``time.monotonic()`` of the read that brought it (system-wide on Linux, so comparable with the
-generator's publication stamps), and on SIGTERM writes what it received to ``--out``: per message
-the arrival, the sensor number, the closed period's index and whether it carried a calibration.
+generator's publication stamps), and on SIGTERM writes what it received to ``--out``: per
+calibrated reading (one per message on ``<prefix>/<sensor>/<feature>``, an array on
+``<prefix>/_batch/<feature>``) the arrival, the sensor number, the closed period's index and
+whether it carried a calibration.
 """
 
 from __future__ import annotations
@@ -44,14 +46,19 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[tuple[float, int, int, bool]] = []
     for message in received:
         parts = message.topic.split("/")
-        if len(parts) != 4 or not parts[2].startswith("node-"):
+        if len(parts) != 4:
             continue  # status, stats
-        document = json.loads(message.payload)
-        start = datetime.fromisoformat(document["period_start"]).timestamp()
-        period = round(start) // int(document["period_s"])
-        rows.append(
-            (message.arrival, int(parts[2][5:]), period, document["calibrated"] is not None)
-        )
+        if parts[2] == "_batch":
+            documents = json.loads(message.payload)
+        elif parts[2].startswith("node-"):
+            documents = [{"sensor": parts[2], **json.loads(message.payload)}]
+        else:
+            continue
+        for document in documents:
+            start = datetime.fromisoformat(document["period_start"]).timestamp()
+            period = round(start) // int(document["period_s"])
+            sensor = int(document["sensor"][5:])
+            rows.append((message.arrival, sensor, period, document["calibrated"] is not None))
     args.out.write_text(json.dumps(rows), encoding="utf-8")
     sys.exit(0)
 

@@ -62,6 +62,13 @@ def _print_end_to_end(e2e: dict[str, float], counts: tuple[int, ...]) -> None:
             f"({e2e[f'e2e_latency_samples_{s}']:,.0f} messages, "
             f"{e2e[f'e2e_latency_missing_{s}']:,.0f} missing)",
         )
+        if f"e2e_latency_p99_ms_batch_topic_{s}" in e2e:
+            _row(
+                "  same, published on <prefix>/_batch/<feature>",
+                f"{e2e[f'e2e_latency_p50_ms_batch_topic_{s}']:,.1f} / "
+                f"{e2e[f'e2e_latency_p99_ms_batch_topic_{s}']:,.1f} / "
+                f"{e2e[f'e2e_latency_max_ms_batch_topic_{s}']:,.1f} ms",
+            )
         _row(
             "daemon VmRSS / VmHWM with the windows full",
             f"{e2e[f'daemon_rss_mb_{s}']:.1f} / {e2e[f'daemon_peak_rss_mb_{s}']:.1f} MiB",

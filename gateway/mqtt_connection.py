@@ -181,7 +181,7 @@ MessageHandler = Callable[[InboundMessage], Awaitable[None]]
 class _Attempt:
     """State of one paho client (one connection attempt); stale callbacks are recognised by it."""
 
-    client: paho.Client
+    client: _LeanClient
     connack: asyncio.Future[bool]
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     publishes: dict[int, asyncio.Future[None]] = field(default_factory=dict)
@@ -196,23 +196,58 @@ class _Delivery:
 
 
 _UINT16 = struct.Struct("!H")
+_READ_SIZE = 65_536
 _PublishCallback = Callable[[str, bytes, int, int, bool], None]
 
 
 class _LeanClient(paho.Client):
-    """paho's client with a lean receive path for plain QoS 0 and QoS 1 messages.
+    """paho's client with a lean receive path.
 
     For every message received paho builds an ``MQTTMessage`` (with a ``threading.Condition``)
     and, under MQTT 5, a ``Properties`` object whose constructor fills several lookup tables:
     measured with py-spy, 60 % of the daemon's CPU at 6,000 readings/s. Messages at QoS 0 or 1
     without MQTT 5 properties (what sensors send) are decoded here and handed to
     ``on_publish_received(topic, payload, qos, mid, retain)`` directly; QoS 2, messages with
-    properties and clients without that callback take paho's own path (``on_message``). This
-    overrides paho 2.x's ``_handle_publish`` and reads its ``_in_packet``, ``_protocol`` and
-    ``_manual_ack``; paho is pinned below 3 and tests/gateway/io exercise both paths.
+    properties and clients without that callback take paho's own path (``on_message``).
+
+    paho also reads every packet with three or more ``recv`` calls (the first byte, each byte of
+    the length, the rest) and handles one packet per wake-up of its loop. Here the socket is read
+    64 KiB at a time into a buffer that paho's reads are served from, and a wake-up handles every
+    packet already buffered.
+
+    This overrides paho 2.x's ``_handle_publish``, ``_sock_recv`` and ``loop_read`` and uses its
+    ``_in_packet``, ``_protocol``, ``_manual_ack`` and ``_reset_sockets``; paho is pinned below 3
+    and tests/gateway/io exercise every path (TLS included).
     """
 
     on_publish_received: _PublishCallback | None = None
+    _read_buffer = b""
+    _read_position = 0
+
+    def _sock_recv(self, bufsize: int) -> bytes:
+        if self._read_position >= len(self._read_buffer):
+            data = super()._sock_recv(_READ_SIZE)  # BlockingIOError when nothing is there
+            if not data:
+                return data  # the connection closed
+            self._read_buffer, self._read_position = data, 0
+        start = self._read_position
+        self._read_position = start + bufsize
+        return self._read_buffer[start : start + bufsize]
+
+    def close_sockets(self) -> None:
+        """Close the connection's socket and the wake-up socket pair of paho's thread now.
+
+        paho closes them only when the client is garbage collected, and in a reference cycle the
+        sockets may be finalised first (an 'unclosed socket' ResourceWarning).
+        """
+        self._reset_sockets()
+
+    def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:
+        rc = super().loop_read(max_packets)
+        # Packets already in the buffer would not wake the select() in paho's loop.
+        while rc == MQTTErrorCode.MQTT_ERR_SUCCESS and self._read_position < len(self._read_buffer):
+            rc = super().loop_read(1)
+        return rc
 
     def _handle_publish(self) -> MQTTErrorCode:
         callback = self.on_publish_received
@@ -449,7 +484,7 @@ class MqttConnection:
         self._log.info("mqtt_connected", session_present=session_present)
         return attempt
 
-    def _make_client(self) -> paho.Client:
+    def _make_client(self) -> _LeanClient:
         v5 = self._broker.protocol == "5"
         client = _LeanClient(
             callback_api_version=CallbackAPIVersion.VERSION2,
@@ -487,7 +522,7 @@ class MqttConnection:
             )
         return client
 
-    def _blocking_connect(self, client: paho.Client) -> None:
+    def _blocking_connect(self, client: _LeanClient) -> None:
         """Runs in a worker thread: DNS, TCP (and TLS) handshake and sending CONNECT."""
         if self._broker.protocol == "5":
             properties = None
@@ -511,9 +546,7 @@ class MqttConnection:
         client.disconnect()  # also tells paho's thread to exit instead of reconnecting
         await asyncio.to_thread(client.loop_stop)
         with contextlib.suppress(OSError):
-            sock = client.socket()
-            if sock is not None:
-                sock.close()
+            client.close_sockets()
 
     def _mark_lost(self, attempt: _Attempt) -> None:
         attempt.lost.set()
@@ -588,8 +621,7 @@ class MqttConnection:
             received(topic, bytes(message.payload), message.qos, message.mid, message.retain)
 
         client.on_message = lambda _c, _u, msg: received_by_paho(msg)
-        if isinstance(client, _LeanClient):
-            client.on_publish_received = received
+        client.on_publish_received = received
 
     def _on_connack(self, attempt: _Attempt, flags: paho.ConnectFlags, rc: ReasonCode) -> None:
         if attempt.connack.done():

@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.calibrated import CalibratedReading
 from gateway.discovery import discovery_message
@@ -89,6 +89,20 @@ class PublisherConfig(BaseModel):
     shutdown_flush_s: float = Field(
         default=5.0, ge=0, description="On shutdown, how long to keep delivering queued messages."
     )
+    per_sensor_topics: bool = Field(
+        default=True,
+        description="Publish each calibrated reading on <prefix>/<sensor_id>/<feature>.",
+    )
+    batch_topic: bool = Field(
+        default=False,
+        description=(
+            "Also (or, with per_sensor_topics = false, only) publish each tick's readings as JSON "
+            "arrays on <prefix>/_batch/<feature>: one message per batch_max_readings readings."
+        ),
+    )
+    batch_max_readings: int = Field(
+        default=1000, ge=1, le=100_000, description="Most readings in one batch message."
+    )
 
     @field_validator("topic_prefix", "discovery_prefix")
     @classmethod
@@ -105,6 +119,12 @@ class PublisherConfig(BaseModel):
                 f"{value!r} must be a topic without wildcards or empty/leading/trailing levels"
             )
         return value
+
+    @model_validator(mode="after")
+    def _publishes_readings(self) -> Self:
+        if not (self.per_sensor_topics or self.batch_topic):
+            raise ValueError("per_sensor_topics and batch_topic cannot both be false")
+        return self
 
 
 def iso8601(timestamp: float) -> str:
@@ -203,17 +223,43 @@ class Publisher:
                 raise PublisherError(
                     f"sensor {reading.sensor_id!r} / feature {reading.feature!r} cannot be a topic"
                 )
-            payload = json.dumps(reading_payload(reading), ensure_ascii=False).encode("utf-8")
-            messages.append(
-                OutboxMessage(
-                    topic=self.state_topic(reading.sensor_id, reading.feature),
-                    payload=payload,
-                    qos=self._config.qos,
-                    retain=self._config.retain,
+        if self._config.per_sensor_topics:
+            for reading in readings:
+                payload = json.dumps(reading_payload(reading), ensure_ascii=False).encode("utf-8")
+                messages.append(
+                    OutboxMessage(
+                        topic=self.state_topic(reading.sensor_id, reading.feature),
+                        payload=payload,
+                        qos=self._config.qos,
+                        retain=self._config.retain,
+                    )
                 )
-            )
-            self._known.setdefault((reading.sensor_id, reading.feature), None)
+                self._known.setdefault((reading.sensor_id, reading.feature), None)
+        if self._config.batch_topic:
+            messages.extend(self._batch_messages(readings))
         self._enqueue(messages)
+
+    def batch_topic(self, feature: str) -> str:
+        """``<prefix>/_batch/<feature>``: a sensor id cannot start with '_', so no clash."""
+        return f"{self.topic_prefix}/_batch/{feature}"
+
+    def _batch_messages(self, readings: Sequence[CalibratedReading]) -> list[OutboxMessage]:
+        """Each feature's readings as JSON arrays of the per-sensor documents plus 'sensor'."""
+        by_feature: dict[str, list[dict[str, object]]] = {}
+        for reading in readings:
+            document = {"sensor": reading.sensor_id, **reading_payload(reading)}
+            by_feature.setdefault(reading.feature, []).append(document)
+        size = self._config.batch_max_readings
+        return [
+            OutboxMessage(
+                topic=self.batch_topic(feature),
+                payload=json.dumps(documents[start : start + size], ensure_ascii=False).encode(),
+                qos=self._config.qos,
+                retain=False,
+            )
+            for feature, documents in by_feature.items()
+            for start in range(0, len(documents), size)
+        ]
 
     def submit_documents(self, documents: Sequence[tuple[str, Mapping[str, object]]]) -> None:
         """Queue retained JSON documents (health, drift: docs/mqtt.md) behind the readings.

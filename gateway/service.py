@@ -361,14 +361,16 @@ class GatewayService:
 
     async def _ingest_loop(self, queue: asyncio.Queue[Reading]) -> None:
         while True:
-            try:
-                reading = await asyncio.wait_for(queue.get(), _HEARTBEAT_S)
-            except TimeoutError:
-                self._ingest_beat = time.monotonic()
-                continue
-            self._ingest(reading)
-            # Take what else is queued without a wait_for (a timer) per reading; bounded, so
-            # the other tasks run at least every _INGEST_BURST readings.
+            if queue.empty():
+                try:
+                    async with asyncio.timeout(_HEARTBEAT_S):  # a timer, not a task (wait_for)
+                        self._ingest(await queue.get())
+                except TimeoutError:
+                    self._ingest_beat = time.monotonic()
+                    continue
+            else:
+                await asyncio.sleep(0)  # after a burst, let the other tasks run
+            # Take what else is queued in one go, bounded by _INGEST_BURST readings.
             for _ in range(min(queue.qsize(), _INGEST_BURST)):
                 self._ingest(queue.get_nowait())
 

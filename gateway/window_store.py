@@ -217,16 +217,26 @@ class ModelWindows:
         return self._pending_rows + len(self._overflow)
 
     def add(self, reading: Reading, arrival: float) -> AddOutcome:
-        """Average one reading into its sensor's open period (``arrival``: wall-clock seconds)."""
-        channels = self.geometry.channels
+        """Average one reading into its sensor's open period (``arrival``: wall-clock seconds).
+
+        Called for every reading: scalar reads use ``ndarray.item`` (cheaper than indexing).
+        """
         values = reading.values
-        if not any(name in values for name in channels):
+        present = [
+            (channel, value)
+            for channel, name in enumerate(self.geometry.channels)
+            if (value := values.get(name)) is not None
+        ]
+        if not present:
             return self._count(AddOutcome.IRRELEVANT)
-        period = period_index(reading.timestamp, self.geometry.period_seconds)
-        row = self._row(reading.sensor_id)
-        open_period = int(self._open_period[row])
+        timestamp = reading.timestamp
+        period = period_index(timestamp, self.geometry.period_seconds)
+        row = self._index.get(reading.sensor_id)
+        if row is None:
+            row = self._row(reading.sensor_id)
+        open_period = self._open_period.item(row)
         if open_period == NO_PERIOD:
-            if period <= self._last_closed[row]:
+            if period <= self._last_closed.item(row):
                 return self._count(AddOutcome.LATE)
             self._open_period[row] = period
         elif period < open_period:
@@ -235,16 +245,15 @@ class ModelWindows:
             self._close(row)
             self._open_period[row] = period
         seen = self._seen[row]
-        if reading.timestamp in seen:
+        if timestamp in seen:
             return self._count(AddOutcome.DUPLICATE)
-        seen.add(reading.timestamp)
-        for channel, name in enumerate(channels):
-            value = values.get(name)
-            if value is not None:
-                self._open_sum[row, channel] += value
-                self._open_count[row, channel] += 1
+        seen.add(timestamp)
+        for channel, value in present:
+            self._open_sum[row, channel] += value
+            self._open_count[row, channel] += 1
         self._last_arrival[row] = arrival
-        return self._count(AddOutcome.ACCEPTED)
+        self.counts[AddOutcome.ACCEPTED] += 1
+        return AddOutcome.ACCEPTED
 
     def _count(self, outcome: AddOutcome) -> AddOutcome:
         self.counts[outcome] += 1

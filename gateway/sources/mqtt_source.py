@@ -145,7 +145,10 @@ class MqttSource:
 
         async def on_message(message: InboundMessage) -> None:
             for reading in self._decode(message, rejects):
-                await queue.put(reading)
+                if queue.full():
+                    await queue.put(reading)  # backpressure: wait for the ingest loop
+                else:
+                    queue.put_nowait(reading)
 
         persistent = self._config.persistent_session
         connection = MqttConnection(

@@ -274,3 +274,31 @@ def test_stats_after_close_and_submit_after_close(mosquitto: Mosquitto, tmp_path
     assert publisher.stats()["queued"] == 1  # the last counts stay readable for the status
     with pytest.raises(PublisherError, match="closed"):
         publisher.submit([reading(1)])
+
+
+def test_batch_topic_carries_each_ticks_readings_as_arrays(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    cfg = config(mosquitto, per_sensor_topics=False, batch_topic=True, batch_max_readings=2)
+
+    async def scenario() -> None:
+        async with Publisher(cfg, gateway_id="gw1", state_dir=tmp_path) as publisher:
+            publisher.submit([reading(0, sensor=f"s{i}") for i in range(3)])
+            publisher.submit([reading(1, sensor="s0", feature="pm2_5")])
+            await asyncio.wait_for(publisher.wait_idle(), 10)
+
+    with collecting(mosquitto, ["tesla/gw1/#"]) as live:
+        asyncio.run(scenario())
+        live.wait_for(lambda m: len([x for x in m if "_batch" in x.topic]) == 3)
+    batches = [m for m in live.messages if "_batch" in m.topic]
+    assert [m.topic for m in batches] == ["tesla/gw1/_batch/pm10"] * 2 + ["tesla/gw1/_batch/pm2_5"]
+    assert not any(m.retain for m in batches)
+    documents = [json.loads(m.payload) for m in batches]
+    assert [[d["sensor"] for d in batch] for batch in documents] == [["s0", "s1"], ["s2"], ["s0"]]
+    assert documents[0][1] == {"sensor": "s1", **reading_payload(reading(0, sensor="s1"))}
+    assert not [m for m in live.messages if m.topic.endswith(("/s0/pm10", "/s1/pm10"))]
+
+
+def test_a_publisher_must_publish_readings_somewhere(mosquitto: Mosquitto) -> None:
+    with pytest.raises(ValueError, match="cannot both be false"):
+        config(mosquitto, per_sensor_topics=False)
