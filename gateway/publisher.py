@@ -46,6 +46,7 @@ __all__ = [
 
 OUTBOX_FILENAME = "outbox.sqlite3"
 DISPLAY_UNIT = "µg/m³"
+_NOT_CONNECTED_RETRY_S = 0.05
 _UNIT_ALIASES = {"ug/m3": DISPLAY_UNIT, "µg/m3": DISPLAY_UNIT, DISPLAY_UNIT: DISPLAY_UNIT}
 
 
@@ -404,6 +405,9 @@ class Publisher:
                 await self._drain(connection)
             except MqttNotConnectedError:
                 self._log.info("publisher_waiting_for_broker", queued=len(self._outbox))
+                # paho can refuse a publish a moment before its disconnect reaches the loop;
+                # yield to it (and back off) rather than spin on a connection already gone.
+                await asyncio.sleep(_NOT_CONNECTED_RETRY_S)
 
     async def _drain(self, connection: MqttConnection) -> None:
         """Send the outbox in order until the connection is lost (then raise)."""
