@@ -196,7 +196,10 @@ class _Delivery:
 
 
 _UINT16 = struct.Struct("!H")
+_PUBACK = struct.Struct("!BBH")  # fixed header, remaining length 2, packet id
 _READ_SIZE = 65_536
+_COALESCE_BELOW = 16  # messages waiting: fewer than this, and the dispatcher waits _COALESCE_S
+_COALESCE_S = 0.002
 _PublishCallback = Callable[[str, bytes, int, int, bool], None]
 
 
@@ -215,9 +218,11 @@ class _LeanClient(paho.Client):
     64 KiB at a time into a buffer that paho's reads are served from, and a wake-up handles every
     packet already buffered.
 
+    QoS 1 acknowledgements of a batch go out as one write (:meth:`ack_many`).
+
     This overrides paho 2.x's ``_handle_publish``, ``_sock_recv`` and ``loop_read`` and uses its
-    ``_in_packet``, ``_protocol``, ``_manual_ack`` and ``_reset_sockets``; paho is pinned below 3
-    and tests/gateway/io exercise every path (TLS included).
+    ``_in_packet``, ``_protocol``, ``_manual_ack``, ``_packet_queue`` and ``_reset_sockets``; paho
+    is pinned below 3 and tests/gateway/io exercise every path (TLS included).
     """
 
     on_publish_received: _PublishCallback | None = None
@@ -233,6 +238,11 @@ class _LeanClient(paho.Client):
         start = self._read_position
         self._read_position = start + bufsize
         return self._read_buffer[start : start + bufsize]
+
+    def ack_many(self, mids: Sequence[int]) -> None:
+        """PUBACK several QoS 1 messages with one write (``ack`` wakes paho's thread for each)."""
+        packet = b"".join(_PUBACK.pack(paho.PUBACK, 2, mid) for mid in mids)
+        self._packet_queue(paho.PUBACK, packet, 0, 0)
 
     def close_sockets(self) -> None:
         """Close the connection's socket and the wake-up socket pair of paho's thread now.
@@ -577,16 +587,28 @@ class MqttConnection:
         assert handler is not None
         while True:
             await self._inbox_ready.wait()
+            if len(self._inbox) < _COALESCE_BELOW:
+                # Sensors spread over time arrive one message per wake-up; waiting a moment
+                # lets a batch form (one wake-up and one acknowledgement write for all).
+                await asyncio.sleep(_COALESCE_S)
             with self._inbox_lock:
                 batch = list(self._inbox)
                 self._inbox.clear()
                 self._inbox_signalled = False
                 self._inbox_ready.clear()
+            acks: dict[_Attempt, list[int]] = {}
             for delivery in batch:
                 await handler(delivery.message)
                 attempt = delivery.attempt
-                if delivery.message.qos > 0 and attempt is self._attempt and self._connected:
+                if delivery.message.qos == 0 or attempt is not self._attempt or not self._connected:
+                    continue  # a message of a lost connection is redelivered, not acknowledged
+                if delivery.message.qos == 1:
+                    acks.setdefault(attempt, []).append(delivery.mid)
+                else:
                     attempt.client.ack(delivery.mid, delivery.message.qos)
+            for attempt, mids in acks.items():
+                if attempt is self._attempt and self._connected:
+                    attempt.client.ack_many(mids)
 
     # -- paho callbacks (paho's thread) -> event loop -------------------------------------
 

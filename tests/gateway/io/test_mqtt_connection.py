@@ -64,6 +64,32 @@ def test_subscribe_and_receive_in_order(mosquitto: Mosquitto, protocol: str) -> 
     assert received[4].topic == "in/1"
 
 
+def test_acknowledgements_flow_so_the_broker_keeps_sending(mosquitto: Mosquitto) -> None:
+    """mosquitto sends a 3.1.1 client at most 20 unacknowledged QoS 1 messages: all 500 arrive
+    only if the batched PUBACKs reach it."""
+    received: list[InboundMessage] = []
+
+    async def on_message(message: InboundMessage) -> None:
+        received.append(message)
+
+    async def scenario() -> None:
+        config = broker_config(mosquitto, protocol="3.1.1")
+        async with (
+            MqttConnection(config, client_id="sub", clean_start=True, on_message=on_message) as sub,
+            MqttConnection(config, client_id="pub", clean_start=True) as pub,
+        ):
+            await sub.subscribe(["in/#"])
+            await asyncio.wait_for(sub.wait_connected(), 10)
+            await asyncio.wait_for(pub.wait_connected(), 10)
+            await asyncio.gather(
+                *(pub.start_publish(f"in/{n % 7}", str(n).encode(), qos=1) for n in range(500))
+            )
+            await eventually(lambda: len(received) == 500)
+
+    asyncio.run(scenario())
+    assert [int(m.payload) for m in received] == list(range(500))
+
+
 def test_lean_and_paho_receive_paths_keep_order_and_fields(mosquitto: Mosquitto) -> None:
     """QoS 0/1 without properties take the lean decoder; QoS 2 and MQTT 5 properties take
     paho's own path: both deliver every message, in order, with topic, payload, QoS and retain."""
