@@ -37,6 +37,17 @@ class ArduinoStream : public ByteStream {
   bool usb_;
 };
 
+// The on-board humidity sensor: HTS221 on the Nano 33 BLE Sense (Arduino_HTS221), HS3003 on
+// its Rev2 (Arduino_HS300x; build with -DTESLA_BOARD_REV2).
+class ArduinoEnvironment : public EnvironmentSensor {
+ public:
+  bool begin();
+  bool read(float* rh_percent, float* temp_c) override;
+
+ private:
+  bool ok_ = false;
+};
+
 class ArduinoClock : public Clock {
  public:
   uint32_t millis() const override;

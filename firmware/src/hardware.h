@@ -35,6 +35,14 @@ class ByteStream {
   virtual size_t write(const uint8_t* data, size_t length) = 0;
 };
 
+// The board's own humidity and temperature sensor (covariate channels, docs/serial-protocol.md).
+class EnvironmentSensor {
+ public:
+  virtual ~EnvironmentSensor() = default;
+  // False when the sensor is absent or did not answer: the reading then carries no rh/temp_c.
+  virtual bool read(float* rh_percent, float* temp_c) = 0;
+};
+
 class Clock {
  public:
   virtual ~Clock() = default;

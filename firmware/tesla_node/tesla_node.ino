@@ -42,6 +42,7 @@ tesla::ArduinoFlash flash;
 tesla::ArduinoSignatureVerifier verifier;
 tesla::ArduinoStream gateway(true);
 tesla::ArduinoStream sensor_uart(false);
+tesla::ArduinoEnvironment environment;  // rh and temp_c channels for covariate models
 tesla::SlotManager slots(flash, kSlotBase, kSlotBytes);
 const tesla::ReceiverProfile kProfile{tesla::model::kModelName, tesla::model::kWindowLength,
                                       tesla::model::kArenaBytes, kReleasePublicKey};
@@ -65,6 +66,8 @@ uint32_t seq = 0;
 int64_t period = -1;
 uint32_t samples = 0;
 double sum_pm1 = 0, sum_pm2_5 = 0, sum_pm10 = 0;
+uint32_t env_samples = 0;
+double sum_rh = 0, sum_temp_c = 0;
 
 void send(size_t length) {
   if (length > 0) gateway.write(reinterpret_cast<const uint8_t*>(out), length);
@@ -138,6 +141,11 @@ void report_period() {
   v.pm1 = sum_pm1 / samples;
   v.pm2_5 = sum_pm2_5 / samples;
   v.pm10 = sum_pm10 / samples;
+  if (env_samples > 0) {
+    v.has_rh = v.has_temp_c = true;
+    v.rh = sum_rh / env_samples;
+    v.temp_c = sum_temp_c / env_samples;
+  }
   if (window.copy(input_window)) {
     float calibrated = invoke(input_window);
     if (isfinite(calibrated)) {
@@ -150,6 +158,8 @@ void report_period() {
   send(tesla::encode_reading(kNodeId, seq++, -1.0, v, out, sizeof(out)));
   samples = 0;
   sum_pm1 = sum_pm2_5 = sum_pm10 = 0;
+  env_samples = 0;
+  sum_rh = sum_temp_c = 0;
 }
 
 void on_gateway_line() {
@@ -178,6 +188,7 @@ void setup() {
   Serial.begin(115200);
   Serial1.begin(9600);
   flash.begin();
+  environment.begin();  // absent or failed: readings simply carry no rh/temp_c
   register_ops();
   boot_model();
   receiver = new (receiver_storage)
@@ -210,5 +221,11 @@ void loop() {
     sum_pm2_5 += r.pm2_5;
     sum_pm10 += r.pm10;
     ++samples;
+    float rh, temp_c;
+    if (environment.read(&rh, &temp_c)) {
+      sum_rh += rh;
+      sum_temp_c += temp_c;
+      ++env_samples;
+    }
   }
 }
