@@ -102,7 +102,7 @@ model_poll_s = 600
 
 [tick]
 grace_s = 5.0
-settle_s = 0.02
+settle_s = 0.005
 
 [state]
 status_interval_s = 0.25
@@ -408,8 +408,13 @@ def _paced_phase(run: _Run, t: int, rate: float) -> tuple[dict[str, float], int]
     return figures, int(paced["next_t0"])
 
 
-def _scenario(
-    work: Path, model_dir: Path, port: int, sensors: int, daemon_cpu: int | None
+def _scenario(  # noqa: PLR0917 - one call site, all needed
+    work: Path,
+    model_dir: Path,
+    port: int,
+    sensors: int,
+    daemon_cpu: int | None,
+    batch_topic: bool,
 ) -> dict[str, float]:
     period = load_manifest(model_dir).period_seconds
     state_dir = work / f"state-{sensors}"
@@ -437,20 +442,28 @@ def _scenario(
                 figures.update(phase)
         finally:
             daemon.stop()
-        # The same windows (saved at the stop), published as batches on <prefix>/_batch/pm10.
-        config.write_text(
-            _config_text(state_dir, model_dir, port, batch_topic=True), encoding="utf-8"
-        )
-        daemon = _Daemon.start(config, state_dir, daemon_cpu)
-        try:
-            daemon.wait_running()
-            run = _Run(work, port, s, period, daemon)
-            phase, batched = _latency_phase(run, t, "batch_topic_")
-            figures.update(phase)
-        finally:
-            daemon.stop()
+        phases = {"": latency}
+        if batch_topic:
+            # The same windows (saved at the stop), published as arrays on <prefix>/_batch/pm10.
+            config.write_text(
+                _config_text(state_dir, model_dir, port, batch_topic=True), encoding="utf-8"
+            )
+            daemon = _Daemon.start(config, state_dir, daemon_cpu)
+            try:
+                daemon.wait_running()
+                run = _Run(work, port, s, period, daemon)
+                phase, phases["batch_topic_"] = _latency_phase(run, t, "batch_topic_")
+                figures.update(phase)
+            finally:
+                daemon.stop()
+    return _latency_figures(figures, s, work, phases)  # the subscriber has written its file
+
+
+def _latency_figures(
+    figures: dict[str, float], s: int, work: Path, phases: dict[str, dict[str, Any]]
+) -> dict[str, float]:
     rows = json.loads((work / f"received-{s}.json").read_text(encoding="utf-8"))
-    for name, generated in (("", latency), ("batch_topic_", batched)):
+    for name, generated in phases.items():
         values, missing = _latencies(generated["boundaries"], rows)
         for key, value in _percentiles(values).items():
             figures[f"e2e_latency_{key}_ms_{name}{s}"] = value
@@ -459,7 +472,9 @@ def _scenario(
     return figures
 
 
-def run_end_to_end(model_dir: Path, sensor_counts: tuple[int, ...]) -> dict[str, float]:
+def run_end_to_end(
+    model_dir: Path, sensor_counts: tuple[int, ...], *, batch_topic: bool = True
+) -> dict[str, float]:
     """All phases for each sensor count; figures by name (see the module docstring)."""
     cpus = sorted(os.sched_getaffinity(0))
     daemon_cpu: int | None = None
@@ -482,7 +497,9 @@ def run_end_to_end(model_dir: Path, sensor_counts: tuple[int, ...]) -> dict[str,
             finally:
                 daemon.stop()
             for sensors in sensor_counts:
-                figures.update(_scenario(work, model_dir, broker.port, sensors, daemon_cpu))
+                figures.update(
+                    _scenario(work, model_dir, broker.port, sensors, daemon_cpu, batch_topic)
+                )
     if sensor_counts:
         figures["cpu_s_per_1000_calibrations"] = figures[
             f"cpu_s_per_1000_calibrations_{max(sensor_counts)}"
@@ -498,8 +515,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.end_to_end", description=__doc__)
     parser.add_argument("model", type=Path)
     parser.add_argument("--sensors", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument(
+        "--no-batch-topic",
+        action="store_true",
+        help="skip phase 5 (to measure a gateway version without publisher.batch_topic)",
+    )
     args = parser.parse_args(argv)
-    print(json.dumps(run_end_to_end(args.model, tuple(args.sensors))))
+    figures = run_end_to_end(args.model, tuple(args.sensors), batch_topic=not args.no_batch_topic)
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

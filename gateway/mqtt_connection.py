@@ -198,6 +198,9 @@ class _Delivery:
 _UINT16 = struct.Struct("!H")
 _PUBACK = struct.Struct("!BBH")  # fixed header, remaining length 2, packet id
 _READ_SIZE = 65_536
+# Shared, never modified: what a plain PUBACK (remaining length 2) means.
+_PUBACK_SUCCESS = ReasonCode(PacketTypes.PUBACK)
+_NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
 _COALESCE_BELOW = 16  # messages waiting: fewer than this, and the dispatcher waits _COALESCE_S
 _COALESCE_S = 0.002
 _PublishCallback = Callable[[str, bytes, int, int, bool], None]
@@ -218,11 +221,13 @@ class _LeanClient(paho.Client):
     64 KiB at a time into a buffer that paho's reads are served from, and a wake-up handles every
     packet already buffered.
 
-    QoS 1 acknowledgements of a batch go out as one write (:meth:`ack_many`).
+    QoS 1 acknowledgements of a batch go out as one write (:meth:`ack_many`), and a plain
+    PUBACK received (success, no properties) is read without paho's per-packet objects.
 
-    This overrides paho 2.x's ``_handle_publish``, ``_sock_recv`` and ``loop_read`` and uses its
-    ``_in_packet``, ``_protocol``, ``_manual_ack``, ``_packet_queue`` and ``_reset_sockets``; paho
-    is pinned below 3 and tests/gateway/io exercise every path (TLS included).
+    This overrides paho 2.x's ``_handle_publish``, ``_handle_pubackcomp``, ``_sock_recv`` and
+    ``loop_read`` and uses its ``_in_packet``, ``_protocol``, ``_manual_ack``, ``_packet_queue``,
+    ``_out_messages``, ``_do_on_publish`` and ``_reset_sockets``; paho is pinned below 3 and
+    tests/gateway/io exercise every path (TLS included).
     """
 
     on_publish_received: _PublishCallback | None = None
@@ -238,6 +243,17 @@ class _LeanClient(paho.Client):
         start = self._read_position
         self._read_position = start + bufsize
         return self._read_buffer[start : start + bufsize]
+
+    def _handle_pubackcomp(self, cmd: Literal["PUBACK", "PUBCOMP"]) -> MQTTErrorCode:
+        packet = self._in_packet["packet"]
+        if cmd != "PUBACK" or len(packet) != 2:
+            return super()._handle_pubackcomp(cmd)  # a reason code, properties, or QoS 2
+        # A plain success: paho's decoder would build a ReasonCode and a Properties per PUBACK.
+        (mid,) = _UINT16.unpack(packet)
+        with self._out_message_mutex:
+            if mid in self._out_messages:
+                return self._do_on_publish(mid, _PUBACK_SUCCESS, _NO_PROPERTIES)
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
 
     def ack_many(self, mids: Sequence[int]) -> None:
         """PUBACK several QoS 1 messages with one write (``ack`` wakes paho's thread for each)."""
@@ -622,8 +638,28 @@ class MqttConnection:
         client = attempt.client
         client.on_connect = lambda _c, _u, flags, rc, _p: later(self._on_connack, flags, rc)
         client.on_disconnect = lambda _c, _u, _f, rc, _p: later(self._on_disconnect, rc)
-        client.on_publish = lambda _c, _u, mid, rc, _p: later(self._on_puback, mid, rc)
         client.on_subscribe = lambda _c, _u, mid, rcs, _p: later(self._on_suback, mid, rcs)
+
+        # PUBACKs come in bursts (the publisher keeps many messages in flight): one hand-off to
+        # the loop per burst, in arrival order, ahead of anything paho reports after them.
+        pubacks: list[tuple[int, ReasonCode]] = []
+        pubacks_lock = threading.Lock()
+
+        def published(mid: int, rc: ReasonCode) -> None:
+            with pubacks_lock:
+                pubacks.append((mid, rc))
+                if len(pubacks) > 1:
+                    return  # a hand-off is already scheduled and will take this one too
+            later(settle_pubacks)
+
+        def settle_pubacks(attempt: _Attempt) -> None:
+            with pubacks_lock:
+                batch = list(pubacks)
+                pubacks.clear()
+            for mid, rc in batch:
+                self._on_puback(attempt, mid, rc)
+
+        client.on_publish = lambda _c, _u, mid, rc, _p: published(mid, rc)
 
         def received(topic: str, payload: bytes, qos: int, mid: int, retain: bool) -> None:
             delivery = _Delivery(attempt, mid, InboundMessage(topic, payload, qos, retain))

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.memory import pin_mmap_threshold
+from gateway.memory import pin_mmap_threshold, release_free_heap
 
 
 def _resident_bytes() -> int:
@@ -25,3 +25,8 @@ def test_freed_large_arrays_do_not_stay_resident() -> None:
     second = np.ones(2_000_000)  # 16 MB, below the raised threshold: would come from the heap
     del second
     assert _resident_bytes() - before < 4 * 2**20
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc_trim")
+def test_free_heap_is_released() -> None:
+    assert release_free_heap()
