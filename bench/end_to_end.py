@@ -7,7 +7,7 @@ The set-up (one per sensor count S):
 
 * **broker**: a private mosquitto on a free loopback port, ``set_tcp_nodelay true``;
 * **daemon**: ``python -m gateway run --config X`` as a child process with a generated config
-  (``tick.settle_s = 0.02``, ``num_threads = 1``, status.json every 0.25 s, window snapshots every
+  (``tick.settle_s = 0.005``, ``num_threads = 1``, status.json every 0.25 s, window snapshots every
   600 s so that none falls in a measured phase) and its own temporary state dir, into which S
   sensors' windows are written *full* beforehand (N = 360 periods of plausible PM10, the state a
   daemon has after six hours of service): the windows are full from the first reading on, and
