@@ -35,7 +35,8 @@ Phases and figures:
    closed its period (the sensor's first reading of the next period: a period closes in event
    time when that reading arrives). Over this phase: daemon CPU seconds (utime + stime of all its
    threads, /proc/<pid>/stat) per 1,000 calibrations (including the ingest of the 5 readings per
-   calibration), CPU seconds per wall second, and VmRSS / VmHWM with S windows full.
+   calibration), CPU seconds per wall second, and VmRSS / VmHWM with S windows full (and
+   ``daemon_rss_mb_after_load_S`` after phase 4, when every open period holds up to 60 readings).
 3. **throughput** (``e2e_readings_per_s_S``): a closed loop: the generator publishes as fast as
    the daemon ingests, never more than 10,000 readings ahead of status.json ``readings_in``; the
    rate is the slope of ``readings_in`` over the phase after a 1 s warm-up. Stride 1 s (60
@@ -440,6 +441,8 @@ def _scenario(  # noqa: PLR0917 - one call site, all needed
             if np.isfinite(rate) and rate > 0:
                 phase, t = _paced_phase(run, t, rate)
                 figures.update(phase)
+            # After the load phases: open periods hold up to 60 readings each (stride 1 s).
+            figures[f"daemon_rss_mb_after_load_{s}"] = daemon.proc_status("VmRSS")
         finally:
             daemon.stop()
         phases = {"": latency}

@@ -71,7 +71,8 @@ def _print_end_to_end(e2e: dict[str, float], counts: tuple[int, ...]) -> None:
             )
         _row(
             "daemon VmRSS / VmHWM with the windows full",
-            f"{e2e[f'daemon_rss_mb_{s}']:.1f} / {e2e[f'daemon_peak_rss_mb_{s}']:.1f} MiB",
+            f"{e2e[f'daemon_rss_mb_{s}']:.1f} / {e2e[f'daemon_peak_rss_mb_{s}']:.1f} MiB  "
+            f"({e2e[f'daemon_rss_mb_after_load_{s}']:.1f} after the load phases)",
         )
         _row(
             "daemon CPU per 1,000 calibrations (incl. ingest)",

@@ -14,8 +14,10 @@ the memory (10,000 sensors x N = 360: 14 MB); the published raw mean stays float
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,7 +149,10 @@ class ModelWindows:
         self._max_gap = geometry.gap_policy.max_interpolated_periods
         self._ids: list[str] = []
         self._index: dict[str, int] = {}
-        self._seen: list[set[float]] = []
+        # Per sensor, the open period's timestamps, sorted: duplicates are found by bisection.
+        # array('d') holds 60 timestamps in 600 bytes where a set of floats took 3.7 KB (37 MB
+        # for 10,000 sensors at one reading per second and 60 s periods).
+        self._seen: list[array[float]] = []
         self._overflow: list[_Snapshot] = []
         self._pending_rows = 0  # count of True in _pending: asked for after every reading
         self.counts: dict[AddOutcome, int] = dict.fromkeys(AddOutcome, 0)
@@ -190,8 +195,8 @@ class ModelWindows:
             )
         }
         self._allocate(old * 2)
-        for name, array in arrays.items():
-            getattr(self, name)[:old] = array
+        for name, values in arrays.items():
+            getattr(self, name)[:old] = values
 
     def _row(self, sensor_id: str) -> int:
         row = self._index.get(sensor_id)
@@ -202,7 +207,7 @@ class ModelWindows:
             self._grow()
         self._ids.append(sensor_id)
         self._index[sensor_id] = row
-        self._seen.append(set())
+        self._seen.append(array("d"))
         return row
 
     # -- ingest -----------------------------------------------------------------------------
@@ -245,9 +250,13 @@ class ModelWindows:
             self._close(row)
             self._open_period[row] = period
         seen = self._seen[row]
-        if timestamp in seen:
-            return self._count(AddOutcome.DUPLICATE)
-        seen.add(timestamp)
+        if not seen or timestamp > seen[-1]:
+            seen.append(timestamp)  # the usual case: readings arrive in order
+        else:
+            position = bisect.bisect_left(seen, timestamp)
+            if position < len(seen) and seen[position] == timestamp:
+                return self._count(AddOutcome.DUPLICATE)
+            seen.insert(position, timestamp)
         for channel, value in present:
             self._open_sum[row, channel] += value
             self._open_count[row, channel] += 1
@@ -311,7 +320,7 @@ class ModelWindows:
         self._open_period[row] = NO_PERIOD
         self._open_sum[row] = 0.0
         self._open_count[row] = 0
-        self._seen[row].clear()
+        del self._seen[row][:]
 
     def _write(self, row: int, channel: int, period: int, value: float) -> None:
         """Push one closed period's mean, first settling the periods since the last close."""
@@ -455,7 +464,7 @@ class ModelWindows:
             open_period=self._open_period[:live].copy(),
             open_sum=self._open_sum[:live].copy(),
             open_count=self._open_count[:live].copy(),
-            open_seen=[sorted(seen) for seen in self._seen],
+            open_seen=[seen.tolist() for seen in self._seen],
             pending_period=np.where(
                 self._pending[:live], self._pending_period[:live], NO_PERIOD
             ).astype(np.int64),
@@ -502,7 +511,7 @@ class ModelWindows:
             value = windows._ring[row, 0, int(state.pending_period[row]) % n]
             windows._pending_raw[row] = float(str(value))
         for row, seen in enumerate(state.open_seen):
-            windows._seen[row].update(seen)
+            windows._seen[row].extend(sorted(set(seen)))
         return windows
 
 

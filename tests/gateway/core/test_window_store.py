@@ -310,3 +310,19 @@ def test_a_float64_snapshot_restores_into_the_float32_ring() -> None:
     np.testing.assert_array_equal(
         restored.ready_windows().windows, windows.ready_windows().windows[-1:]
     )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=59), min_size=1, max_size=80))
+def test_duplicates_are_found_in_any_arrival_order(offsets: list[int]) -> None:
+    windows = ModelWindows(geometry(n=2))
+    outcomes = [windows.add(reading("a", 0, offset, pm10=float(offset)), 0.0) for offset in offsets]
+    assert outcomes.count(AddOutcome.ACCEPTED) == len(set(offsets))
+    assert outcomes.count(AddOutcome.DUPLICATE) == len(offsets) - len(set(offsets))
+    restored = ModelWindows.from_state(windows.export_state())  # the open period's timestamps
+    assert [restored.add(reading("a", 0, o, pm10=1.0), 0.0) for o in offsets] == [
+        AddOutcome.DUPLICATE
+    ] * len(offsets)
+    windows.add(reading("a", 1, 0, pm10=1.0), 0.0)
+    ready = windows.ready_windows()
+    assert ready.raw.tolist() == [pytest.approx(sum(set(offsets)) / len(set(offsets)))]
