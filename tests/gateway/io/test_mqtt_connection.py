@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 import pytest
@@ -130,7 +131,7 @@ def test_lean_and_paho_receive_paths_keep_order_and_fields(mosquitto: Mosquitto)
                     publisher.publish(
                         topic, payload, qos=qos, retain=retain, properties=properties
                     ).wait_for_publish(10)
-                    await eventually(lambda n=count: len(received) == n)
+                    await eventually(functools.partial(_has_length, received, count))
             finally:
                 publisher.disconnect()
                 publisher.loop_stop()
@@ -247,3 +248,7 @@ def test_tls_with_ca_and_client_certificate(tmp_path: Path) -> None:
         asyncio.run(scenario())
     finally:
         broker.stop()
+
+
+def _has_length(items: list[InboundMessage], length: int) -> bool:
+    return len(items) == length
