@@ -323,6 +323,7 @@ class MqttConnection:
         will: Will | None = None,
         on_message: MessageHandler | None = None,
         session_expiry_s: int = 0,
+        max_in_flight: int | None = None,
         name: str = "mqtt",
     ) -> None:
         self._broker = broker
@@ -331,6 +332,8 @@ class MqttConnection:
         self._will = will
         self._on_message = on_message
         self._session_expiry_s = session_expiry_s
+        self._max_in_flight = max_in_flight
+        self.server_receive_maximum = 65_535  # from the last CONNACK (MQTT 5); 65,535 if absent
         self._log = structlog.get_logger("gateway.mqtt").bind(
             connection=name, broker=f"{broker.host}:{broker.port}", client_id=client_id
         )
@@ -522,6 +525,8 @@ class MqttConnection:
             manual_ack=True,
         )
         client.connect_timeout = self._broker.connect_timeout_s
+        if self._max_in_flight is not None:  # paho's own cap (20) on unacknowledged publishes
+            client.max_inflight_messages_set(self._max_in_flight)
         if self._broker.username:
             password = self._broker.resolve_password()
             client.username_pw_set(
@@ -636,7 +641,7 @@ class MqttConnection:
                 loop.call_soon_threadsafe(callback, attempt, *args)
 
         client = attempt.client
-        client.on_connect = lambda _c, _u, flags, rc, _p: later(self._on_connack, flags, rc)
+        client.on_connect = lambda _c, _u, flags, rc, p: later(self._on_connack, flags, rc, p)
         client.on_disconnect = lambda _c, _u, _f, rc, _p: later(self._on_disconnect, rc)
         client.on_subscribe = lambda _c, _u, mid, rcs, _p: later(self._on_suback, mid, rcs)
 
@@ -681,9 +686,18 @@ class MqttConnection:
         client.on_message = lambda _c, _u, msg: received_by_paho(msg)
         client.on_publish_received = received
 
-    def _on_connack(self, attempt: _Attempt, flags: paho.ConnectFlags, rc: ReasonCode) -> None:
+    def _on_connack(
+        self,
+        attempt: _Attempt,
+        flags: paho.ConnectFlags,
+        rc: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
         if attempt.connack.done():
             return
+        # MQTT 5: the broker may announce how many unacknowledged publishes it accepts.
+        limit = getattr(properties, "ReceiveMaximum", None)
+        self.server_receive_maximum = limit if isinstance(limit, int) and limit > 0 else 65_535
         if rc.is_failure:
             attempt.connack.set_exception(
                 MqttConnectError(f"broker refused the connection: {rc}; check credentials/ACL")

@@ -330,6 +330,7 @@ class Publisher:
             client_id=self._client_id,
             clean_start=True,
             will=Will(self.status_topic, b"offline", qos=1, retain=True),
+            max_in_flight=self._config.in_flight,
             name="publisher",
         )
         await connection.__aenter__()
@@ -414,7 +415,9 @@ class Publisher:
     async def _drain(self, connection: MqttConnection) -> None:
         """Send the outbox in order until the connection is lost (then raise)."""
         while True:
-            batch = self._outbox.peek(self._config.in_flight)
+            batch = self._outbox.peek(
+                min(self._config.in_flight, connection.server_receive_maximum)
+            )
             if not batch:
                 self._idle.set()
                 self._wake.clear()

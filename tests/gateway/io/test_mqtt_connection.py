@@ -252,3 +252,20 @@ def test_tls_with_ca_and_client_certificate(tmp_path: Path) -> None:
 
 def _has_length(items: list[InboundMessage], length: int) -> bool:
     return len(items) == length
+
+
+@pytest.mark.parametrize(("protocol", "expected"), [("5", 20), ("3.1.1", 65_535)])
+def test_the_brokers_receive_maximum_is_known(
+    mosquitto: Mosquitto, protocol: str, expected: int
+) -> None:
+    """mosquitto announces max_inflight_messages (default 20) in its MQTT 5 CONNACK; the
+    publisher never keeps more than that in flight, whatever publisher.in_flight says."""
+
+    async def scenario() -> int:
+        async with MqttConnection(
+            broker_config(mosquitto, protocol=protocol), client_id="rm", clean_start=True
+        ) as connection:
+            await asyncio.wait_for(connection.wait_connected(), 10)
+            return connection.server_receive_maximum
+
+    assert asyncio.run(scenario()) == expected
