@@ -55,7 +55,24 @@ __all__ = [
     "MqttSubscribeError",
     "MqttTlsConfig",
     "Will",
+    "check_plain_topic",
 ]
+
+
+def check_plain_topic(value: str | None) -> str | None:
+    """A configured topic (prefix) to publish on: no wildcards, no empty or edge levels."""
+    if value is not None and (
+        not value
+        or "+" in value
+        or "#" in value
+        or value.startswith("/")
+        or value.endswith("/")
+        or "//" in value
+    ):
+        raise ValueError(
+            f"{value!r} must be a topic without wildcards or empty/leading/trailing levels"
+        )
+    return value
 
 
 class MqttError(GatewayError):

@@ -32,6 +32,7 @@ from gateway.mqtt_connection import (
     MqttNotConnectedError,
     MqttPublishError,
     Will,
+    check_plain_topic,
 )
 from gateway.outbox import Outbox, OutboxMessage, QueuedMessage
 from gateway.readings import SENSOR_ID_PATTERN
@@ -109,18 +110,7 @@ class PublisherConfig(BaseModel):
     @field_validator("topic_prefix", "discovery_prefix")
     @classmethod
     def _plain_topic(cls, value: str | None) -> str | None:
-        if value is not None and (
-            not value
-            or "+" in value
-            or "#" in value
-            or value.startswith("/")
-            or value.endswith("/")
-            or "//" in value
-        ):
-            raise ValueError(
-                f"{value!r} must be a topic without wildcards or empty/leading/trailing levels"
-            )
-        return value
+        return check_plain_topic(value)
 
     @model_validator(mode="after")
     def _publishes_readings(self) -> Self:

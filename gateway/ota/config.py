@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gateway.mqtt_connection import MqttBrokerConfig
+from gateway.mqtt_connection import MqttBrokerConfig, check_plain_topic
 from gateway.ota.protocol import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
 
 __all__ = ["OtaConfig"]
@@ -61,13 +61,4 @@ class OtaConfig(BaseModel):
     @field_validator("releases_topic_prefix", "status_topic_prefix")
     @classmethod
     def _plain_topic(cls, value: str | None) -> str | None:
-        if value is not None and (
-            not value
-            or "+" in value
-            or "#" in value
-            or value.startswith("/")
-            or value.endswith("/")
-            or "//" in value
-        ):
-            raise ValueError(f"{value!r} must be a topic without wildcards or empty levels")
-        return value
+        return check_plain_topic(value)
