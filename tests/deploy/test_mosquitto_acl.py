@@ -22,7 +22,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
 from tests.deploy.conftest import GATEWAY_ID, InstalledRoot
-from tests.support.mosquitto import MOSQUITTO, free_port
+from tests.support.mosquitto import MOSQUITTO, free_ports
 
 WAIT_S = 10.0
 
@@ -42,7 +42,7 @@ class Broker:
 def broker(tmp_path: Path, installed_root: InstalledRoot) -> Iterator[Broker]:
     root = installed_root.root
     conf = (root / "etc/mosquitto/conf.d/tesla-gateway.conf").read_text()
-    tls_port, plain_port = free_port(), free_port()
+    tls_port, plain_port = free_ports(2)
     conf = conf.replace("/etc/mosquitto/", f"{root}/etc/mosquitto/")
     conf = conf.replace("listener 1883 127.0.0.1", f"listener {plain_port} 127.0.0.1")
     conf = conf.replace("listener 8883", f"listener {tls_port} 127.0.0.1")

@@ -19,7 +19,15 @@ import pytest
 MOSQUITTO = Path("/usr/sbin/mosquitto")
 MOSQUITTO_PASSWD = Path("/usr/bin/mosquitto_passwd")
 
-__all__ = ["MOSQUITTO", "Mosquitto", "TestPki", "free_port", "make_test_pki", "mosquitto"]
+__all__ = [
+    "MOSQUITTO",
+    "Mosquitto",
+    "TestPki",
+    "free_port",
+    "free_ports",
+    "make_test_pki",
+    "mosquitto",
+]
 
 
 @dataclass(frozen=True)
@@ -91,9 +99,19 @@ def make_test_pki(directory: Path) -> TestPki:
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on 127.0.0.1 (all held while picking, so no repeats)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 class Mosquitto:
