@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from bench.timing import best_rate
+from bench.timing import best_rate, best_rates_interleaved
 from gateway.calibrator import Calibrator
 from gateway.manifest import load_manifest
 from gateway.runtime import select_runtime
@@ -54,11 +54,10 @@ def measure_inference(model_dir: Path, sensor_counts: tuple[int, ...]) -> list[I
             for row in r:
                 single.calibrate(row)
 
+        batched_rate, per_sensor_rate = best_rates_interleaved([one_batch, each_sensor], count)
         results.append(
             InferenceResult(
-                sensors=count,
-                batched_per_s=best_rate(one_batch, count),
-                per_sensor_per_s=best_rate(each_sensor, count),
+                sensors=count, batched_per_s=batched_rate, per_sensor_per_s=per_sensor_rate
             )
         )
     return results

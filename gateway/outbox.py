@@ -156,8 +156,13 @@ class Outbox:
 
     def peek(self, limit: int) -> list[QueuedMessage]:
         """The oldest ``limit`` messages, in delivery order, without removing them."""
+        return self.peek_after(0, limit)
+
+    def peek_after(self, after_id: int, limit: int) -> list[QueuedMessage]:
+        """The next ``limit`` messages after id ``after_id`` (ids grow in delivery order)."""
         rows = self._db.execute(
-            "SELECT id, topic, payload, qos, retain FROM outbox ORDER BY id LIMIT ?", (limit,)
+            "SELECT id, topic, payload, qos, retain FROM outbox WHERE id > ? ORDER BY id LIMIT ?",
+            (after_id, limit),
         ).fetchall()
         return [
             QueuedMessage(

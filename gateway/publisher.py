@@ -14,6 +14,7 @@ import contextlib
 import functools
 import json
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,6 +50,14 @@ __all__ = [
 OUTBOX_FILENAME = "outbox.sqlite3"
 DISPLAY_UNIT = "µg/m³"
 _NOT_CONNECTED_RETRY_S = 0.05
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    """Mark an abandoned publish's outcome as seen (asyncio logs unretrieved exceptions)."""
+    if not future.cancelled():
+        future.exception()
+
+
 _UNIT_ALIASES = {"ug/m3": DISPLAY_UNIT, "µg/m3": DISPLAY_UNIT, DISPLAY_UNIT: DISPLAY_UNIT}
 
 
@@ -403,24 +412,75 @@ class Publisher:
                 await asyncio.sleep(_NOT_CONNECTED_RETRY_S)
 
     async def _drain(self, connection: MqttConnection) -> None:
-        """Send the outbox in order until the connection is lost (then raise)."""
-        while True:
-            batch = self._outbox.peek(
-                min(self._config.in_flight, connection.server_receive_maximum)
-            )
-            if not batch:
-                self._idle.set()
+        """Send the outbox in order until the connection is lost (then raise).
+
+        A sliding window: up to ``in_flight`` messages await their PUBACK, and each
+        acknowledgement lets the next message go, so the link never idles while messages are
+        queued. (Sending ``in_flight`` and waiting for all of them left it idle for a round
+        trip every 32 messages: p99 0.6-2.3 s at 10,000 per-sensor messages a second.)
+        """
+        pending: deque[tuple[QueuedMessage, asyncio.Future[None]]] = deque()
+        sent_up_to = 0  # outbox id of the last message handed to the broker on this connection
+        try:
+            while True:
+                window = min(self._config.in_flight, connection.server_receive_maximum)
+                room = window - len(pending)
+                batch = self._outbox.peek_after(sent_up_to, room) if room > 0 else []
+                if batch:
+                    await self._announce(connection)
+                    for message in batch:
+                        pending.append((message, self._start(connection, message)))
+                    sent_up_to = batch[-1].id
+                    continue
+                if not pending:
+                    self._idle.set()
+                    self._wake.clear()
+                    if not len(self._outbox):
+                        await self._wait_for_work(connection)
+                    continue
+                # Nothing more to send now: wait for the oldest acknowledgement or, if the
+                # window has room, for new messages (no await since the peek: none missed).
                 self._wake.clear()
-                if not len(self._outbox):
-                    await self._wait_for_work(connection)
-                continue
-            await self._announce(connection)
-            futures = [
-                connection.start_publish(m.topic, m.payload, qos=m.qos, retain=m.retain)
-                for m in batch
-            ]
-            results = await asyncio.gather(*futures, return_exceptions=True)
-            self._settle(batch, results)
+                await self._wait_for_progress(pending[0][1], room > 0)
+                self._settle_acknowledged(pending)
+        finally:
+            for _, future in pending:  # resolved later by the connection; nobody awaits them
+                future.add_done_callback(_retrieve)
+
+    @staticmethod
+    def _start(connection: MqttConnection, message: QueuedMessage) -> asyncio.Future[None]:
+        try:
+            return connection.start_publish(
+                message.topic, message.payload, qos=message.qos, retain=message.retain
+            )
+        except MqttPublishError as exc:  # refused before sending: settled as refused, in order
+            refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            refused.set_exception(exc)
+            return refused
+
+    async def _wait_for_progress(self, oldest: asyncio.Future[None], or_new_work: bool) -> None:
+        if not or_new_work:
+            await asyncio.wait({oldest})
+            return
+        wake: asyncio.Future[Any] = asyncio.ensure_future(self._wake.wait())
+        waiting: set[asyncio.Future[Any]] = {oldest, wake}
+        try:
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wake.cancel()
+
+    def _settle_acknowledged(
+        self, pending: deque[tuple[QueuedMessage, asyncio.Future[None]]]
+    ) -> None:
+        """Settle the acknowledged messages at the front of the window (all resolved ones once
+        the connection is lost, so that no acknowledged message is sent again)."""
+        settled: list[tuple[QueuedMessage, asyncio.Future[None]]] = []
+        while pending and pending[0][1].done():
+            settled.append(pending.popleft())
+        if any(isinstance(f.exception(), MqttNotConnectedError) for _, f in settled):
+            settled += [entry for entry in pending if entry[1].done()]
+        if settled:
+            self._settle([m for m, _ in settled], [f.exception() for _, f in settled])
 
     def _settle(self, batch: list[QueuedMessage], results: list[BaseException | None]) -> None:
         done: list[int] = []

@@ -106,10 +106,11 @@ def _convert(converter: tf.lite.TFLiteConverter, label: str) -> bytes:
 
 @contextmanager
 def gateway_graph(model: keras.Model) -> Iterator[None]:
-    """Trace attention with BATCH_MATMUL, which LiteRT has and the device library lacks.
+    """Trace attention in its gateway form (:meth:`TokenSelfAttention._gateway_mix`).
 
-    Same weights and maths as the portable form (tested to float tolerance); 1.4x the
-    throughput of the portable form at 1,000 windows per invoke.
+    Same weights and maths as the portable form (tested to float tolerance), laid out for
+    LiteRT at large batch: the default model ran 2.5 µs per window at 1,000 windows per invoke
+    against 4.3 µs with BATCH_MATMUL attention (one thread, XNNPACK).
     """
     layers = [layer for layer in model._flatten_layers() if isinstance(layer, TokenSelfAttention)]
     for layer in layers:

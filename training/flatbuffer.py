@@ -15,6 +15,13 @@ __all__ = ["Graph", "GraphOp", "read_graph"]
 
 _SCHEMA = runtime.schema_fb
 _OP_NAMES = {value: name for name, value in vars(_SCHEMA.BuiltinOperator).items() if name.isupper()}
+_TENSOR_DTYPES = {
+    _SCHEMA.TensorType.FLOAT32: np.float32,
+    _SCHEMA.TensorType.INT8: np.int8,
+    _SCHEMA.TensorType.INT16: np.int16,
+    _SCHEMA.TensorType.INT32: np.int32,
+    _SCHEMA.TensorType.UINT8: np.uint8,
+}
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,9 @@ class GraphOp:
     input_shapes: tuple[tuple[int, ...], ...]
     output_shapes: tuple[tuple[int, ...], ...]
     constant_inputs: tuple[bool, ...]
+    # Non-zero entries of a constant weight tensor (second input), when it is one: a 0/1
+    # selection matrix multiplies mostly by zero, which FLOP counting should not charge.
+    weight_nonzero: int | None = None
 
 
 @dataclass(frozen=True)
@@ -54,12 +64,23 @@ def read_graph(flatbuffer: bytes) -> Graph:
         buffer = model.buffers[tensors[index].buffer]
         return buffer.data is not None and len(buffer.data) > 0
 
+    def weight_nonzero(inputs: list[int]) -> int | None:
+        if len(inputs) < 2 or inputs[1] < 0 or not constant(inputs[1]):
+            return None
+        tensor = tensors[inputs[1]]
+        dtype = _TENSOR_DTYPES.get(tensor.type)
+        if dtype is None:
+            return None
+        data = np.frombuffer(bytes(model.buffers[tensor.buffer].data), dtype=dtype)
+        return int(np.count_nonzero(data))
+
     ops = tuple(
         GraphOp(
             name=codes[op.opcodeIndex],
             input_shapes=tuple(shape(i) for i in op.inputs if i >= 0),
             output_shapes=tuple(shape(i) for i in op.outputs),
             constant_inputs=tuple(constant(i) for i in op.inputs if i >= 0),
+            weight_nonzero=weight_nonzero(list(op.inputs)),
         )
         for op in subgraph.operators
     )

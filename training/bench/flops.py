@@ -9,7 +9,10 @@ Method (the one place the project counts FLOPs; ``make bench`` re-exports it):
   Q projection over 360 tokens is stored as [1, 8]). :func:`resolve_graph` does this;
   :func:`count_flops` also accepts the stored :class:`training.flatbuffer.Graph`, which is
   exact for fixed-shape graphs such as the batch-1 device graph.
-* **Charges.** FULLY_CONNECTED 2·rows·in·out (+ rows·out for a bias); BATCH_MATMUL
+* **Charges.** FULLY_CONNECTED 2·rows·(non-zero weights) (+ rows·out for a bias): a
+  multiplication by a constant zero is not work the model needs (the gateway's attention sums
+  each head's products with a 0/1 matrix, three quarters zeros at 4 heads), so a graph cannot
+  look efficient by multiplying by zeros; for dense weights this is 2·rows·in·out. BATCH_MATMUL
   2·(output elements)·K; CONV_2D 2·(output elements)·kh·kw·in (+ output elements for a bias),
   DEPTHWISE_CONV_2D 2·(output elements)·kh·kw (+ bias); elementwise arithmetic, comparisons and
   activations (MUL, ADD, SUB, DIV, ABS, RSQRT, SQRT, EXP, LOGISTIC, TANH, RELU, MINIMUM,
@@ -25,7 +28,7 @@ Method (the one place the project counts FLOPs; ``make bench`` re-exports it):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -85,6 +88,7 @@ class ResolvedGraph:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     constants: frozenset[int]
+    nonzero: dict[int, int] = field(default_factory=dict)  # constant tensor -> non-zero entries
 
     def tensor_bytes(self, index: int) -> int:
         return math.prod(self.shapes.get(index, ())) * self.itemsizes.get(index, 0)
@@ -101,6 +105,7 @@ class ResolvedGraph:
                 input_shapes=shapes(op.inputs),
                 output_shapes=shapes(op.outputs),
                 constant_inputs=tuple(i in self.constants for i in op.inputs),
+                weight_nonzero=self.nonzero.get(op.inputs[1]) if len(op.inputs) > 1 else None,
             )
             for op in self.ops
         )
@@ -146,6 +151,7 @@ def resolve_graph(flatbuffer: bytes, window: npt.NDArray[np.float32]) -> Resolve
     graph_outputs = tuple(int(d["index"]) for d in interpreter.get_output_details())
     read = {i for op in ops for i in op.inputs}
     constants = frozenset(read - produced - set(graph_inputs))
+    nonzero = {i: int(np.count_nonzero(interpreter.get_tensor(i))) for i in constants}
     return ResolvedGraph(
         ops=ops,
         shapes={i: tuple(int(v) for v in d["shape"]) for i, d in details.items()},
@@ -153,6 +159,7 @@ def resolve_graph(flatbuffer: bytes, window: npt.NDArray[np.float32]) -> Resolve
         inputs=graph_inputs,
         outputs=graph_outputs,
         constants=constants,
+        nonzero=nonzero,
     )
 
 
@@ -169,7 +176,8 @@ def _op_flops(op: GraphOp) -> int:  # noqa: PLR0911 - one return per operator fa
     if name == "FULLY_CONNECTED":
         weights = op.input_shapes[1]  # [out, in]
         rows = _elements(op.input_shapes[0]) // max(1, weights[1])
-        return 2 * rows * weights[0] * weights[1] + (rows * weights[0] if _has_bias(op) else 0)
+        nonzero = weights[0] * weights[1] if op.weight_nonzero is None else op.weight_nonzero
+        return 2 * rows * nonzero + (rows * weights[0] if _has_bias(op) else 0)
     if name == "BATCH_MATMUL":
         output = op.output_shapes[0]  # [..., M, P]
         rows = _elements(output) // max(1, output[-1])  # batch · M

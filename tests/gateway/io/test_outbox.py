@@ -27,6 +27,15 @@ def test_fifo_and_removal_only_of_acknowledged(tmp_path: Path) -> None:
         assert len(outbox) == 3
 
 
+def test_peek_after_continues_behind_messages_already_sent(tmp_path: Path) -> None:
+    with Outbox.open(tmp_path / "o.sqlite3", max_messages=100) as outbox:
+        outbox.append([message(n) for n in range(5)])
+        first = outbox.peek_after(0, 2)
+        assert [m.payload for m in first] == [b"0", b"1"]
+        assert [m.payload for m in outbox.peek_after(first[-1].id, 10)] == [b"2", b"3", b"4"]
+        assert len(outbox) == 5  # peeking removes nothing
+
+
 def test_bound_drops_oldest_and_counts_them_across_restarts(tmp_path: Path) -> None:
     path = tmp_path / "o.sqlite3"
     with Outbox.open(path, max_messages=10) as outbox:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -302,3 +304,67 @@ def test_batch_topic_carries_each_ticks_readings_as_arrays(
 def test_a_publisher_must_publish_readings_somewhere(mosquitto: Mosquitto) -> None:
     with pytest.raises(ValueError, match="cannot both be false"):
         config(mosquitto, per_sensor_topics=False)
+
+
+class _WithheldAcks:
+    """A connection whose PUBACKs the test releases by hand: the only way to hold a real
+    broker's acknowledgements at chosen points. Everything else the publisher needs from
+    MqttConnection (connected, receive maximum) is trivial here."""
+
+    connected = True
+    server_receive_maximum = 65_535
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, asyncio.Future[None]]] = []
+
+    def start_publish(
+        self, topic: str, payload: bytes, qos: int = 1, retain: bool = False
+    ) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.sent.append((topic, future))
+        return future
+
+    async def wait_disconnected(self) -> None:
+        await asyncio.Event().wait()
+
+
+def test_the_window_slides_one_acknowledgement_at_a_time(tmp_path: Path) -> None:
+    # in_flight 4, ten readings: each PUBACK lets exactly one more message go, in order, and a
+    # message is deleted from the outbox only once acknowledged.
+    settings = PublisherConfig.model_validate(
+        {"broker": {"host": "127.0.0.1", "port": 1}, "in_flight": 4, "stats_interval_s": 3600}
+    )
+    publisher = Publisher(settings, gateway_id="gw9", state_dir=tmp_path / "state")
+    connection = _WithheldAcks()
+
+    def sent_count(count: int) -> Callable[[], bool]:
+        return lambda: len(connection.sent) == count
+
+    async def scenario() -> None:
+        publisher.submit([reading(n) for n in range(10)])
+        drain = asyncio.create_task(publisher._drain(connection))  # type: ignore[arg-type]
+        await eventually_async(sent_count(4))
+        await asyncio.sleep(0.05)
+        assert len(connection.sent) == 4  # the window is full: nothing more goes out
+        for acknowledged in range(6):
+            connection.sent[acknowledged][1].set_result(None)
+            await eventually_async(sent_count(5 + acknowledged))
+            assert len(publisher._outbox) == 10 - (acknowledged + 1)
+        for _, future in connection.sent[6:]:
+            future.set_result(None)
+        await eventually_async(lambda: len(publisher._outbox) == 0)
+        drain.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await drain
+
+    asyncio.run(scenario())
+    assert [topic for topic, _ in connection.sent] == ["tesla/gw9/s1/pm10"] * 10
+    publisher._outbox.close()
+
+
+async def eventually_async(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.001)

@@ -94,6 +94,16 @@ def test_flops_charges_per_operator() -> None:
     assert uncounted_ops(graph) == ["FOO"]
 
 
+def test_multiplications_by_constant_zero_weights_are_not_charged() -> None:
+    # A 0/1 head-sum matrix [4, 16] with 16 non-zero entries over 81 rows: 2·81·16, not 2·81·64.
+    selection = GraphOp(
+        "FULLY_CONNECTED", ((81, 16), (4, 16)), ((81, 4),), (False, True), weight_nonzero=16
+    )
+    dense = GraphOp("FULLY_CONNECTED", ((81, 16), (4, 16)), ((81, 4),), (False, True))
+    assert count_flops(Graph(ops=(selection,), input_shape_signature=(-1, 16))) == 2 * 81 * 16
+    assert count_flops(Graph(ops=(dense,), input_shape_signature=(-1, 16))) == 2 * 81 * 64
+
+
 def test_peak_activation_memory_follows_tensor_lifetimes() -> None:
     # t0 input (40 B); op0: t0, w -> t1 (100 B); op1: t1 -> t2 (20 B); op2: t0, t2 -> t3 (8 B).
     graph = ResolvedGraph(

@@ -7,6 +7,7 @@ import pytest
 
 from training.models import TeslaConfig, build_model
 from training.models.bins import membership_matrix
+from training.models.layers import TokenSelfAttention
 
 
 def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:
@@ -97,7 +98,7 @@ def test_heads_must_divide_width() -> None:
         build_model(TeslaConfig(d_model=10, heads=4), 12, 1, 1.0)
 
 
-def test_portable_and_batched_attention_are_the_same_function() -> None:
+def test_portable_and_gateway_attention_are_the_same_function() -> None:
     model = build_model(TeslaConfig(d_model=16, heads=4), 360, 1, 80.0)
     rng = np.random.default_rng(4)
     for weight in model.weights:
@@ -105,5 +106,22 @@ def test_portable_and_batched_attention_are_the_same_function() -> None:
     x = rng.gamma(2.0, 15.0, size=(8, 360)).astype("float32")
     portable = np.asarray(model(x))
     model.get_layer("attention").portable = False
-    batched = np.asarray(model(x))
-    np.testing.assert_allclose(batched, portable, rtol=1e-5, atol=1e-4)
+    gateway = np.asarray(model(x))
+    np.testing.assert_allclose(gateway, portable, rtol=1e-5, atol=1e-4)
+
+
+def test_gateway_attention_is_standard_multi_head_attention() -> None:
+    # The gateway form against the textbook batched-matmul form, including scores large
+    # enough that exp() would overflow without the max subtracted along the keys.
+    layer = TokenSelfAttention(16, 4)
+    layer.build((None, 9, 16))
+    rng = np.random.default_rng(7)
+    for weight in layer.weights:
+        weight.assign(rng.normal(0, 0.5, weight.shape).astype("float32"))
+    for scale in (1.0, 40.0):
+        tokens = (scale * rng.normal(size=(5, 9, 16))).astype("float32")
+        q, k, v = layer.query(tokens), layer.key(tokens), layer.value(tokens)
+        gateway = np.asarray(layer._gateway_mix(q, k, v))
+        textbook = np.asarray(layer._batched_mix(q, k, v))
+        assert np.isfinite(gateway).all()
+        np.testing.assert_allclose(gateway, textbook, rtol=1e-4, atol=1e-4 * scale**2)
