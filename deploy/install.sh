@@ -289,6 +289,10 @@ password_file $PASSWD_FILE
 acl_file $MOSQ_DIR/tesla-gateway.acl
 set_tcp_nodelay true
 max_queued_messages 100000
+# Also the MQTT 5 Receive Maximum announced to clients: the gateway keeps up to
+# publisher.in_flight (256) calibrated messages awaiting PUBACK; mosquitto's default 20
+# throttles per-sensor topics at thousands of sensors.
+max_inflight_messages 1000
 # Bounded input: no MQTT packet above 1 MiB (release bundles of issue 5 fit; readings are tiny).
 max_packet_size 1048576
 

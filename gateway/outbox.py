@@ -40,6 +40,9 @@ CREATE TABLE IF NOT EXISTS counters (
 """
 
 
+_IDS_PER_STATEMENT = 500  # below SQLite's oldest limit of 999 bound parameters
+
+
 class OutboxError(GatewayError):
     """The outbox database cannot be opened or written (disk full, permissions)."""
 
@@ -177,7 +180,10 @@ class Outbox:
             return
         try:
             with self._transaction():
-                self._db.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
+                for start in range(0, len(ids), _IDS_PER_STATEMENT):  # one statement per chunk
+                    chunk = ids[start : start + _IDS_PER_STATEMENT]
+                    marks = ",".join("?" * len(chunk))
+                    self._db.execute(f"DELETE FROM outbox WHERE id IN ({marks})", chunk)  # noqa: S608
         except sqlite3.Error as exc:
             raise OutboxError(f"cannot write to outbox {self.path}: {exc}") from exc
 

@@ -96,7 +96,13 @@ class PublisherConfig(BaseModel):
         description="Bound of the store-and-forward queue; beyond it the oldest are dropped.",
     )
     in_flight: int = Field(
-        default=32, ge=1, le=1000, description="Messages sent ahead while awaiting PUBACKs."
+        default=256,
+        ge=1,
+        le=65_535,
+        description=(
+            "Messages sent ahead while awaiting PUBACKs (a sliding window); the broker's "
+            "MQTT 5 Receive Maximum caps it (mosquitto: max_inflight_messages, default 20)."
+        ),
     )
     shutdown_flush_s: float = Field(
         default=5.0, ge=0, description="On shutdown, how long to keep delivering queued messages."
@@ -428,8 +434,7 @@ class Publisher:
                 batch = self._outbox.peek_after(sent_up_to, room) if room > 0 else []
                 if batch:
                     await self._announce(connection)
-                    for message in batch:
-                        pending.append((message, self._start(connection, message)))
+                    pending.extend(zip(batch, self._start(connection, batch), strict=True))
                     sent_up_to = batch[-1].id
                     continue
                 if not pending:
@@ -448,15 +453,25 @@ class Publisher:
                 future.add_done_callback(_retrieve)
 
     @staticmethod
-    def _start(connection: MqttConnection, message: QueuedMessage) -> asyncio.Future[None]:
-        try:
-            return connection.start_publish(
-                message.topic, message.payload, qos=message.qos, retain=message.retain
-            )
-        except MqttPublishError as exc:  # refused before sending: settled as refused, in order
-            refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            refused.set_exception(exc)
-            return refused
+    def _start(
+        connection: MqttConnection, batch: list[QueuedMessage]
+    ) -> list[asyncio.Future[None]]:
+        """Hand a batch to the broker in one write (QoS 1), or one by one at another QoS."""
+        if all(message.qos == 1 for message in batch):
+            return connection.start_publish_many([(m.topic, m.payload, m.retain) for m in batch])
+        futures: list[asyncio.Future[None]] = []
+        for message in batch:
+            try:
+                futures.append(
+                    connection.start_publish(
+                        message.topic, message.payload, qos=message.qos, retain=message.retain
+                    )
+                )
+            except MqttPublishError as exc:  # refused before sending: settled as refused
+                refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                refused.set_exception(exc)
+                futures.append(refused)
+        return futures
 
     async def _wait_for_progress(self, oldest: asyncio.Future[None], or_new_work: bool) -> None:
         if not or_new_work:

@@ -68,6 +68,10 @@ class PrivateBroker:
                     "log_type error",
                     "log_type warning",
                     "max_queued_messages 100000",
+                    # mosquitto's default of 20 is also the Receive Maximum it announces to
+                    # MQTT 5 clients, which caps the gateway's QoS 1 publishes in flight; with
+                    # 20, 10,000 per-sensor messages a second queued for 0.6 s (make bench).
+                    "max_inflight_messages 1000",
                     # Without it Nagle's algorithm delays every PUBACK by about 40 ms.
                     "set_tcp_nodelay true",
                     "",

@@ -20,6 +20,7 @@ from gateway.mqtt_connection import (
     MqttBrokerConfig,
     MqttConnection,
     MqttNotConnectedError,
+    MqttPublishError,
 )
 from tests.gateway.io.helpers import broker_config, collecting, eventually
 from tests.support.mosquitto import Mosquitto, make_test_pki
@@ -63,6 +64,40 @@ def test_subscribe_and_receive_in_order(mosquitto: Mosquitto, protocol: str) -> 
     asyncio.run(scenario())
     assert [m.payload for m in received] == [str(n).encode() for n in range(10)]
     assert received[4].topic == "in/1"
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_publish_many_in_one_write_arrives_intact_and_in_order(
+    mosquitto: Mosquitto, protocol: str
+) -> None:
+    # The packets are encoded by the gateway, not paho: payload sizes either side of the 1-,
+    # 2- and 3-byte remaining-length encodings, retain on every other one (an empty retained
+    # payload would clear the topic), and a topic the broker cannot take, which fails alone.
+    prefix = f"many{protocol.replace('.', '')}"
+    sizes = [0, 1, 100, 120, 128, 16_000, 16_380, 16_384, 200_000]
+    messages = [
+        (f"{prefix}/{i}", bytes([65 + i]) * size, i % 2 == 1) for i, size in enumerate(sizes)
+    ]
+
+    async def scenario() -> list[BaseException | None]:
+        config = broker_config(mosquitto, protocol=protocol)
+        async with MqttConnection(config, client_id=prefix, clean_start=True) as connection:
+            await asyncio.wait_for(connection.wait_connected(), 10)
+            futures = connection.start_publish_many([*messages, (f"{prefix}/+", b"x", False)])
+            return await asyncio.gather(*futures, return_exceptions=True)
+
+    with collecting(mosquitto, [f"{prefix}/#"]) as live:
+        results = asyncio.run(scenario())
+        live.wait_for(lambda m: len(m) >= len(sizes))
+        received = [(m.topic, len(m.payload), m.payload[:1]) for m in live.messages]
+    assert received == [(t, len(p), p[:1]) for t, p, _ in messages]
+    assert [m.payload for m in live.messages] == [payload for _, payload, _ in messages]
+    assert results[:-1] == [None] * len(sizes)
+    assert isinstance(results[-1], MqttPublishError)
+    with collecting(mosquitto, [f"{prefix}/#"]) as later:  # retained ones are kept for newcomers
+        later.wait_for(lambda m: len(m) >= 4)
+        assert sorted(m.topic for m in later.messages) == [f"{prefix}/{i}" for i in (1, 3, 5, 7)]
+        assert all(m.retain for m in later.messages)
 
 
 def test_acknowledgements_flow_so_the_broker_keeps_sending(mosquitto: Mosquitto) -> None:

@@ -317,12 +317,13 @@ class _WithheldAcks:
     def __init__(self) -> None:
         self.sent: list[tuple[str, asyncio.Future[None]]] = []
 
-    def start_publish(
-        self, topic: str, payload: bytes, qos: int = 1, retain: bool = False
-    ) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.sent.append((topic, future))
-        return future
+    def start_publish_many(
+        self, messages: list[tuple[str, bytes, bool]]
+    ) -> list[asyncio.Future[None]]:
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[None]] = [loop.create_future() for _ in messages]
+        self.sent += [(topic, f) for (topic, _, _), f in zip(messages, futures, strict=True)]
+        return futures
 
     async def wait_disconnected(self) -> None:
         await asyncio.Event().wait()
