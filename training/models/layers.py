@@ -203,23 +203,32 @@ class TokenSelfAttention(keras.layers.Layer):
         return self.output_dense(mixed)
 
     def _gateway_mix(self, q: Any, k: Any, v: Any) -> Any:
-        """Attention laid out for LiteRT at large batch: keys on axis 1, no transposes.
+        """Attention laid out for LiteRT at large batch: the batch axis last.
 
-        Measured under LiteRT (XNNPACK, 1 thread, 1,000 windows of z = 9, d = 16): 1.7 µs per
-        window against 4.3 µs for the batched-matmul form. Two things buy it: BATCH_MATMUL over
-        B·h tiny [z, d/h] matrices costs far more per multiply-add than a broadcast MUL whose
-        head sums are one FULLY_CONNECTED with a 0/1 matrix; and LiteRT's SOFTMAX over rows
-        of z = 9 values costs ~3 ns per value, while a softmax written as REDUCE_MAX, SUB, EXP,
-        SUM and DIV over axis 1 (keys), with the [queries × heads] axis contiguous, vectorises.
-        Same function as the other forms (tested to float tolerance).
+        Per window the work is tiny (9 × 9 token pairs, heads of 4 features), so in the usual
+        [B, ...] layout every operator works on rows of 4 to 16 values, which XNNPACK runs far
+        below its speed. With q, k and v transposed to [tokens, features, B], every product,
+        head sum and softmax step runs over rows of B windows, and broadcasting happens only on
+        outer axes. Measured under LiteRT (XNNPACK, 1 thread, z = 9, d = 16, 256 windows per
+        invoke): 0.83 µs per window, against 1.7 µs for the same maths in [B, ...] layout and
+        3.5 µs with BATCH_MATMUL over B·h tiny matrices and SOFTMAX over rows of 9. Same
+        function as the other forms (tested to float tolerance).
         """
-        z, d = q.shape[1], self.d_model
-        products = ops.reshape(k, (-1, z, 1, d)) * ops.reshape(q, (-1, 1, z, d))  # [B, j, i, d]
-        scores = ops.reshape(matmul_last(products, self._score_matrix), (-1, z, z * self.heads))
-        exponent = ops.exp(scores - ops.max(scores, axis=1, keepdims=True))  # [B, j, (i, h)]
-        attention = exponent / ops.sum(exponent, axis=1, keepdims=True)
-        spread = matmul_last(ops.reshape(attention, (-1, z, z, self.heads)), self._spread_matrix)
-        return ops.sum(spread * ops.reshape(v, (-1, z, 1, d)), axis=1)  # [B, i, d]
+        z, d, h = q.shape[1], self.d_model, self.heads
+        d_head = d // h
+
+        def batch_last(x: Any) -> Any:
+            return ops.transpose(x, (1, 2, 0))  # [B, z, d] -> [z, d, B]
+
+        q = batch_last(q * np.float32(d_head**-0.5))
+        k, v = batch_last(k), batch_last(v)
+        products = ops.reshape(k, (z, 1, d, -1)) * ops.reshape(q, (1, z, d, -1))  # [j, i, d, B]
+        scores = ops.sum(ops.reshape(products, (z, z, h, d_head, -1)), axis=3)  # [j, i, h, B]
+        exponent = ops.exp(scores - ops.max(scores, axis=0, keepdims=True))  # softmax over keys j
+        attention = exponent / ops.sum(exponent, axis=0, keepdims=True)
+        weighted = ops.reshape(attention, (z, z, h, 1, -1)) * ops.reshape(v, (z, 1, h, d_head, -1))
+        mixed = ops.reshape(ops.sum(weighted, axis=0), (z, d, -1))  # [i, d, B]
+        return ops.transpose(mixed, (2, 0, 1))  # [B, i, d]
 
     def _portable_mix(self, q: Any, k: Any, v: Any) -> Any:
         """Attention with MUL/SUM/FULLY_CONNECTED only: what the device library can run."""
