@@ -30,7 +30,7 @@ def best_rate(work: Callable[[], None], items_per_call: int, *, rounds: int = 3,
 
 
 def best_rates_interleaved(works: list[Callable[[], None]], items_per_call: int, *,
-                           rounds: int = 5, min_seconds: float = 0.2) -> list[float]:  # fmt: skip
+                           rounds: int = 8, min_seconds: float = 0.15) -> list[float]:  # fmt: skip
     """:func:`best_rate` for several callables whose ratio matters, their rounds alternated.
 
     Measuring one callable's rounds and then the other's lets a change in the machine's state
@@ -40,8 +40,9 @@ def best_rates_interleaved(works: list[Callable[[], None]], items_per_call: int,
     for work in works:
         work()  # warm-up
     best = [0.0] * len(works)
-    for _ in range(rounds):
-        for position, work in enumerate(works):
+    for round_index in range(rounds):
+        order = list(enumerate(works))
+        for position, work in order if round_index % 2 == 0 else order[::-1]:  # A B, B A, ...
             calls = 0
             start = time.perf_counter()
             elapsed = 0.0

@@ -125,7 +125,7 @@ def select_runtime(preference: Sequence[RuntimeName] = DEFAULT_RUNTIME_PREFERENC
     )
 
 
-DEFAULT_MAX_BATCH = 256
+DEFAULT_MAX_BATCH = 128
 
 
 class BatchedInterpreter:
@@ -136,9 +136,9 @@ class BatchedInterpreter:
     larger than ``max_batch`` run as equal chunks of ``max_batch`` (the last one padded): the
     interpreter's intermediate tensors grow with the batch (attention holds B·z²·d values), so
     one 10,000-window invoke needed ~180 MB and ran slower per window than 1,024-window chunks.
-    256-window chunks run faster per window than 1,024 (the default model under LiteRT, one
-    thread: 2.6 µs per window at 32 to 256, 3.3 µs at 1,024, 4.9 µs at 2,048) and the
-    interpreter holds 2.3 MiB for them instead of 9.2 MiB.
+    128-window chunks run fastest per window (the default model under LiteRT, one thread, three
+    runs: 1.73-1.79 µs at 128, 1.7-2.2 µs at 256, 2.0-2.1 µs at 512, 2.6-2.9 µs at 1,024) and
+    the interpreter holds about 1 MiB for them instead of 9 MiB at 1,024.
     """
 
     def __init__(self, interpreter: Interpreter, max_batch: int = DEFAULT_MAX_BATCH) -> None:

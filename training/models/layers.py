@@ -274,6 +274,10 @@ class TokenLayerNorm(keras.layers.Layer):
     def __init__(self, epsilon: float = 1e-6, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.epsilon = float(epsilon)
+        # False while the exporter traces the gateway's float graph (training.export): the
+        # same function on [tokens, features, B], where every step runs over rows of B
+        # windows (measured: LayerNorm and aggregator 0.30 -> 0.17 µs per window).
+        self.portable = True
 
     def build(self, input_shape: Any) -> None:
         features = int(input_shape[-1])
@@ -281,11 +285,18 @@ class TokenLayerNorm(keras.layers.Layer):
         self.beta = self.add_weight(name="beta", shape=(features,), initializer="zeros")
 
     def call(self, inputs: Any) -> Any:
-        centred = inputs - ops.mean(inputs, axis=-1, keepdims=True)
-        inverse_root_mad = ops.rsqrt(ops.mean(ops.abs(centred), axis=-1, keepdims=True) + 1e-12)
+        if self.portable or len(inputs.shape) != 3:
+            return self._normalise(inputs, -1) * self.gamma + self.beta
+        batch_last = ops.transpose(inputs, (1, 2, 0))  # [B, L, d] -> [L, d, B]
+        normalised = self._normalise(batch_last, 1) * self.gamma[:, None] + self.beta[:, None]
+        return ops.transpose(normalised, (2, 0, 1))
+
+    def _normalise(self, inputs: Any, axis: int) -> Any:
+        centred = inputs - ops.mean(inputs, axis=axis, keepdims=True)
+        inverse_root_mad = ops.rsqrt(ops.mean(ops.abs(centred), axis=axis, keepdims=True) + 1e-12)
         unit = centred * inverse_root_mad * inverse_root_mad  # deviations of order one
-        variance = ops.mean(unit * unit, axis=-1, keepdims=True)
-        return unit * ops.rsqrt(variance + self.epsilon) * self.gamma + self.beta
+        variance = ops.mean(unit * unit, axis=axis, keepdims=True)
+        return unit * ops.rsqrt(variance + self.epsilon)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "epsilon": self.epsilon}
@@ -298,6 +309,10 @@ class FeatureAggregator(keras.layers.Layer):
     Input [B, z, d], output [B, 1].
     """
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.portable = True  # False while the exporter traces the gateway's float graph
+
     def build(self, input_shape: Any) -> None:
         tokens, features = int(input_shape[-2]), int(input_shape[-1])
         self.per_token = Projection(1, name="w_agg1")
@@ -307,6 +322,12 @@ class FeatureAggregator(keras.layers.Layer):
         self.tokens = tokens
 
     def call(self, inputs: Any) -> Any:
+        if not self.portable:  # the gateway's graph: over rows of B windows (see TokenLayerNorm)
+            batch_last = ops.transpose(inputs, (1, 2, 0))  # [z, d, B]
+            per_token = ops.sum(batch_last * self.per_token.kernel[None], axis=1)  # [z, B]
+            per_token = per_token + self.per_token.bias
+            collapsed = ops.sum(per_token * self.across_tokens.kernel, axis=0)  # [B]
+            return ops.reshape(collapsed + self.across_tokens.bias, (-1, 1))
         collapsed = ops.reshape(self.per_token(inputs), (-1, self.tokens))  # [B, z]
         return self.across_tokens(collapsed)  # [B, 1]
 

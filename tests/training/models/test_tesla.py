@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from training.export import gateway_graph
 from training.models import TeslaConfig, build_model
 from training.models.bins import membership_matrix
 from training.models.layers import TokenSelfAttention
@@ -105,9 +106,11 @@ def test_portable_and_gateway_attention_are_the_same_function() -> None:
         weight.assign(rng.normal(0, 0.3, weight.shape).astype("float32"))
     x = rng.gamma(2.0, 15.0, size=(8, 360)).astype("float32")
     portable = np.asarray(model(x))
-    model.get_layer("attention").portable = False
-    gateway = np.asarray(model(x))
+    with gateway_graph(model):  # attention, LayerNorm and aggregator with the batch axis last
+        assert not model.get_layer("layer_norm").portable
+        gateway = np.asarray(model(x))
     np.testing.assert_allclose(gateway, portable, rtol=1e-5, atol=1e-4)
+    assert model.get_layer("aggregator").portable  # restored for training and the device graph
 
 
 def test_gateway_attention_is_standard_multi_head_attention() -> None:
