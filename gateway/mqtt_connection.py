@@ -757,14 +757,23 @@ class MqttConnection:
             for delivery in batch:
                 await handler(delivery.message)
                 attempt = delivery.attempt
-                if delivery.message.qos == 0 or attempt is not self._attempt or not self._connected:
-                    continue  # a message of a lost connection is redelivered, not acknowledged
+                # A message of a lost connection is redelivered, not acknowledged. A live one is
+                # acknowledged even before the connection is reported up: the broker sends a
+                # persistent session's queue right after CONNACK, and a message left
+                # unacknowledged on a live connection holds one of the broker's in-flight slots
+                # for good (20 of them stalled delivery after a broker restart).
+                if (
+                    delivery.message.qos == 0
+                    or attempt is not self._attempt
+                    or attempt.lost.is_set()
+                ):
+                    continue
                 if delivery.message.qos == 1:
                     acks.setdefault(attempt, []).append(delivery.mid)
                 else:
                     attempt.client.ack(delivery.mid, delivery.message.qos)
             for attempt, mids in acks.items():
-                if attempt is self._attempt and self._connected:
+                if attempt is self._attempt and not attempt.lost.is_set():
                     attempt.client.ack_many(mids)
 
     # -- paho callbacks (paho's thread) -> event loop -------------------------------------

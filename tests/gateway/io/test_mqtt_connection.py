@@ -100,6 +100,44 @@ def test_publish_many_in_one_write_arrives_intact_and_in_order(
         assert all(m.retain for m in later.messages)
 
 
+def test_a_persistent_sessions_queue_is_acknowledged_as_it_arrives(mosquitto: Mosquitto) -> None:
+    """The broker sends a persistent session's queue right after CONNACK, before the connection
+    is reported up; those messages must be acknowledged too, or each holds one of the broker's
+    20 in-flight slots and delivery stops (found by the long broker-restart test)."""
+    received: list[InboundMessage] = []
+
+    async def on_message(message: InboundMessage) -> None:
+        received.append(message)
+
+    async def scenario() -> None:
+        config = broker_config(mosquitto)
+        async with MqttConnection(
+            config,
+            client_id="queued-sub",
+            clean_start=False,
+            session_expiry_s=3600,
+            on_message=on_message,
+        ) as sub:
+            await sub.subscribe(["queued/#"])
+            await asyncio.wait_for(sub.wait_connected(), 10)
+        async with MqttConnection(config, client_id="queued-pub", clean_start=True) as pub:
+            await asyncio.wait_for(pub.wait_connected(), 10)
+            for n in range(200):  # queued for the offline session
+                await pub.publish("queued/x", str(n).encode())
+        async with MqttConnection(
+            config,
+            client_id="queued-sub",
+            clean_start=False,
+            session_expiry_s=3600,
+            on_message=on_message,
+        ) as sub:
+            await sub.subscribe(["queued/#"])
+            await eventually(lambda: len(received) >= 200)
+
+    asyncio.run(scenario())
+    assert [m.payload for m in received] == [str(n).encode() for n in range(200)]
+
+
 def test_acknowledgements_flow_so_the_broker_keeps_sending(mosquitto: Mosquitto) -> None:
     """mosquitto sends a 3.1.1 client at most 20 unacknowledged QoS 1 messages: all 500 arrive
     only if the batched PUBACKs reach it."""
