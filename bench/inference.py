@@ -11,8 +11,7 @@ import numpy.typing as npt
 from bench.timing import best_rate, best_rates_interleaved
 from gateway.calibrator import Calibrator
 from gateway.manifest import load_manifest
-from gateway.runtime import select_runtime
-from training.export import quantise
+from training.bench.litert import one_window
 
 __all__ = ["InferenceResult", "device_graph_rate", "measure_inference", "realistic_windows"]
 
@@ -42,7 +41,7 @@ def measure_inference(model_dir: Path, sensor_counts: tuple[int, ...]) -> list[I
 
     The per-sensor side has its own interpreter, which stays at batch 1 (no resizes). At one
     sensor both sides are the same single invoke, so both run on that interpreter: two
-    interpreters of the same graph differ by up to 25 % at batch 1 (allocation of tensors of a
+    interpreters of the same graph differed by up to 28 % at batch 1 (allocation of tensors of a
     few hundred bytes), which would be measured as a difference between the two methods.
     """
     batched = Calibrator.load(model_dir, num_threads=1)
@@ -73,17 +72,6 @@ def measure_inference(model_dir: Path, sensor_counts: tuple[int, ...]) -> list[I
 def device_graph_rate(model_dir: Path) -> float:
     """Calibrations per second of the integer device graph (batch 1) under LiteRT."""
     manifest = load_manifest(model_dir)
-    entry = manifest.files["int8"]
-    interpreter = select_runtime().interpreter((model_dir / entry.path).read_bytes(), 1)
-    interpreter.allocate_tensors()
-    source = interpreter.get_input_details()[0]
-    target = interpreter.get_output_details()[0]
-    window = realistic_windows(1, manifest.window_length)
-    data = quantise(window, source["quantization"][0], source["quantization"][1], source["dtype"])
-
-    def invoke() -> None:
-        interpreter.set_tensor(source["index"], data)
-        interpreter.invoke()
-        interpreter.get_tensor(target["index"])
-
-    return best_rate(invoke, 1)
+    flatbuffer = (model_dir / manifest.files["int8"].path).read_bytes()
+    run = one_window(flatbuffer, realistic_windows(1, manifest.window_length)[0], num_threads=1)
+    return best_rate(run.invoke, 1)

@@ -140,7 +140,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--quick", action="store_true", help="fewer sizes, no training run")
     parser.add_argument(
-        "--inference-only", action="store_true", help="sections 1 and 2 only (about a minute)"
+        "--inference-only", action="store_true", help="sections 1 and 2 only (about 20 s)"
     )
     args = parser.parse_args(argv)
     manifest = load_manifest(args.model)

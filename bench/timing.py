@@ -1,54 +1,7 @@
-"""Repeatable timing: run a callable until enough time has passed, keep the best of rounds."""
+"""Repeatable timing: the implementation lives in :mod:`training.bench.timing` (one for both)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+from training.bench.timing import best_rate, best_rates_interleaved
 
 __all__ = ["best_rate", "best_rates_interleaved"]
-
-
-def best_rate(work: Callable[[], None], items_per_call: int, *, rounds: int = 3,
-              min_seconds: float = 0.25) -> float:  # fmt: skip
-    """Items per second: the best round, each round at least ``min_seconds`` long.
-
-    The best round is the one least disturbed by the rest of the machine, which is what a
-    ratio between two such measurements needs.
-    """
-    work()  # warm-up: allocation, caches, lazy initialisation
-    best = 0.0
-    for _ in range(rounds):
-        calls = 0
-        start = time.perf_counter()
-        elapsed = 0.0
-        while elapsed < min_seconds:
-            work()
-            calls += 1
-            elapsed = time.perf_counter() - start
-        best = max(best, calls * items_per_call / elapsed)
-    return best
-
-
-def best_rates_interleaved(works: list[Callable[[], None]], items_per_call: int, *,
-                           rounds: int = 8, min_seconds: float = 0.15) -> list[float]:  # fmt: skip
-    """:func:`best_rate` for several callables whose ratio matters, their rounds alternated.
-
-    Measuring one callable's rounds and then the other's lets a change in the machine's state
-    (clock ramp, a neighbour's burst) land on one side only; alternating puts both sides
-    through the same conditions.
-    """
-    for work in works:
-        work()  # warm-up
-    best = [0.0] * len(works)
-    for round_index in range(rounds):
-        order = list(enumerate(works))
-        for position, work in order if round_index % 2 == 0 else order[::-1]:  # A B, B A, ...
-            calls = 0
-            start = time.perf_counter()
-            elapsed = 0.0
-            while elapsed < min_seconds:
-                work()
-                calls += 1
-                elapsed = time.perf_counter() - start
-            best[position] = max(best[position], calls * items_per_call / elapsed)
-    return best

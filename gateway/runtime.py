@@ -136,9 +136,9 @@ class BatchedInterpreter:
     larger than ``max_batch`` run as equal chunks of ``max_batch`` (the last one padded): the
     interpreter's intermediate tensors grow with the batch (attention holds B·z²·d values), so
     one 10,000-window invoke needed ~180 MB and ran slower per window than 1,024-window chunks.
-    128-window chunks run fastest per window (the default model under LiteRT, one thread, three
-    runs: 1.73-1.79 µs at 128, 1.7-2.2 µs at 256, 2.0-2.1 µs at 512, 2.6-2.9 µs at 1,024) and
-    the interpreter holds about 1 MiB for them instead of 9 MiB at 1,024.
+    128-window chunks run fastest per window (the default model under LiteRT, one thread, four
+    runs: 1.74-1.85 µs at 128, 1.80-1.94 µs at 256, 1.91-2.31 µs at 512, 2.41-3.02 µs at
+    1,024) and the interpreter holds about 1 MiB for them instead of 9 MiB at 1,024.
     """
 
     def __init__(self, interpreter: Interpreter, max_batch: int = DEFAULT_MAX_BATCH) -> None:

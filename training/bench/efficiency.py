@@ -29,7 +29,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +44,8 @@ from training.bench.flops import (
     resolve_graph,
     uncounted_ops,
 )
+from training.bench.litert import one_window
+from training.bench.timing import best_rate
 from training.errors import ExportVerificationError
 
 __all__ = [
@@ -118,49 +119,12 @@ def litert_latency_us(
     flatbuffer: bytes, window: npt.NDArray[np.float32], *, rounds: int = 3, min_seconds: float = 0.1
 ) -> float:
     """Microseconds per batch-1 calibration under LiteRT (as the gateway runs it, 1 thread)."""
-    from ai_edge_litert.interpreter import Interpreter
-
-    from training.export import quantise
-
-    interpreter = Interpreter(model_content=flatbuffer, num_threads=1)
-    source = interpreter.get_input_details()[0]
-    target = interpreter.get_output_details()[0]
-    floats = np.asarray(window, dtype=np.float32)[None, ...]
-    if list(source["shape"]) != list(floats.shape):
-        interpreter.resize_tensor_input(source["index"], list(floats.shape))
-    interpreter.allocate_tensors()
-    batch: npt.NDArray[np.generic] = floats
-    if np.issubdtype(np.dtype(source["dtype"]), np.integer):
-        scale, zero_point = source["quantization"]
-        batch = quantise(floats, scale, zero_point, np.dtype(source["dtype"]))
-
-    def invoke() -> None:
-        interpreter.set_tensor(source["index"], batch)
-        interpreter.invoke()
-        interpreter.get_tensor(target["index"])
-
-    invoke()  # warm-up: allocation and lazy initialisation
-    best = float("inf")
-    for _ in range(rounds):
-        calls = 0
-        started = time.perf_counter()
-        elapsed = 0.0
-        while elapsed < min_seconds:
-            invoke()
-            calls += 1
-            elapsed = time.perf_counter() - started
-        best = min(best, elapsed / calls)
-    return best * 1e6
+    run = one_window(flatbuffer, window, num_threads=1)
+    return 1e6 / best_rate(run.invoke, 1, rounds=rounds, min_seconds=min_seconds)
 
 
 def _device_sample(int8_bytes: bytes, window: npt.NDArray[np.float32]) -> npt.NDArray[np.generic]:
-    from ai_edge_litert.interpreter import Interpreter
-
-    from training.export import quantise
-
-    source = Interpreter(model_content=int8_bytes).get_input_details()[0]
-    scale, zero_point = source["quantization"]
-    return quantise(np.asarray(window, np.float32), scale, zero_point, np.dtype(source["dtype"]))
+    return one_window(int8_bytes, window).data[0]
 
 
 def _recorded_arena(int8_path: Path, sample: npt.NDArray[np.generic]) -> int | None:

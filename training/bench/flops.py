@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from training.bench.litert import one_window
 from training.flatbuffer import Graph, GraphOp
 
 __all__ = [
@@ -115,27 +116,17 @@ class ResolvedGraph:
 def resolve_graph(flatbuffer: bytes, window: npt.NDArray[np.float32]) -> ResolvedGraph:
     """Invoke the graph once on ``window`` ([N] or [N, C], raw units) at batch 1 and record
     the shape of every tensor each operator touched."""
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    from ai_edge_litert.interpreter import OpResolverType
 
-    from training.export import quantise
-
-    interpreter = Interpreter(
-        model_content=flatbuffer,
+    run = one_window(
+        flatbuffer,
+        window,
         experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
         experimental_preserve_all_tensors=True,
         num_threads=1,
     )
-    source = interpreter.get_input_details()[0]
-    batch = np.asarray(window, dtype=np.float32)[None, ...]
-    if list(source["shape"]) != list(batch.shape):
-        interpreter.resize_tensor_input(source["index"], list(batch.shape))
-    interpreter.allocate_tensors()
-    data: npt.NDArray[np.generic] = batch
-    if np.issubdtype(np.dtype(source["dtype"]), np.integer):
-        scale, zero_point = source["quantization"]
-        data = quantise(batch, scale, zero_point, np.dtype(source["dtype"]))
-    interpreter.set_tensor(source["index"], data)
-    interpreter.invoke()
+    run.invoke()
+    interpreter = run.interpreter
 
     details = {d["index"]: d for d in interpreter.get_tensor_details()}
     ops = tuple(

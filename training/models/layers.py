@@ -276,7 +276,8 @@ class TokenLayerNorm(keras.layers.Layer):
         self.epsilon = float(epsilon)
         # False while the exporter traces the gateway's float graph (training.export): the
         # same function on [tokens, features, B], where every step runs over rows of B
-        # windows (measured: LayerNorm and aggregator 0.30 -> 0.17 µs per window).
+        # windows (measured with the aggregator's form: the default graph 1.85-1.91 -> 1.66-1.73
+        # µs per window at 128 windows per invoke).
         self.portable = True
 
     def build(self, input_shape: Any) -> None:

@@ -109,28 +109,26 @@ def test_a_persistent_sessions_queue_is_acknowledged_as_it_arrives(mosquitto: Mo
     async def on_message(message: InboundMessage) -> None:
         received.append(message)
 
-    async def scenario() -> None:
-        config = broker_config(mosquitto)
-        async with MqttConnection(
+    config = broker_config(mosquitto)
+
+    def subscriber() -> MqttConnection:  # the same persistent session each time
+        return MqttConnection(
             config,
             client_id="queued-sub",
             clean_start=False,
             session_expiry_s=3600,
             on_message=on_message,
-        ) as sub:
+        )
+
+    async def scenario() -> None:
+        async with subscriber() as sub:
             await sub.subscribe(["queued/#"])
             await asyncio.wait_for(sub.wait_connected(), 10)
         async with MqttConnection(config, client_id="queued-pub", clean_start=True) as pub:
             await asyncio.wait_for(pub.wait_connected(), 10)
             for n in range(200):  # queued for the offline session
                 await pub.publish("queued/x", str(n).encode())
-        async with MqttConnection(
-            config,
-            client_id="queued-sub",
-            clean_start=False,
-            session_expiry_s=3600,
-            on_message=on_message,
-        ) as sub:
+        async with subscriber() as sub:
             await sub.subscribe(["queued/#"])
             await eventually(lambda: len(received) >= 200)
 

@@ -344,16 +344,16 @@ def test_the_window_slides_one_acknowledgement_at_a_time(tmp_path: Path) -> None
     async def scenario() -> None:
         publisher.submit([reading(n) for n in range(10)])
         drain = asyncio.create_task(publisher._drain(connection))  # type: ignore[arg-type]
-        await eventually_async(sent_count(4))
+        await eventually(sent_count(4))
         await asyncio.sleep(0.05)
         assert len(connection.sent) == 4  # the window is full: nothing more goes out
         for acknowledged in range(6):
             connection.sent[acknowledged][1].set_result(None)
-            await eventually_async(sent_count(5 + acknowledged))
+            await eventually(sent_count(5 + acknowledged))
             assert len(publisher._outbox) == 10 - (acknowledged + 1)
         for _, future in connection.sent[6:]:
             future.set_result(None)
-        await eventually_async(lambda: len(publisher._outbox) == 0)
+        await eventually(lambda: len(publisher._outbox) == 0)
         drain.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await drain
@@ -361,11 +361,3 @@ def test_the_window_slides_one_acknowledgement_at_a_time(tmp_path: Path) -> None
     asyncio.run(scenario())
     assert [topic for topic, _ in connection.sent] == ["tesla/gw9/s1/pm10"] * 10
     publisher._outbox.close()
-
-
-async def eventually_async(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.001)
