@@ -11,6 +11,7 @@ where ``CRC`` is four upper-case hex digits of CRC-16/CCITT-FALSE over every byt
 
 from __future__ import annotations
 
+import binascii
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -99,26 +100,12 @@ class OtaFrame:
 Line = Hello | NodeReading | HelloRequest | OtaFrame
 
 
-def _crc_table() -> tuple[int, ...]:
-    table = []
-    for byte in range(256):
-        crc = byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-            crc &= 0xFFFF
-        table.append(crc)
-    return tuple(table)
-
-
-_CRC_TABLE = _crc_table()
-
-
 def crc16_ccitt_false(data: bytes) -> int:
-    """CRC-16/CCITT-FALSE: poly 0x1021, init 0xFFFF, no reflection, no final xor (table-driven)."""
-    crc = 0xFFFF
-    for byte in data:
-        crc = ((crc << 8) & 0xFFFF) ^ _CRC_TABLE[(crc >> 8) ^ byte]
-    return crc
+    """CRC-16/CCITT-FALSE (poly 0x1021, init 0xFFFF, no reflection, no final xor).
+
+    ``binascii.crc_hqx`` is exactly that CRC in C once started from 0xFFFF.
+    """
+    return binascii.crc_hqx(data, 0xFFFF)
 
 
 # -- encoding ----------------------------------------------------------------------------

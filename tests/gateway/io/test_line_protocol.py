@@ -68,7 +68,7 @@ def bitwise_crc(data: bytes) -> int:
 
 
 @given(st.binary(max_size=200))
-def test_table_crc_equals_bitwise_crc(data: bytes) -> None:
+def test_crc_equals_bitwise_crc(data: bytes) -> None:
     assert crc16_ccitt_false(data) == bitwise_crc(data)
 
 
