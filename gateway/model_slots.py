@@ -21,7 +21,7 @@ import re
 import secrets
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -45,7 +45,6 @@ _STAGING_PREFIX = ".staging-"
 _SLOT_NAME = re.compile(r"^v[0-9]{1,10}-[0-9a-f]{8}$")
 
 CandidateLabel = Literal["current", "previous", "directory"]
-StepHook = Callable[[str], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,12 +93,11 @@ def _fsync_directory(directory: Path) -> None:
 
 
 class ModelSlots:
-    """Writes slots into one model directory; ``on_step`` names each step (tests kill there)."""
+    """Writes slots into one model directory (one installer at a time: the OTA service)."""
 
-    def __init__(self, model_dir: Path, *, on_step: StepHook | None = None) -> None:
+    def __init__(self, model_dir: Path) -> None:
         self.model_dir = model_dir
         self.slots_dir = model_dir / SLOTS
-        self._on_step = on_step or (lambda _step: None)
 
     def current(self) -> Path | None:
         return _slot_of(self.model_dir, CURRENT)
@@ -112,7 +110,6 @@ class ModelSlots:
         self.slots_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=self.slots_dir, prefix=_STAGING_PREFIX))
         for name, data in files.items():
-            self._on_step(f"write {name}")
             with (staging / name).open("wb") as out:
                 out.write(data)
                 out.flush()
@@ -121,7 +118,6 @@ class ModelSlots:
         staging.chmod(0o755)
         _fsync_directory(staging)
         slot = self.slots_dir / f"v{version}-{secrets.token_hex(4)}"
-        self._on_step("name the slot")
         staging.rename(slot)
         _fsync_directory(self.slots_dir)
         return slot
@@ -139,10 +135,8 @@ class ModelSlots:
 
     def _point(self, name: str, slot: Path) -> None:
         temp = self.model_dir / f".{name}.{secrets.token_hex(4)}.tmp"
-        self._on_step(f"link {name}")
         temp.symlink_to(f"{SLOTS}/{slot.name}")
         try:
-            self._on_step(f"switch {name}")
             temp.replace(self.model_dir / name)
         except BaseException:
             temp.unlink(missing_ok=True)
@@ -164,7 +158,6 @@ class ModelSlots:
             entries = []
         for entry in entries:
             if entry not in keep:
-                self._on_step(f"prune {entry.name}")
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry.name)
         for temp in self.model_dir.glob(".*.tmp"):

@@ -24,9 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from nacl.signing import SigningKey
-
 import numpy as np
+from nacl.signing import SigningKey
 
 from gateway.errors import GatewayError
 from gateway.manifest import MANIFEST_FILENAME, Manifest, load_manifest, verify_model_files

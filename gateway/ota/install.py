@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gateway.calibrator import Calibrator
 from gateway.errors import GatewayError
-from gateway.model_slots import ModelSlots, StepHook
+from gateway.model_slots import ModelSlots
 from gateway.ota.errors import (
     IncompatibleReleaseError,
     ReleaseInstallError,
@@ -50,7 +50,6 @@ def install_release(
     *,
     load: LoadModel | None = None,
     keep: Path | None = None,
-    on_step: StepHook | None = None,
 ) -> InstalledRelease:
     """Stage ``release`` in ``model_dir`` (serving ``feature``), check it, make it current.
 
@@ -66,7 +65,7 @@ def install_release(
         )
     golden = release.files.get(GOLDEN_FILENAME)
     parsed = None if golden is None else parse_golden(golden)
-    slots = ModelSlots(model_dir, on_step=on_step)
+    slots = ModelSlots(model_dir)
     what = f"{release.metadata.model} v{release.version}"
     try:
         # The signed release.json stays beside the model: a directory the daemon can write is

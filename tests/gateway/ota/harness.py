@@ -160,8 +160,6 @@ def node_states(collector: Collector, node_id: str = "node-7") -> list[str]:
     ]
 
 
-def gateway_states(
-    collector: Collector, gateway_id: str = GATEWAY_ID
-) -> list[dict[str, object]]:
+def gateway_states(collector: Collector, gateway_id: str = GATEWAY_ID) -> list[dict[str, object]]:
     topic = f"tesla/{gateway_id}/ota/gateway"
     return [json.loads(payload) for payload in collector.on(topic)]
