@@ -194,8 +194,9 @@ def _install_killed_at(kit: ReleaseKit, release: Path, model_dir: Path, kill_at:
 def test_a_kill_at_every_step_of_an_install_leaves_old_or_new_never_a_mix(
     kit: ReleaseKit, tmp_path: Path
 ) -> None:
-    old, new = kit.base_version, kit.base_version + 1
-    pristine = tmp_path / "pristine"
+    old, new = kit.base_version + 1, kit.base_version + 2
+    pristine = tmp_path / "pristine"  # current and previous: the install also prunes a slot
+    install(kit, kit.release(kit.base_version, "gateway"), pristine)
     install(kit, kit.release(old, "gateway"), pristine)
     release = kit.release(new, "gateway")
     steps = _install_killed_at(kit, release, tmp_path / "count", 10**9)
