@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from functools import partial
 from pathlib import Path
 
 from gateway.ota.install import install_release
@@ -129,6 +130,10 @@ def test_no_loadable_model_starts_degraded_and_a_release_repairs_it(
         notify.close()
 
 
+def answered(collector: Collector, before: int) -> bool:
+    return len(gateway_states(collector, "gw-hall")) > before
+
+
 def _rollout_release(kit: ReleaseKit, version: int, rollout: Rollout) -> Path:
     out = (
         kit.root
@@ -158,9 +163,7 @@ def test_a_staged_rollout_is_ignored_by_other_gateways_and_installed_by_its_grou
                 for release in (for_other, for_canary):
                     count = len(gateway_states(collector, "gw-hall"))
                     await asyncio.to_thread(push_release, release, mosquitto.host, mosquitto.port)
-                    await eventually(
-                        lambda n=count: len(gateway_states(collector, "gw-hall")) > n, 10
-                    )
+                    await eventually(partial(answered, collector, count), 10)
                     calibrator = gw.models.get("pm10")
                     versions.append(None if calibrator is None else calibrator.version)
             return gateway_states(collector, "gw-hall"), versions
