@@ -174,6 +174,10 @@ def _summary(status: dict[str, object], running: int | None) -> str:
                 f"on {model.get('runtime')}, reloads {model.get('reloads')}, "
                 f"rejected {model.get('rejected')}"
             )
+            if model.get("version") is None:
+                line += "\n    DEGRADED: no model serves; a release or a copied model repairs it"
+            if model.get("fallback"):
+                line += f"\n    FALLBACK to {model.get('slot')}: {model.get('fallback')}"
             if model.get("last_error"):
                 line += f"\n    last error: {model.get('last_error')}"
             lines.append(line)

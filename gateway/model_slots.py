@@ -58,8 +58,9 @@ class Candidate:
 def _slot_of(model_dir: Path, link_name: str) -> Path | None:
     """The slot a link names (``slots/<name>``), or None when there is no such link.
 
-    A link that does not name a slot by its plain name is still returned (as the path it
-    claims) so that loading it fails with a message, rather than silently being skipped.
+    A link an operator pointed elsewhere is returned as the link itself: it is tried like any
+    candidate (sha256 and trust rule included) and, if it is no model, fails with a message
+    rather than being skipped silently. Installs never write such links and never prune there.
     """
     link = model_dir / link_name
     try:
@@ -69,7 +70,7 @@ def _slot_of(model_dir: Path, link_name: str) -> Path | None:
     parts = text.parts
     if len(parts) == 2 and parts[0] == SLOTS and _SLOT_NAME.fullmatch(parts[1]):
         return model_dir / SLOTS / parts[1]
-    return link  # points elsewhere: loading it fails and the next candidate is tried
+    return link
 
 
 def candidates(model_dir: Path) -> list[Candidate]:

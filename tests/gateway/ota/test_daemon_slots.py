@@ -13,8 +13,11 @@ import shutil
 from functools import partial
 from pathlib import Path
 
+import pytest
+
+from gateway.cli import main
 from gateway.ota.install import install_release
-from gateway.ota.release import Rollout, verify_release
+from gateway.ota.release import Rollout, Target, verify_release
 from tests.gateway.core.test_service import Daemon, NotifySocket, daemons, wait_for
 from tests.gateway.io.helpers import Collector, collecting, eventually
 from tests.gateway.ota.harness import gateway, gateway_states, ota_config
@@ -96,7 +99,11 @@ def test_a_release_that_cannot_load_is_rejected_and_every_restart_still_serves(
 
 
 def test_no_loadable_model_starts_degraded_and_a_release_repairs_it(
-    release_kit: ReleaseKit, mosquitto: Mosquitto, tmp_path: Path, daemons: list[Daemon]
+    release_kit: ReleaseKit,
+    mosquitto: Mosquitto,
+    tmp_path: Path,
+    daemons: list[Daemon],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     model_dir = tmp_path / "pm10"  # nothing there yet: a fresh OTA-managed gateway
     config = write_config(tmp_path, mosquitto, model_dir, release_kit.keys.public_path)
@@ -111,6 +118,8 @@ def test_no_loadable_model_starts_degraded_and_a_release_repairs_it(
             assert status["degraded"] == ["pm10"]
             assert status["models"]["pm10"]["version"] is None
             assert "pm10" in status["models"]["pm10"]["last_error"]
+            assert main(["status", "--config", str(config)]) == 0
+            assert "DEGRADED: no model serves" in capsys.readouterr().out
             wait_for(lambda: notify.datagrams, "READY")
             assert notify.datagrams[0].startswith(
                 "READY=1\nSTATUS=running, degraded (no model: pm10):"
@@ -134,13 +143,13 @@ def answered(collector: Collector, before: int) -> bool:
     return len(gateway_states(collector, "gw-hall")) > before
 
 
-def _rollout_release(kit: ReleaseKit, version: int, rollout: Rollout) -> Path:
-    out = (
-        kit.root
-        / f"release-gateway-v{version}-rollout-{'-'.join(rollout.gateways + rollout.groups)}"
-    )
+def _rollout_release(
+    kit: ReleaseKit, version: int, rollout: Rollout, target: Target = "gateway"
+) -> Path:
+    names = "-".join(rollout.gateways + rollout.groups)
+    out = kit.root / f"release-{target}-v{version}-rollout-{names}"
     if not out.exists():
-        build_release(kit.model_at(version), "gateway", kit.keys.private_path, out, rollout=rollout)
+        build_release(kit.model_at(version), target, kit.keys.private_path, out, rollout=rollout)
     return out
 
 
@@ -152,6 +161,9 @@ def test_a_staged_rollout_is_ignored_by_other_gateways_and_installed_by_its_grou
     base = release_kit.base_version
     for_other = _rollout_release(release_kit, base + 1, Rollout(gateways=["gw-kitchen"]))
     for_canary = _rollout_release(release_kit, base + 2, Rollout(groups=["canary"]))
+    node_for_other = _rollout_release(
+        release_kit, base + 3, Rollout(gateways=["gw-kitchen"]), target="node"
+    )
 
     async def scenario() -> tuple[list[dict[str, object]], list[int | None]]:
         versions: list[int | None] = []
@@ -160,7 +172,7 @@ def test_a_staged_rollout_is_ignored_by_other_gateways_and_installed_by_its_grou
             async with gateway(
                 config, None, model_dirs={"pm10": serving}, gateway_id="gw-hall"
             ) as gw:
-                for release in (for_other, for_canary):
+                for release in (for_other, for_canary, node_for_other):
                     count = len(gateway_states(collector, "gw-hall"))
                     await asyncio.to_thread(push_release, release, mosquitto.host, mosquitto.port)
                     await eventually(partial(answered, collector, count), 10)
@@ -169,6 +181,10 @@ def test_a_staged_rollout_is_ignored_by_other_gateways_and_installed_by_its_grou
             return gateway_states(collector, "gw-hall"), versions
 
     states, versions = asyncio.run(scenario())
-    assert [s["status"] for s in states] == ["ignored: not in rollout", "installed"]
+    assert [(s["target"], s["status"]) for s in states] == [
+        ("gateway", "ignored: not in rollout"),
+        ("gateway", "installed"),
+        ("node", "ignored: not in rollout"),  # not relayed to this gateway's nodes either
+    ]
     assert "gw-kitchen" in str(states[0]["detail"]) and "canary" in str(states[0]["detail"])
-    assert versions == [base, base + 2]
+    assert versions == [base, base + 2, base + 2]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import structlog
 
+from gateway.cli import main
 from gateway.model_slots import CURRENT, PREVIOUS, SLOTS, candidates
 from gateway.model_trust import ModelTrust
 from gateway.model_watch import ModelSet, ReloadOutcome
@@ -143,6 +144,34 @@ def test_the_trust_rule_holds_for_slots(kit: ReleaseKit, tmp_path: Path) -> None
     [result] = models.refresh(force=True)
     assert result.outcome is ReloadOutcome.REJECTED
     assert "current:" in str(result.error) and "previous:" in str(result.error)
+
+
+def test_check_config_applies_the_daemons_rule(
+    kit: ReleaseKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_dir = tmp_path / "pm10"
+    install(kit, kit.release(kit.base_version, "gateway"), model_dir)
+    install(kit, kit.release(kit.base_version + 1, "gateway"), model_dir)
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f'gateway_id = "gw"\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[[models]]\nfeature = "pm10"\nmodel_dir = "{model_dir}"\n',
+        encoding="utf-8",
+    )
+    assert main(["check-config", "--config", str(config)]) == 0
+    assert f"v{kit.base_version + 1} " in capsys.readouterr().out
+    for link in (CURRENT, PREVIOUS):
+        graph = model_dir / link / "model.tflite"
+        graph.write_bytes(graph.read_bytes()[:-64])
+        code = main(["check-config", "--config", str(config)])
+        out, err = capsys.readouterr()
+        if link == CURRENT:
+            assert code == 0
+            assert f"v{kit.base_version} " in out and "FALLBACK to previous" in out
+        else:
+            assert code == 1  # nothing would serve: the daemon would start degraded
+            assert "REFUSED: current:" in err and "previous:" in err
+    assert main(["check-config", "--skip-models", "--config", str(config)]) == 0
 
 
 # What the child runs: the real install, killed (SIGKILL) just before its k-th change to the
