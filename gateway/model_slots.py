@@ -129,7 +129,7 @@ class ModelSlots:
         old = self.current()
         if keep is not None and keep.parent == self.slots_dir and keep.is_dir():
             old = keep
-        if old is not None and old != slot:
+        if old is not None and old.parent == self.slots_dir and old != slot:
             self._point(PREVIOUS, old)
         self._point(CURRENT, slot)
         _fsync_directory(self.model_dir)
