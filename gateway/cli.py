@@ -91,33 +91,39 @@ def _check_config(config: GatewayConfig, *, check_models: bool) -> int:
     print(f"  sources: {', '.join(s.kind for s in config.sources) or 'none'}")
     if not check_models:
         return EXIT_OK
-    from gateway.calibrator import Calibrator
+    from gateway.model_watch import ModelSet
 
-    failed = False
     try:
         trust = config.model_trust()
     except GatewayError as exc:
         print(f"  release key: REFUSED: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    # The daemon's own loading rule: the current slot, else the previous one, else the files.
+    models = ModelSet(
+        config.model_dirs,
+        config.runtime.preference,
+        num_threads=config.runtime.num_threads,
+        trust=trust,
+    )
+    results = {result.feature: result for result in models.refresh(force=True)}
+    stats = models.stats()
     for model in config.models:
-        try:
-            calibrator = Calibrator.load(
-                model.model_dir,
-                config.runtime.preference,
-                num_threads=config.runtime.num_threads,
-                trust=trust[model.feature],
+        calibrator = models.get(model.feature)
+        if calibrator is None:
+            print(
+                f"  model {model.feature}: REFUSED: {results[model.feature].error}",
+                file=sys.stderr,
             )
-        except GatewayError as exc:
-            failed = True
-            print(f"  model {model.feature}: REFUSED: {exc}", file=sys.stderr)
             continue
         manifest = calibrator.manifest
+        fallback = stats[model.feature]["fallback"]
         print(
             f"  model {model.feature}: {manifest.name} v{manifest.version} "
             f"(N={manifest.window_length}, period {manifest.period_seconds}s) "
             f"on {calibrator.runtime_name} {calibrator.runtime_version}; {calibrator.trust}"
+            + (f"; FALLBACK to {stats[model.feature]['slot']} ({fallback})" if fallback else "")
         )
-    return EXIT_FAILURE if failed else EXIT_OK
+    return EXIT_FAILURE if models.missing() else EXIT_OK
 
 
 def _status(config: GatewayConfig, *, as_json: bool) -> int:
@@ -168,6 +174,10 @@ def _summary(status: dict[str, object], running: int | None) -> str:
                 f"on {model.get('runtime')}, reloads {model.get('reloads')}, "
                 f"rejected {model.get('rejected')}"
             )
+            if model.get("version") is None:
+                line += "\n    DEGRADED: no model serves; a release or a copied model repairs it"
+            if model.get("fallback"):
+                line += f"\n    FALLBACK to {model.get('slot')}: {model.get('fallback')}"
             if model.get("last_error"):
                 line += f"\n    last error: {model.get('last_error')}"
             lines.append(line)

@@ -4,6 +4,11 @@ A new model version is found by polling each configured model directory (a cheap
 manifest and model files) or on demand (SIGHUP, ``tesla-gateway reload``). The candidate goes
 through the full :meth:`Calibrator.load` validation before it replaces the running one; if it
 fails, the running model keeps serving and the failure is logged and counted.
+
+A model directory may hold slots (gateway/model_slots.py): ``current`` is tried first, then
+``previous``, then the directory's own files. With nothing serving (at start), the first that
+loads serves, and a fallback is logged (``model_fallback``) and shown in :meth:`ModelSet.stats`;
+when none loads the feature has no model (the gateway runs degraded until one arrives).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import structlog
 
 from gateway.calibrator import Calibrator
 from gateway.errors import GatewayError
+from gateway.model_slots import Candidate, CandidateLabel, candidates
 from gateway.model_trust import ModelTrust
 from gateway.runtime import DEFAULT_RUNTIME_PREFERENCE, RuntimeName
 
@@ -54,22 +60,29 @@ class _Slot:
     loads: int = 0
     rejects: int = 0
     last_error: str | None = None
+    serving_from: CandidateLabel | None = None
+    fallback: str | None = None  # why the serving model is not the directory's first candidate
     attempted: set[Fingerprint] = field(default_factory=set)
 
 
 def _fingerprint(model_dir: Path) -> Fingerprint:
-    """Size, mtime and inode of every file in the directory (a replaced file changes one)."""
+    """Each candidate's path, and the size, mtime and inode of every file in it (a replaced
+    file or a switched slot changes one)."""
     entries: list[tuple[str, int, int, int]] = []
-    try:
-        paths = sorted(p for p in model_dir.iterdir() if p.is_file() and not p.name.startswith("."))
-    except OSError:
-        return ()
-    for path in paths:
+    for candidate in candidates(model_dir):
+        entries.append((f"{candidate.label}:{candidate.path}", 0, 0, 0))
         try:
-            stat = path.stat()
+            paths = sorted(
+                p for p in candidate.path.iterdir() if p.is_file() and not p.name.startswith(".")
+            )
         except OSError:
             continue
-        entries.append((path.name, stat.st_size, stat.st_mtime_ns, stat.st_ino))
+        for path in paths:
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            entries.append((path.name, stat.st_size, stat.st_mtime_ns, stat.st_ino))
     return tuple(entries)
 
 
@@ -99,6 +112,10 @@ class ModelSet:
     def features(self) -> tuple[str, ...]:
         return tuple(self._slots)
 
+    def model_dir(self, feature: str) -> Path | None:
+        slot = self._slots.get(feature)
+        return None if slot is None else slot.model_dir
+
     def get(self, feature: str) -> Calibrator | None:
         with self._lock:
             slot = self._slots.get(feature)
@@ -107,6 +124,11 @@ class ModelSet:
     def loaded(self) -> dict[str, Calibrator]:
         with self._lock:
             return {f: s.calibrator for f, s in self._slots.items() if s.calibrator is not None}
+
+    def missing(self) -> list[str]:
+        """Features with no model serving: the gateway is degraded for them."""
+        with self._lock:
+            return sorted(f for f, s in self._slots.items() if s.calibrator is None)
 
     def refresh(self, *, force: bool = False) -> list[ReloadResult]:
         """Load every model whose directory changed (every one when ``force``)."""
@@ -119,31 +141,83 @@ class ModelSet:
                 results.append(self._try_load(feature, slot, fingerprint))
         return results
 
+    def load_candidate(self, feature: str, directory: Path) -> Calibrator:
+        """Load ``directory`` as this gateway loads ``feature``'s models (runtime, trust rule)
+        without serving it; raise a GatewayError naming what is wrong."""
+        candidate = Calibrator.load(
+            directory,
+            self._preference,
+            num_threads=self._num_threads,
+            trust=self._trust.get(feature),
+        )
+        self._check_candidate(feature, None, candidate)
+        return candidate
+
+    def adopt(self, feature: str, calibrator: Calibrator) -> bool:
+        """Serve ``calibrator`` (a release just made current); False if it already serves."""
+        with self._refresh_lock:
+            slot = self._slots[feature]
+            current = slot.calibrator
+            slot.fingerprint = _fingerprint(slot.model_dir)
+            slot.attempted.clear()
+            slot.last_error = None
+            slot.serving_from, slot.fallback = "current", None
+            if current is not None and (current.version, current.sha256) == (
+                calibrator.version,
+                calibrator.sha256,
+            ):
+                return False
+            with self._lock:
+                slot.calibrator = calibrator
+            slot.loads += 1
+        self._log_loaded(feature, slot, calibrator, current, source="release")
+        return True
+
     def _try_load(self, feature: str, slot: _Slot, fingerprint: Fingerprint) -> ReloadResult:
         current = slot.calibrator
-        try:
-            candidate = Calibrator.load(
-                slot.model_dir,
-                self._preference,
-                num_threads=self._num_threads,
-                trust=self._trust.get(feature),
-            )
-            self._check_candidate(feature, current, candidate)
-        except GatewayError as exc:
+        failures: list[tuple[Candidate, GatewayError]] = []
+        chosen: tuple[Candidate, Calibrator] | None = None
+        for place in candidates(slot.model_dir):
+            try:
+                candidate = self.load_candidate(feature, place.path)
+                self._check_candidate(feature, current, candidate)
+            except GatewayError as exc:
+                failures.append((place, exc))
+                _log.error(
+                    "model_rejected",
+                    feature=feature,
+                    model_dir=str(place.path),
+                    slot=place.label,
+                    error=str(exc),
+                    error_type=type(exc).__name__,
+                    serving_version=None if current is None else current.version,
+                )
+                if current is not None:
+                    break  # something serves: keep it rather than fall back past a new model
+                continue
+            chosen = (place, candidate)
+            break
+        if chosen is None:
             slot.attempted.add(fingerprint)
             slot.rejects += 1
-            slot.last_error = str(exc)
-            _log.error(
-                "model_rejected",
-                feature=feature,
-                model_dir=str(slot.model_dir),
-                error=str(exc),
-                error_type=type(exc).__name__,
-                serving_version=None if current is None else current.version,
+            slot.last_error = "; ".join(
+                str(exc) if len(failures) == 1 else f"{place.label}: {exc}"
+                for place, exc in failures
             )
-            return ReloadResult(feature, ReloadOutcome.REJECTED, error=str(exc))
+            return ReloadResult(feature, ReloadOutcome.REJECTED, error=slot.last_error)
+        place, candidate = chosen
         slot.fingerprint = fingerprint
         slot.attempted.clear()
+        if failures:
+            slot.fallback = "; ".join(f"{p.label}: {exc}" for p, exc in failures)
+            _log.error(
+                "model_fallback",
+                feature=feature,
+                serving=place.label,
+                model_dir=str(place.path),
+                version=candidate.version,
+                failed={p.label: str(exc) for p, exc in failures},
+            )
         if current is not None and (current.version, current.sha256) == (
             candidate.version,
             candidate.sha256,
@@ -151,8 +225,18 @@ class ModelSet:
             return ReloadResult(feature, ReloadOutcome.UNCHANGED, version=current.version)
         with self._lock:
             slot.calibrator = candidate
+        slot.serving_from = place.label
+        if not failures:
+            slot.fallback = None
         slot.loads += 1
         slot.last_error = None
+        self._log_loaded(feature, slot, candidate, current, source=place.label)
+        return ReloadResult(feature, ReloadOutcome.LOADED, version=candidate.version)
+
+    @staticmethod
+    def _log_loaded(
+        feature: str, slot: _Slot, candidate: Calibrator, current: Calibrator | None, source: str
+    ) -> None:
         _log.info(
             "model_loaded",
             feature=feature,
@@ -161,10 +245,10 @@ class ModelSet:
             previous_version=None if current is None else current.version,
             runtime=candidate.runtime_name,
             runtime_version=candidate.runtime_version,
-            model_dir=str(slot.model_dir),
+            model_dir=str(candidate.model_dir),
+            slot=source,
             trust=candidate.trust,
         )
-        return ReloadResult(feature, ReloadOutcome.LOADED, version=candidate.version)
 
     @staticmethod
     def _check_candidate(feature: str, current: Calibrator | None, candidate: Calibrator) -> None:
@@ -198,6 +282,8 @@ class ModelSet:
                     "reloads": slot.loads,
                     "rejected": slot.rejects,
                     "last_error": slot.last_error,
+                    "slot": None if slot.calibrator is None else slot.serving_from,
+                    "fallback": slot.fallback,
                 }
                 for feature, slot in self._slots.items()
             }

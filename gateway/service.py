@@ -26,7 +26,7 @@ import structlog
 
 from gateway import __version__
 from gateway.config import GatewayConfig, MqttSourceEntry
-from gateway.errors import GatewayError, ModelLoadError
+from gateway.errors import GatewayError
 from gateway.memory import release_free_heap
 from gateway.model_watch import ModelSet, ReloadOutcome
 from gateway.monitoring import ModelInfo, Monitor, SensorDocument
@@ -215,10 +215,12 @@ class GatewayService:
             ) from exc
 
     async def _start_models(self) -> None:
+        """Load the models; a feature with none still starts (degraded), so a release or a
+        copied model directory can repair it while the daemon runs."""
         results = await asyncio.to_thread(self.models.refresh, force=True)
-        if not self.models.loaded():
-            problems = "; ".join(f"{r.feature}: {r.error}" for r in results)
-            raise ModelLoadError(f"no model could be loaded, nothing to calibrate ({problems})")
+        for result in results:
+            if self.models.get(result.feature) is None:
+                _log.error("model_unavailable", feature=result.feature, error=result.error)
         self._sync_windows()
 
     def _sync_windows(self) -> None:
@@ -277,6 +279,7 @@ class GatewayService:
                 gateway_id=self.config.gateway_id,
                 version=__version__,
                 models={f: f"{c.name} v{c.version}" for f, c in self.models.loaded().items()},
+                degraded=self.models.missing(),
                 runtime=sorted({c.runtime_name for c in self.models.loaded().values()}),
                 sources=[name for name, _ in sources],
             )
@@ -340,18 +343,13 @@ class GatewayService:
         )
 
     def _make_ota(self, config: OtaConfig) -> OtaService:
-        def running_version(feature: str) -> int | None:
-            calibrator = self.models.get(feature)
-            return None if calibrator is None else calibrator.version
-
         return OtaService(
             config,
             gateway_id=self.config.gateway_id,
             broker=self.config.publisher.broker,
             links=self._serial_source.links if self._serial_source is not None else {},
-            model_dirs=self.config.model_dirs,
-            running_version=running_version,
-            on_installed=self.request_reload,
+            models=self.models,
+            on_installed=self._sync_windows,
             clock=self._clock,
         )
 
@@ -510,6 +508,7 @@ class GatewayService:
             },
             "ticker": self.ticker.stats.as_dict(),
             "models": self.models.stats(),
+            "degraded": self.models.missing(),  # features with no model: nothing calibrated
             "state": self.state.stats.as_dict(),
             "publish_failures": self._publish_failures,
             "mqtt_sources_connected": {
@@ -527,8 +526,12 @@ class GatewayService:
 
     def _status_line(self) -> str:
         stats = self.ticker.stats
+        missing = self.models.missing()
+        phase = (
+            f"{self._phase}, degraded (no model: {', '.join(missing)})" if missing else self._phase
+        )
         return (
-            f"{self._phase}: {stats.readings_in} readings, {stats.published} published, "
+            f"{phase}: {stats.readings_in} readings, {stats.published} published, "
             f"{sum(len(w.sensor_ids) for _, w in self.store.items())} sensor windows"
         )
 

@@ -71,6 +71,22 @@ def _add_release_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     release.add_argument("--target", choices=("gateway", "node"), required=True)
     release.add_argument("--key", type=Path, required=True, help="private key from keygen")
     release.add_argument("--out", type=Path, required=True, help="release directory to write")
+    release.add_argument(
+        "--gateway",
+        dest="gateways",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="staged rollout: only this gateway installs or relays it (repeatable)",
+    )
+    release.add_argument(
+        "--group",
+        dest="groups",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="staged rollout: only gateways in this [ota] group (repeatable), e.g. canary",
+    )
     push = sub.add_parser("push", help="publish a release (retained) on MQTT")
     push.add_argument("--release", type=Path, required=True, help="release directory")
     push.add_argument("--broker", required=True, help="HOST:PORT of the MQTT broker")
@@ -101,9 +117,18 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def _release(args: argparse.Namespace) -> int:
-    from training.release import build_release
+    from pydantic import ValidationError
 
-    out = build_release(args.model, args.target, args.key, args.out)
+    from gateway.ota.release import Rollout
+    from training.release import ReleaseError, build_release
+
+    rollout = None
+    if args.gateways or args.groups:
+        try:
+            rollout = Rollout(gateways=args.gateways, groups=args.groups)
+        except ValidationError as exc:
+            raise ReleaseError(f"--gateway/--group: {exc.errors()[0]['msg']}") from exc
+    out = build_release(args.model, args.target, args.key, args.out, rollout=rollout)
     print(json.dumps({"release": str(out)}))
     return 0
 

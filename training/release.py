@@ -4,6 +4,11 @@
 ``build_release`` signs a model directory into a release directory for one target, and
 ``push_release`` publishes it retained on MQTT, where every gateway subscribed to releases
 picks it up (node releases are relayed to the gateway's serial-attached nodes).
+
+A gateway release also carries golden windows (gateway/ota/golden.py): a few windows spread
+over the model's training input range and what LiteRT computes for them on the float graph,
+which every gateway reproduces before it switches to the release. A release may be limited to
+some gateways (``rollout``: ids or ``[ota] groups``), for a canary first.
 """
 
 from __future__ import annotations
@@ -19,13 +24,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from nacl.signing import SigningKey
 
-from gateway.manifest import MANIFEST_FILENAME, load_manifest, verify_model_files
+from gateway.errors import GatewayError
+from gateway.manifest import MANIFEST_FILENAME, Manifest, load_manifest, verify_model_files
 from gateway.ota.descriptor import ImageDescriptor
+from gateway.ota.golden import GOLDEN_FILENAME, GoldenWindows
 from gateway.ota.release import (
     RELEASE_FILENAME,
     RELEASE_FORMAT_VERSION,
+    Rollout,
     Target,
     encode_bundle,
     key_id,
@@ -41,6 +50,7 @@ __all__ = [
     "KeyPair",
     "ReleaseError",
     "build_release",
+    "golden_windows",
     "keygen",
     "load_private_key",
     "push_release",
@@ -118,14 +128,68 @@ def _files_for(model_dir: Path, target: Target) -> tuple[dict[str, bytes], str |
     return files, device.path
 
 
-def build_release(model_dir: Path, target: Target, private_key: Path, out_dir: Path) -> Path:
-    """Sign ``model_dir`` into ``out_dir`` (created; must not exist or be empty)."""
+def _golden_inputs(manifest: Manifest, shape: tuple[int, ...]) -> np.ndarray:
+    """Six windows [6, N(, C)] over the training input range: constant low, median and high,
+    a rising ramp, a seeded random walk and a median window ending in a spike."""
+    n = manifest.window_length
+    low, mid, high = manifest.input_range.p01, manifest.input_range.p50, manifest.input_range.p99
+    rng = np.random.default_rng(20_251_123)
+    walk = np.clip(mid + np.cumsum(rng.normal(0, (high - low) / 40, n)), low, high)
+    spike = np.full(n, mid)
+    spike[-1] = manifest.input_range.max
+    first = np.stack(
+        [np.full(n, low), np.full(n, mid), np.full(n, high), np.linspace(low, high, n), walk, spike]
+    )  # [6, N] in the feature's unit
+    if len(shape) == 1:
+        windows = first
+    else:
+        windows = rng.uniform(0, 100, (len(first), *shape))  # covariates
+        windows[..., 0] = first
+    # Multiples of 1/16: exact in float32 and short in JSON.
+    return (np.round(windows * 16) / 16).astype(np.float32)
+
+
+def golden_windows(model_dir: Path) -> bytes:
+    """``golden.json`` for a gateway release: LiteRT on the float graph, one batched invoke."""
+    from gateway.calibrator import Calibrator
+    from gateway.model_trust import ModelTrust
+
+    try:
+        calibrator = Calibrator.load(model_dir, ("ai_edge_litert",), trust=ModelTrust("off"))
+    except GatewayError as exc:
+        raise ReleaseError(f"{model_dir} does not load under LiteRT: {exc}") from exc
+    windows = _golden_inputs(calibrator.manifest, calibrator.input_shape)
+    expected = calibrator.calibrate(windows)
+    if not np.isfinite(expected).all():
+        raise ReleaseError(f"{model_dir}: the model returns {expected} on the golden windows")
+    golden = GoldenWindows(
+        runtime=f"{calibrator.runtime_name} {calibrator.runtime_version}",
+        windows=windows.tolist(),
+        expected=[float(value) for value in expected],
+    )
+    return (golden.model_dump_json() + "\n").encode("utf-8")
+
+
+def build_release(
+    model_dir: Path,
+    target: Target,
+    private_key: Path,
+    out_dir: Path,
+    *,
+    rollout: Rollout | None = None,
+) -> Path:
+    """Sign ``model_dir`` into ``out_dir`` (created; must not exist or be empty); ``rollout``
+    limits it to some gateways (signed with the rest)."""
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ReleaseError(f"{out_dir} is not empty; releases are never overwritten")
+    if rollout is not None and not (rollout.gateways or rollout.groups):
+        raise ReleaseError("a rollout must name at least one gateway or group")
     signing = load_private_key(private_key)
     public = bytes(signing.verify_key)
     manifest = load_manifest(model_dir)
     files, image_name = _files_for(model_dir, target)
+    if target == "gateway":
+        files[GOLDEN_FILENAME] = golden_windows(model_dir)
     document: dict[str, object] = {
         "format_version": RELEASE_FORMAT_VERSION,
         "model": manifest.name,
@@ -138,6 +202,8 @@ def build_release(model_dir: Path, target: Target, private_key: Path, out_dir: P
         },
         "key_id": key_id(public),
     }
+    if rollout is not None:
+        document["rollout"] = rollout.model_dump()
     if image_name is not None:
         image = files[image_name]
         arena = manifest.files["int8"].tflm_arena_bytes

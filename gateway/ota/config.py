@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.mqtt_connection import MqttBrokerConfig, check_plain_topic
 from gateway.ota.protocol import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
+from gateway.ota.release import ROLLOUT_NAME
 
 __all__ = ["OtaConfig"]
 
@@ -39,6 +40,11 @@ class OtaConfig(BaseModel):
         description="Install gateway releases that are not newer than the running model. "
         "For an operator's deliberate rollback only.",
     )
+    groups: list[str] = Field(
+        default_factory=list,
+        description="Rollout groups this gateway belongs to (e.g. 'canary'): a release that "
+        "names gateways or groups in its signed rollout is installed only by those.",
+    )
     relay_to_nodes: bool = Field(
         default=True, description="Forward node releases to serial-attached nodes that need them."
     )
@@ -57,6 +63,14 @@ class OtaConfig(BaseModel):
     max_retries: int = Field(
         default=10, ge=1, le=1000, description="Retransmissions of one frame before giving up."
     )
+
+    @field_validator("groups")
+    @classmethod
+    def _group_names(cls, value: list[str]) -> list[str]:
+        for group in value:
+            if not ROLLOUT_NAME.fullmatch(group):
+                raise ValueError(f"group {group!r} must match {ROLLOUT_NAME.pattern}")
+        return value
 
     @field_validator("releases_topic_prefix", "status_topic_prefix")
     @classmethod

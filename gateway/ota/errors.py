@@ -14,6 +14,7 @@ from gateway.errors import GatewayError
 __all__ = [
     "BadSignatureError",
     "DowngradeError",
+    "GoldenMismatchError",
     "IncompatibleReleaseError",
     "MalformedReleaseError",
     "OtaError",
@@ -23,6 +24,7 @@ __all__ = [
     "ShaMismatchError",
     "SizeMismatchError",
     "UnknownKeyError",
+    "UnloadableReleaseError",
     "WrongTargetError",
 ]
 
@@ -83,6 +85,19 @@ class IncompatibleReleaseError(ReleaseRejectedError):
     """A valid release for a model this device does not serve (other feature or geometry)."""
 
     reason = "incompatible"
+
+
+class UnloadableReleaseError(ReleaseRejectedError):
+    """A signed release whose model the Calibrator refuses (graph does not fit its manifest,
+    test invoke fails): it is never made current."""
+
+    reason = "unloadable"
+
+
+class GoldenMismatchError(ReleaseRejectedError):
+    """The staged model does not reproduce the golden windows signed into its release."""
+
+    reason = "golden mismatch"
 
 
 class ReleaseInstallError(OtaError):

@@ -1,42 +1,61 @@
-"""Install a verified gateway release into a model directory so the hot reload picks it up.
+"""Install a verified gateway release into a model slot: stage, check, switch, or leave untouched.
 
-Every file is written to a temporary name in the same directory, fsynced, then renamed over the
-old one: FlatBuffers first, then ``release.json``, ``manifest.json`` last. A reader (the model
-watcher) therefore sees
-either the old model or, once the manifest lands, the new one; in between the new FlatBuffer
-with the old manifest fails its sha256 check and the serving model stays in service until the
-manifest arrives and the directory's fingerprint changes again.
+1. **Stage**: every file of the release (and its signed ``release.json``) is written and fsynced
+   into a new slot beside the serving model (gateway/model_slots.py); nothing points to it.
+2. **Check**: the real Calibrator loads the slot (sha256, the trust rule, the graph's shape
+   against the manifest, a test invoke) and runs the release's golden windows.
+3. **Switch**: one rename makes the slot ``current``; the serving slot becomes ``previous``.
+
+A release that fails step 2 is refused (``rejected: unloadable`` / ``golden mismatch``) and its
+slot removed; the model directory is as it was. A process killed at any step leaves the old
+model or the new one current, never a mix: the next start serves one of them.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.manifest import MANIFEST_FILENAME
-from gateway.ota.errors import IncompatibleReleaseError, ReleaseInstallError, WrongTargetError
+from gateway.calibrator import Calibrator
+from gateway.errors import GatewayError
+from gateway.model_slots import ModelSlots
+from gateway.ota.errors import (
+    IncompatibleReleaseError,
+    ReleaseInstallError,
+    UnloadableReleaseError,
+    WrongTargetError,
+)
+from gateway.ota.golden import GOLDEN_FILENAME, check_golden, parse_golden
 from gateway.ota.release import RELEASE_FILENAME, VerifiedRelease
 
-__all__ = ["install_release"]
+__all__ = ["InstalledRelease", "install_release"]
+
+LoadModel = Callable[[Path], Calibrator]
 
 
-def _write_atomic(directory: Path, name: str, data: bytes) -> None:
-    handle, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        Path(temp_name).chmod(0o644)
-        Path(temp_name).replace(directory / name)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
+@dataclass(frozen=True)
+class InstalledRelease:
+    """A release now current in ``slot``, and the Calibrator that checked it (ready to serve)."""
+
+    slot: Path
+    calibrator: Calibrator
+    golden_deviation: float | None  # largest |output - expected| over the golden windows
 
 
-def install_release(release: VerifiedRelease, model_dir: Path, feature: str) -> None:
-    """Write ``release`` into ``model_dir``, which serves ``feature``."""
+def install_release(
+    release: VerifiedRelease,
+    model_dir: Path,
+    feature: str,
+    *,
+    load: LoadModel | None = None,
+    keep: Path | None = None,
+) -> InstalledRelease:
+    """Stage ``release`` in ``model_dir`` (serving ``feature``), check it, make it current.
+
+    ``load`` is how the gateway loads a model (its runtime and trust rule; default: the
+    Calibrator's defaults); ``keep`` is the serving model's directory, kept as ``previous``.
+    """
     if release.target != "gateway":
         raise WrongTargetError(f"{release.metadata.model} is a node release; gateways relay it")
     if release.manifest.feature != feature:
@@ -44,22 +63,35 @@ def install_release(release: VerifiedRelease, model_dir: Path, feature: str) -> 
             f"release {release.metadata.model} calibrates {release.manifest.feature}, "
             f"{model_dir} serves {feature}"
         )
-    order = sorted(name for name in release.files if name != MANIFEST_FILENAME)
+    golden = release.files.get(GOLDEN_FILENAME)
+    parsed = None if golden is None else parse_golden(golden)
+    slots = ModelSlots(model_dir)
+    what = f"{release.metadata.model} v{release.version}"
     try:
-        model_dir.mkdir(parents=True, exist_ok=True)
-        for name in order:
-            _write_atomic(model_dir, name, release.files[name])
         # The signed release.json stays beside the model: a directory the daemon can write is
         # trusted only through it (gateway/model_trust.py).
-        _write_atomic(model_dir, RELEASE_FILENAME, release.release_json)
-        _write_atomic(model_dir, MANIFEST_FILENAME, release.files[MANIFEST_FILENAME])
-        directory = os.open(model_dir, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the renames themselves survive a power cut
-        finally:
-            os.close(directory)
+        slot = slots.stage(
+            release.version, {**release.files, RELEASE_FILENAME: release.release_json}
+        )
     except OSError as exc:
         raise ReleaseInstallError(
-            f"cannot install {release.metadata.model} v{release.version} into {model_dir}: "
-            f"{exc.strerror or exc}; check free space and that the daemon may write there"
+            f"cannot stage {what} in {model_dir}: {exc.strerror or exc}; check free space and "
+            "that the daemon may write there"
         ) from exc
+    try:
+        try:
+            calibrator = (load or Calibrator.load)(slot)
+        except GatewayError as exc:
+            raise UnloadableReleaseError(f"{what} does not load: {exc}") from exc
+        deviation = None if parsed is None else check_golden(calibrator, parsed)
+        slots.commit(slot, keep=keep)
+    except OSError as exc:
+        slots.discard(slot)
+        raise ReleaseInstallError(
+            f"cannot switch {model_dir} to {what}: {exc.strerror or exc}"
+        ) from exc
+    except BaseException:
+        slots.discard(slot)
+        raise
+    slots.prune()
+    return InstalledRelease(slot=slot, calibrator=calibrator, golden_deviation=deviation)

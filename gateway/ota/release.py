@@ -8,11 +8,14 @@ FlatBuffer(s) for one target, its ``manifest.json`` and ``release.json``::
      "files": {"manifest.json": {"sha256": "...", "size": 4242}, "model.tflite": {...}},
      "node_image": {"file": "model_int8.tflite", "descriptor": "<base64>",
                     "signature": "<base64>"},            # node releases only
+     "rollout": {"gateways": ["pi-kitchen"], "groups": ["canary"]},   # optional
      "key_id": "<first 16 hex of sha256(public key)>",
      "signature": "<base64 Ed25519 over the canonical JSON of everything else>"}
 
 Canonical JSON is ``json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=True)`` of the
-document without ``signature``; every value is a string or an integer, so it is unambiguous. The
+document without ``signature``; every value is a string, an integer or a list of strings, so it is
+unambiguous. A ``rollout`` names the gateways (ids or ``[ota] groups``) the release is for; the
+others ignore it. Gateway releases may carry ``golden.json`` (gateway/ota/golden.py). The
 node image descriptor (gateway/ota/descriptor.py) is signed separately with the same key because
 the firmware checks it without a JSON parser. training/release.py writes releases; this module is
 the contract and never needs the private key.
@@ -24,7 +27,8 @@ import base64
 import binascii
 import hashlib
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -50,9 +54,11 @@ from gateway.ota.errors import (
 __all__ = [
     "RELEASE_FILENAME",
     "RELEASE_FORMAT_VERSION",
+    "ROLLOUT_NAME",
     "NodeImage",
     "ReleaseFile",
     "ReleaseMetadata",
+    "Rollout",
     "Target",
     "VerifiedRelease",
     "canonical_json",
@@ -69,6 +75,7 @@ RELEASE_FILENAME = "release.json"
 RELEASE_FORMAT_VERSION: Literal[1] = 1
 Target = Literal["gateway", "node"]
 _MAX_RELEASE_BYTES = 16 * 1024 * 1024  # a model is tens of kB; refuse absurd bundles early
+ROLLOUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a gateway id or group name
 
 
 class _Strict(BaseModel):
@@ -90,6 +97,29 @@ class NodeImage(_Strict):
     signature: str = Field(description="Base64 Ed25519 signature of the descriptor bytes.")
 
 
+class Rollout(_Strict):
+    """Which gateways a release is for (signed): by id, or by a group in their ``[ota]``."""
+
+    gateways: list[str] = Field(default_factory=list, max_length=1000)
+    groups: list[str] = Field(default_factory=list, max_length=100)
+
+    @field_validator("gateways", "groups")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not ROLLOUT_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} must match {ROLLOUT_NAME.pattern}")
+        return sorted(set(value))
+
+    def includes(self, gateway_id: str, groups: Sequence[str]) -> bool:
+        return gateway_id in self.gateways or bool(set(groups) & set(self.groups))
+
+    def describe(self) -> str:
+        parts = [f"gateways {self.gateways}"] if self.gateways else []
+        parts += [f"groups {self.groups}"] if self.groups else []
+        return " and ".join(parts) or "no gateway"
+
+
 class ReleaseMetadata(_Strict):
     """The content of release.json."""
 
@@ -100,6 +130,9 @@ class ReleaseMetadata(_Strict):
     target: Target
     files: dict[str, ReleaseFile] = Field(min_length=2)
     node_image: NodeImage | None = None
+    rollout: Rollout | None = Field(
+        default=None, description="The gateways it is for; absent: every gateway."
+    )
     key_id: str = Field(pattern=r"^[0-9a-f]{16}$", description="Which key signed it.")
     signature: str = Field(description="Base64 Ed25519 over the canonical JSON of the rest.")
 
@@ -131,6 +164,11 @@ class VerifiedRelease:
     @property
     def version(self) -> int:
         return self.metadata.version
+
+    def is_for(self, gateway_id: str, groups: Sequence[str]) -> bool:
+        """Whether this gateway is in the release's signed rollout (every gateway if none)."""
+        rollout = self.metadata.rollout
+        return rollout is None or rollout.includes(gateway_id, groups)
 
     @property
     def node_image(self) -> bytes:

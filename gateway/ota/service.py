@@ -1,20 +1,25 @@
 """The gateway's OTA task: receive signed releases on MQTT, install or relay them, report status.
 
-Releases arrive retained on ``<releases_topic_prefix>/gateway/<model>`` (installed into the model
-directory serving that feature, then hot-reloaded) and ``.../node/<model>`` (handed to the
-:class:`NodeRelay`). Each is verified against the configured public key first; a rejection is
-published with its reason on ``<status_prefix>/gateway`` or per node on
-``<status_prefix>/node/<node_id>`` (retained JSON, latest state wins).
+Releases arrive retained on ``<releases_topic_prefix>/gateway/<model>`` (staged in a new slot of
+the model directory serving that feature, checked by the real Calibrator and its golden windows,
+switched to atomically and served: gateway/ota/install.py) and ``.../node/<model>`` (handed to
+the :class:`NodeRelay`). Each is verified against the configured public key first; a release
+whose signed rollout does not name this gateway (or one of its ``groups``) is ignored; a
+rejection is published with its reason on ``<status_prefix>/gateway`` or per node on
+``<status_prefix>/node/<node_id>`` (retained JSON, latest state wins). ``installed`` is published
+only once the new model serves.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -30,15 +35,34 @@ from gateway.ota.errors import (
     OtaError,
     ReleaseRejectedError,
 )
-from gateway.ota.install import install_release
+from gateway.ota.install import InstalledRelease, install_release
 from gateway.ota.relay import NodeRelay, NodeUpdateStatus
-from gateway.ota.release import decode_bundle, load_public_key, verify_release
+from gateway.ota.release import VerifiedRelease, decode_bundle, load_public_key, verify_release
 from gateway.sources.serial_source import NodeLink
 
-__all__ = ["OtaService"]
+if TYPE_CHECKING:
+    from gateway.calibrator import Calibrator
+
+__all__ = ["OtaService", "ServingModels"]
 
 _log = structlog.get_logger(__name__)
 _MAX_QUEUED_STATUS = 1000
+_MAX_REMEMBERED_REJECTS = 64
+
+
+class ServingModels(Protocol):
+    """What the OTA service needs of the gateway's models (gateway.model_watch.ModelSet)."""
+
+    @property
+    def features(self) -> tuple[str, ...]: ...
+
+    def model_dir(self, feature: str) -> Path | None: ...
+
+    def get(self, feature: str) -> Calibrator | None: ...
+
+    def load_candidate(self, feature: str, directory: Path) -> Calibrator: ...
+
+    def adopt(self, feature: str, calibrator: Calibrator) -> bool: ...
 
 
 class OtaService:
@@ -51,8 +75,7 @@ class OtaService:
         gateway_id: str,
         broker: MqttBrokerConfig,
         links: Mapping[str, NodeLink],
-        model_dirs: Mapping[str, Path],
-        running_version: Callable[[str], int | None],
+        models: ServingModels,
         on_installed: Callable[[], None],
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -60,9 +83,11 @@ class OtaService:
         self._gateway_id = gateway_id
         self._broker = config.broker or broker
         self._public_key = load_public_key(config.public_key_file)  # fail at start, not later
-        self._model_dirs = dict(model_dirs)
-        self._running_version = running_version
+        self._models = models
         self._on_installed = on_installed
+        # sha256 of bundles already refused: a retained release redelivered at every reconnect
+        # is not staged and loaded again.
+        self._refused: deque[bytes] = deque(maxlen=_MAX_REMEMBERED_REJECTS)
         self._clock = clock
         self.status_prefix = config.status_topic_prefix or f"tesla/{gateway_id}/ota"
         # Every step in order (a node's "active" must not be overwritten by what follows it);
@@ -120,13 +145,19 @@ class OtaService:
         if not message.payload:  # a cleared retained release
             return
         target = message.topic[len(self._config.releases_topic_prefix) + 1 :].split("/")[0]
+        digest = hashlib.sha256(message.payload).digest()
+        if digest in self._refused:
+            _log.debug("release_already_refused", topic=message.topic)
+            return
         try:
             if target == "gateway":
                 await self._accept_gateway_release(message.payload)
             elif target == "node":
                 release = verify_release(message.payload, self._public_key, None, target="node")
-                self.relay.offer(release)
+                if self._in_rollout(release):
+                    self.relay.offer(release)
         except ReleaseRejectedError as exc:
+            self._refused.append(digest)
             model, version = _claimed(message.payload)
             _log.warning(
                 "release_rejected",
@@ -142,29 +173,77 @@ class OtaService:
             _log.error("release_install_failed", topic=message.topic, error=str(exc))
             self._gateway_status(target, model, version, "failed", str(exc))
 
+    def _in_rollout(self, release: VerifiedRelease) -> bool:
+        """True if the signed rollout names this gateway; else log and report it, not an error."""
+        if release.is_for(self._gateway_id, self._config.groups):
+            return True
+        rollout = release.metadata.rollout
+        detail = (
+            f"the release is for {rollout.describe() if rollout else 'every gateway'}; this is "
+            f"{self._gateway_id} in groups {sorted(self._config.groups)}"
+        )
+        _log.info(
+            "release_not_for_this_gateway",
+            model=release.metadata.model,
+            version=release.version,
+            target=release.target,
+            detail=detail,
+        )
+        self._gateway_status(
+            release.target,
+            release.metadata.model,
+            release.version,
+            "ignored: not in rollout",
+            detail,
+        )
+        return False
+
     async def _accept_gateway_release(self, payload: bytes) -> None:
         # Authenticity first: nothing the release claims (its feature) is believed before.
         authentic = verify_release(payload, self._public_key, None, target="gateway")
+        if not self._in_rollout(authentic):
+            return
         feature = authentic.manifest.feature
-        model_dir = self._model_dirs.get(feature)
+        model_dir = self._models.model_dir(feature)
         if model_dir is None:
             raise IncompatibleReleaseError(
-                f"release for {feature}, this gateway serves {sorted(self._model_dirs)}; "
+                f"release for {feature}, this gateway serves {sorted(self._models.features)}; "
                 "add a [[models]] entry for it or publish it to the right gateways"
             )
-        running = self._running_version(feature)
+        serving = self._models.get(feature)
+        running = None if serving is None else serving.version
         if authentic.version == running:  # our own retained release, redelivered
             _log.debug("release_already_running", feature=feature, version=running)
             return
         release = verify_release(  # the one downgrade rule, now with the running version
             payload, self._public_key, running, self._config.allow_downgrade, target="gateway"
         )
-        await asyncio.to_thread(install_release, release, model_dir, feature)
-        _log.info("release_installed", model=release.metadata.model, version=release.version)
-        self._gateway_status(
-            "gateway", release.metadata.model, release.version, "installed", str(model_dir)
+        installed = await asyncio.to_thread(self._install, release, model_dir, feature)
+        self._on_installed()  # windows for the new model, before its first tick
+        _log.info(
+            "release_installed",
+            model=release.metadata.model,
+            version=release.version,
+            slot=str(installed.slot),
+            golden_deviation=installed.golden_deviation,
+            previous_version=running,
         )
-        self._on_installed()
+        self._gateway_status(
+            "gateway", release.metadata.model, release.version, "installed", str(installed.slot)
+        )
+
+    def _install(self, release: VerifiedRelease, model_dir: Path, feature: str) -> InstalledRelease:
+        """Stage, check, switch (blocking; in a worker thread), then serve the new model."""
+        serving = self._models.get(feature)
+        installed = install_release(
+            release,
+            model_dir,
+            feature,
+            load=lambda slot: self._models.load_candidate(feature, slot),
+            keep=None if serving is None else serving.model_dir,
+        )
+        self._models.adopt(feature, installed.calibrator)
+        return installed
 
     # -- run -------------------------------------------------------------------------------
 

@@ -6,11 +6,16 @@ FlatBuffers are unchanged, so their sha256 still match); then the real ``build_r
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
-from gateway.manifest import load_manifest, write_manifest
-from training.release import KeyPair, build_release, keygen
+from gateway.manifest import MANIFEST_FILENAME, Manifest, load_manifest, write_manifest
+from gateway.ota.release import RELEASE_FILENAME, signed_bytes
+from training.release import KeyPair, build_release, keygen, load_private_key
 
 __all__ = ["DEFAULT_NODE_MODEL", "ReleaseKit"]
 
@@ -68,3 +73,45 @@ class ReleaseKit:
                 out,
             )
         return out
+
+    def resigned(self, base: Path, name: str, replace: Mapping[str, bytes | None]) -> Path:
+        """A copy of release ``base`` with files replaced (None: removed), signed again with
+        the kit's key: what a release tool without today's checks could have published."""
+        out = self.root / name
+        shutil.copytree(base, out)
+        document = json.loads((out / RELEASE_FILENAME).read_text(encoding="utf-8"))
+        for file_name, data in replace.items():
+            if data is None:
+                (out / file_name).unlink()
+                del document["files"][file_name]
+                continue
+            (out / file_name).write_bytes(data)
+            document["files"][file_name] = {
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "size": len(data),
+            }
+        signing = load_private_key(self.keys.private_path)
+        signature = signing.sign(signed_bytes(document)).signature
+        document["signature"] = base64.b64encode(signature).decode("ascii")
+        (out / RELEASE_FILENAME).write_text(json.dumps(document, indent=2), encoding="utf-8")
+        return out
+
+    def mismatched(self, version: int, other_model: Path) -> Path:
+        """A signed gateway release whose float graph is ``other_model``'s (e.g. N = 168)
+        under this model's manifest (N = 360): hashes and signature valid, the graph unfit."""
+        name = f"release-gateway-v{version}-graph-of-{other_model.name}"
+        if (self.root / name).exists():
+            return self.root / name
+        base = self.release(version, "gateway")
+        manifest = Manifest.model_validate_json((base / MANIFEST_FILENAME).read_bytes())
+        graph = (other_model / "model.tflite").read_bytes()
+        files = dict(manifest.files)
+        files["float32"] = files["float32"].model_copy(
+            update={"sha256": hashlib.sha256(graph).hexdigest(), "size_bytes": len(graph)}
+        )
+        text = manifest.model_copy(update={"files": files}).model_dump_json(indent=2) + "\n"
+        return self.resigned(
+            base,
+            name,
+            {files["float32"].path: graph, MANIFEST_FILENAME: text.encode("utf-8")},
+        )

@@ -7,12 +7,15 @@ import stat
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from gateway.calibrator import Calibrator
 from gateway.ota.descriptor import DESCRIPTOR_SIZE, ImageDescriptor
 from gateway.ota.errors import BadSignatureError
+from gateway.ota.golden import GOLDEN_FILENAME, check_golden, parse_golden
 from gateway.ota.release import (
     RELEASE_FILENAME,
     decode_bundle,
@@ -60,8 +63,51 @@ def test_gateway_release_carries_every_flatbuffer(tmp_path: Path) -> None:
     kit = ReleaseKit(tmp_path)
     out = kit.release(kit.base_version + 1, "gateway")
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["manifest.json", "model.tflite", "model_int8.tflite", RELEASE_FILENAME]
-    assert verify_release(out, kit.public_key, kit.base_version).version == kit.base_version + 1
+    assert names == [
+        GOLDEN_FILENAME,
+        "manifest.json",
+        "model.tflite",
+        "model_int8.tflite",
+        RELEASE_FILENAME,
+    ]
+    release = verify_release(out, kit.public_key, kit.base_version)
+    assert release.version == kit.base_version + 1
+    # The golden windows are signed with the rest, span the training range, and the model
+    # reproduces them.
+    golden = parse_golden(release.files[GOLDEN_FILENAME])
+    windows = np.asarray(golden.windows)
+    manifest = release.manifest
+    assert windows.shape == (6, manifest.window_length)
+    assert windows.min() <= manifest.input_range.p01 + 0.1
+    assert windows.max() >= manifest.input_range.p99 - 0.1
+    assert len(set(golden.expected)) == 6  # six different answers: a real check
+    assert golden.runtime.startswith("ai_edge_litert")
+    assert check_golden(Calibrator.load(out), golden) <= 1e-4
+
+
+def test_release_names_its_rollout_inside_the_signature(tmp_path: Path) -> None:
+    keys = keygen(tmp_path / "keys")
+    out = tmp_path / "canary"
+    argv = ["release", "--model", str(DEFAULT_NODE_MODEL), "--target", "gateway"]
+    argv += ["--key", str(keys.private_path), "--out", str(out)]
+    assert main([*argv, "--gateway", "pi-kitchen", "--group", "canary"]) == 0
+    public = load_public_key(keys.public_path)
+    release = verify_release(out, public, None)
+    assert release.metadata.rollout is not None
+    assert release.metadata.rollout.model_dump() == {
+        "gateways": ["pi-kitchen"],
+        "groups": ["canary"],
+    }
+    assert release.is_for("pi-kitchen", [])
+    assert release.is_for("pi-hall", ["canary", "north"])
+    assert not release.is_for("pi-hall", ["north"])
+    # Widening the rollout after signing is a forgery.
+    document = json.loads((out / RELEASE_FILENAME).read_text())
+    document["rollout"]["groups"].append("north")
+    (out / RELEASE_FILENAME).write_text(json.dumps(document))
+    with pytest.raises(BadSignatureError):
+        verify_release(out, public, None)
+    assert main([*argv[:-1], str(tmp_path / "bad"), "--group", "no spaces"]) == 2
 
 
 def test_release_refuses_a_world_readable_key_and_a_non_empty_out(tmp_path: Path) -> None:

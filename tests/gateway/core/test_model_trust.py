@@ -35,9 +35,10 @@ def kit(tmp_path: Path) -> ReleaseKit:
 
 
 def installed(kit: ReleaseKit, version: int, model_dir: Path) -> Path:
+    """Install a signed release; returns the slot it serves from (``<model_dir>/current``)."""
     release = verify_release(kit.release(version, "gateway"), kit.public_key, None)
     install_release(release, model_dir, "pm10")
-    return model_dir
+    return model_dir / "current"
 
 
 def test_signed_install_loads_and_says_so(kit: ReleaseKit, tmp_path: Path) -> None:

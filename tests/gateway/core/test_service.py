@@ -357,15 +357,19 @@ def test_second_daemon_on_the_same_state_dir_is_refused(
     assert daemons[-1].stop() == 0
 
 
-def test_no_loadable_model_is_a_clear_start_failure(tmp_path: Path, mosquitto: Mosquitto) -> None:
-    config = write_config(tmp_path, mosquitto, tmp_path / "no-such-model")
-    result = subprocess.run(
-        [sys.executable, "-m", "gateway", "run", "--config", str(config)],
-        capture_output=True,
-        check=False,
-        text=True,
-        timeout=WAIT_S,
-    )
-    assert result.returncode == 1
-    assert "no model could be loaded" in result.stderr
-    assert not (tmp_path / "state" / "gateway.pid").exists()
+def test_no_loadable_model_starts_degraded_and_a_copied_model_repairs_it(
+    tmp_path: Path, mosquitto: Mosquitto, model_factory: ModelFactory, daemons: list[Daemon]
+) -> None:
+    """Without a model the daemon still runs (degraded, said on status), so it can be repaired
+    without a restart: here by copying a model in and reloading; with [ota], by a release."""
+    model_dir = tmp_path / "no-such-model"
+    config = write_config(tmp_path, mosquitto, model_dir)
+    daemons.append(Daemon(config, tmp_path / "state"))
+    status = daemons[-1].status()
+    assert status["degraded"] == ["pm10"]
+    assert "does not exist" in status["models"]["pm10"]["last_error"]
+    model_factory.copy(model_dir)
+    assert main(["reload", "--config", str(config)]) == 0
+    wait_for(lambda: daemons[-1].status()["models"]["pm10"]["version"] == 1, "the repair")
+    assert daemons[-1].status()["degraded"] == []
+    assert daemons[-1].stop() == 0

@@ -181,13 +181,14 @@ def test_drift_retrain_release_reload_closes_the_loop(
         champion_dir, "gateway", keys.private_path, tmp_path / "release-v3"
     )
     install_release(verify_release(first_release, public, None), model_dir, "pm10")
+    champion = model_dir / "current"  # the slot the gateway serves (gateway/model_slots.py)
 
     # What the champion makes of the replay, computed here with LiteRT on the windows sent.
     raw, reference = replay_series()
     ends = np.arange(N - 1, TOTAL)
     windows = np.stack([raw[end - N + 1 : end + 1] for end in ends]).astype(np.float32)
     champion_out = np.full(TOTAL, np.nan)
-    champion_out[ends] = litert_expected(model_dir, windows)
+    champion_out[ends] = litert_expected(champion, windows)
     before = rmse(champion_out[N - 1 : DRIFT_AT], reference[N - 1 : DRIFT_AT])
     after = rmse(champion_out[DRIFT_AT + N : PHASE_A], reference[DRIFT_AT + N : PHASE_A])
     assert after > 2.5 * before, (before, after)  # precondition: the gain change matters
@@ -233,7 +234,7 @@ def test_drift_retrain_release_reload_closes_the_loop(
         completed = subprocess.run(
             [
                 sys.executable, "-m", "training", "retrain",
-                "--champion", str(model_dir), "--champion-run", str(run_dir),
+                "--champion", str(champion), "--champion-run", str(run_dir),
                 "--pairs", str(pairs_dir), "--since", raised["period_start"],
                 "--holdout", "2h", "--margin", "0.3", "--epochs", "10",
                 "--batch-size", "32", "--learning-rate", "0.003",
@@ -269,7 +270,7 @@ def test_drift_retrain_release_reload_closes_the_loop(
             ),
             "the hot reload",
         )
-        assert load_manifest(model_dir).version == CHAMPION_VERSION + 1
+        assert load_manifest(model_dir / "current").version == CHAMPION_VERSION + 1
 
         # 5. The drifted sensor goes on; the challenger's rolling error clears the drift.
         send(nodes, base, raw, reference, range(PHASE_A, TOTAL))

@@ -15,6 +15,7 @@ import numpy as np
 from pydantic import TypeAdapter
 
 from gateway.manifest import load_manifest
+from gateway.model_watch import ModelSet
 from gateway.mqtt_connection import MqttBrokerConfig
 from gateway.ota.config import OtaConfig
 from gateway.ota.descriptor import ImageDescriptor
@@ -96,6 +97,7 @@ class Gateway:
     serial: SerialSource
     readings: asyncio.Queue[Reading]
     reloads: list[int]
+    models: ModelSet
 
 
 @contextlib.asynccontextmanager
@@ -104,8 +106,9 @@ async def gateway(
     device: PtySerial | None,
     *,
     model_dirs: dict[str, Path] | None = None,
-    running: dict[str, int] | None = None,
+    gateway_id: str = GATEWAY_ID,
 ) -> AsyncIterator[Gateway]:
+    """The OTA service over a real ModelSet loaded from ``model_dirs`` (as the daemon's)."""
     ports = []
     if device is not None:
         ports.append(
@@ -120,14 +123,14 @@ async def gateway(
         )
     serial = SerialSource(ports)
     reloads: list[int] = []
-    versions = running if running is not None else {}
+    models = ModelSet(model_dirs or {})
+    await asyncio.to_thread(models.refresh, force=True)
     service = OtaService(
         config,
-        gateway_id=GATEWAY_ID,
+        gateway_id=gateway_id,
         broker=broker_config_placeholder(config),
         links=serial.links,
-        model_dirs=model_dirs or {},
-        running_version=versions.get,
+        models=models,
         on_installed=lambda: reloads.append(1),
     )
     queue: asyncio.Queue[Reading] = asyncio.Queue()
@@ -136,7 +139,7 @@ async def gateway(
         asyncio.create_task(service.run()),
     ]
     try:
-        yield Gateway(ota=service, serial=serial, readings=queue, reloads=reloads)
+        yield Gateway(ota=service, serial=serial, readings=queue, reloads=reloads, models=models)
     finally:
         for task in tasks:
             task.cancel()
@@ -157,5 +160,6 @@ def node_states(collector: Collector, node_id: str = "node-7") -> list[str]:
     ]
 
 
-def gateway_states(collector: Collector) -> list[dict[str, object]]:
-    return [json.loads(payload) for payload in collector.on(f"{STATUS_PREFIX}/gateway")]
+def gateway_states(collector: Collector, gateway_id: str = GATEWAY_ID) -> list[dict[str, object]]:
+    topic = f"tesla/{gateway_id}/ota/gateway"
+    return [json.loads(payload) for payload in collector.on(topic)]

@@ -254,6 +254,7 @@ def test_gateway_releases_are_installed_only_when_they_verify(
     import shutil
 
     from gateway.manifest import load_manifest
+    from gateway.model_slots import candidates
     from gateway.ota.release import RELEASE_FILENAME
 
     serving = tmp_path / "serving"
@@ -265,23 +266,24 @@ def test_gateway_releases_are_installed_only_when_they_verify(
         text = (release / RELEASE_FILENAME).read_text().replace('"pm10"', '"pm1"', 1)
         (release / RELEASE_FILENAME).write_text(text)
 
-    async def scenario() -> list[dict[str, object]]:
+    async def scenario() -> tuple[list[dict[str, object]], int]:
         with collecting(mosquitto, [f"{STATUS_PREFIX}/#"]) as collector:
             async with gateway(
                 ota_config(release_kit, mosquitto),
                 None,
                 model_dirs={"pm10": serving},
-                running={"pm10": base},
             ) as gw:
                 await asyncio.to_thread(_push, release, mosquitto)
                 await eventually(lambda: bool(gateway_states(collector)), 10)
                 reloads = len(gw.reloads)
+                serving_version = gw.models.get("pm10").version  # type: ignore[union-attr]
             states = gateway_states(collector)
             states.append({"reloads": reloads})
-            return states
+            return states, serving_version
 
-    states = asyncio.run(scenario())
-    installed = load_manifest(serving).version
+    states, serving_version = asyncio.run(scenario())
+    installed = load_manifest(candidates(serving)[0].path).version
+    assert serving_version == installed
     if case == "gateway":
         assert states[0]["status"] == "installed"
         assert installed == base + 1

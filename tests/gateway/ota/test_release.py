@@ -152,7 +152,7 @@ def test_install_is_picked_up_by_the_hot_reload(release_kit: ReleaseKit, tmp_pat
         target="gateway",
     )
     install_release(release, model_dir, "pm10")
-    verify_model_files(model_dir, load_manifest(model_dir))
+    verify_model_files(model_dir / "current", load_manifest(model_dir / "current"))
     results = models.refresh()
     assert [(r.outcome, r.version) for r in results] == [
         (ReloadOutcome.LOADED, release_kit.base_version + 1)

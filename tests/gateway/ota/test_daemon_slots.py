@@ -1,0 +1,190 @@
+"""The real daemon and mosquitto: a signed release that cannot load never bricks a gateway, a
+gateway with no loadable model starts degraded and a release repairs it, and a staged rollout
+installs only where it is meant to.
+
+Real: ``python -m gateway run``, mosquitto, ``tesla-train``'s release and push code, LiteRT,
+the sd_notify socket protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from gateway.ota.install import install_release
+from gateway.ota.release import Rollout, Target, verify_release
+from tests.gateway.core.test_service import Daemon, NotifySocket, daemons, wait_for
+from tests.gateway.io.helpers import Collector, collecting, eventually
+from tests.gateway.ota.harness import gateway, gateway_states, ota_config
+from tests.support.mosquitto import Mosquitto
+from tests.support.releases import DEFAULT_NODE_MODEL, ReleaseKit
+from training.release import build_release, push_release
+
+__all__ = ["daemons"]  # the fixture, re-exported for pytest
+
+GATEWAY_ID = "gw-slots"
+OTHER_GRAPH = DEFAULT_NODE_MODEL.parent / "pm2_5-antwerp-1h"  # N = 168 under an N = 360 manifest
+
+
+def write_config(tmp_path: Path, broker: Mosquitto, model_dir: Path, key: Path) -> Path:
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        f"""
+gateway_id = "{GATEWAY_ID}"
+state_dir = "{tmp_path / "state"}"
+[[models]]
+feature = "pm10"
+model_dir = "{model_dir}"
+[runtime]
+model_poll_s = 600
+[state]
+status_interval_s = 0.1
+[logging]
+format = "json"
+[publisher.broker]
+port = {broker.port}
+[ota]
+public_key_file = "{key}"
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def statuses(collector: Collector) -> list[str]:
+    return [str(s["status"]) for s in gateway_states(collector, GATEWAY_ID)]
+
+
+def serving_version(daemon: Daemon) -> object:
+    return daemon.status().get("models", {}).get("pm10", {}).get("version")
+
+
+def test_a_release_that_cannot_load_is_rejected_and_every_restart_still_serves(
+    release_kit: ReleaseKit, mosquitto: Mosquitto, tmp_path: Path, daemons: list[Daemon]
+) -> None:
+    base = release_kit.base_version
+    model_dir = tmp_path / "pm10"
+    initial = release_kit.release(base, "gateway")
+    install_release(verify_release(initial, release_kit.public_key, None), model_dir, "pm10")
+    config = write_config(tmp_path, mosquitto, model_dir, release_kit.keys.public_path)
+    state = tmp_path / "state"
+    bad = release_kit.mismatched(base + 1, OTHER_GRAPH)
+    with collecting(mosquitto, [f"tesla/{GATEWAY_ID}/ota/gateway"]) as collector:
+        daemons.append(Daemon(config, state))
+        push_release(bad, mosquitto.host, mosquitto.port)
+        wait_for(lambda: statuses(collector), "the gateway's answer to the release")
+        [answer] = gateway_states(collector, GATEWAY_ID)
+        assert answer["status"] == "rejected: unloadable"
+        assert "168" in str(answer["detail"])
+        assert serving_version(daemons[-1]) == base  # the old model keeps serving
+        assert daemons[-1].status()["degraded"] == []
+        assert daemons[-1].stop() == 0
+
+        # The next start serves the old model; the retained release is refused again.
+        daemons.append(Daemon(config, state))
+        wait_for(lambda: len(statuses(collector)) == 2, "the redelivered release's answer")
+        assert statuses(collector) == ["rejected: unloadable"] * 2
+        assert serving_version(daemons[-1]) == base
+
+        # A good, newer release then installs as usual.
+        push_release(release_kit.release(base + 2, "gateway"), mosquitto.host, mosquitto.port)
+        wait_for(lambda: serving_version(daemons[-1]) == base + 2, "the good release to serve")
+        assert statuses(collector)[-1] == "installed"
+        assert daemons[-1].stop() == 0
+
+
+def test_no_loadable_model_starts_degraded_and_a_release_repairs_it(
+    release_kit: ReleaseKit,
+    mosquitto: Mosquitto,
+    tmp_path: Path,
+    daemons: list[Daemon],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model_dir = tmp_path / "pm10"  # nothing there yet: a fresh OTA-managed gateway
+    config = write_config(tmp_path, mosquitto, model_dir, release_kit.keys.public_path)
+    notify = NotifySocket(tmp_path / "notify.sock")
+    try:
+        with collecting(mosquitto, [f"tesla/{GATEWAY_ID}/ota/gateway"]) as collector:
+            daemons.append(
+                Daemon(config, tmp_path / "state", env={"NOTIFY_SOCKET": str(notify.path)})
+            )
+            daemon = daemons[-1]
+            status = daemon.status()
+            assert status["degraded"] == ["pm10"]
+            assert status["models"]["pm10"]["version"] is None
+            assert "pm10" in status["models"]["pm10"]["last_error"]
+            assert main(["status", "--config", str(config)]) == 0
+            assert "DEGRADED: no model serves" in capsys.readouterr().out
+            wait_for(lambda: notify.datagrams, "READY")
+            assert notify.datagrams[0].startswith(
+                "READY=1\nSTATUS=running, degraded (no model: pm10):"
+            )
+
+            version = release_kit.base_version
+            push_release(release_kit.release(version, "gateway"), mosquitto.host, mosquitto.port)
+            wait_for(lambda: serving_version(daemon) == version, "the release to repair it")
+            assert daemon.status()["degraded"] == []
+            assert statuses(collector) == ["installed"]
+            wait_for(
+                lambda: any(d.startswith("STATUS=running: ") for d in notify.datagrams),
+                "a status line without 'degraded'",
+            )
+            assert daemon.stop() == 0
+    finally:
+        notify.close()
+
+
+def answered(collector: Collector, before: int) -> bool:
+    return len(gateway_states(collector, "gw-hall")) > before
+
+
+def _rollout_release(
+    kit: ReleaseKit, version: int, rollout: Rollout, target: Target = "gateway"
+) -> Path:
+    names = "-".join(rollout.gateways + rollout.groups)
+    out = kit.root / f"release-{target}-v{version}-rollout-{names}"
+    if not out.exists():
+        build_release(kit.model_at(version), target, kit.keys.private_path, out, rollout=rollout)
+    return out
+
+
+def test_a_staged_rollout_is_ignored_by_other_gateways_and_installed_by_its_group(
+    release_kit: ReleaseKit, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    serving = tmp_path / "serving"
+    shutil.copytree(DEFAULT_NODE_MODEL, serving)
+    base = release_kit.base_version
+    for_other = _rollout_release(release_kit, base + 1, Rollout(gateways=["gw-kitchen"]))
+    for_canary = _rollout_release(release_kit, base + 2, Rollout(groups=["canary"]))
+    node_for_other = _rollout_release(
+        release_kit, base + 3, Rollout(gateways=["gw-kitchen"]), target="node"
+    )
+
+    async def scenario() -> tuple[list[dict[str, object]], list[int | None]]:
+        versions: list[int | None] = []
+        with collecting(mosquitto, ["tesla/gw-hall/ota/gateway"]) as collector:
+            config = ota_config(release_kit, mosquitto, groups=["canary"])
+            async with gateway(
+                config, None, model_dirs={"pm10": serving}, gateway_id="gw-hall"
+            ) as gw:
+                for release in (for_other, for_canary, node_for_other):
+                    count = len(gateway_states(collector, "gw-hall"))
+                    await asyncio.to_thread(push_release, release, mosquitto.host, mosquitto.port)
+                    await eventually(partial(answered, collector, count), 10)
+                    calibrator = gw.models.get("pm10")
+                    versions.append(None if calibrator is None else calibrator.version)
+            return gateway_states(collector, "gw-hall"), versions
+
+    states, versions = asyncio.run(scenario())
+    assert [(s["target"], s["status"]) for s in states] == [
+        ("gateway", "ignored: not in rollout"),
+        ("gateway", "installed"),
+        ("node", "ignored: not in rollout"),  # not relayed to this gateway's nodes either
+    ]
+    assert "gw-kitchen" in str(states[0]["detail"]) and "canary" in str(states[0]["detail"])
+    assert versions == [base, base + 2, base + 2]
