@@ -56,7 +56,7 @@ def test_corrupt_file_is_set_aside_not_fatal(tmp_path: Path) -> None:
     with capture_logs() as logs, Outbox.open(path, max_messages=10) as outbox:
         assert len(outbox) == 0
         outbox.append([message(1)])
-    assert [log["event"] for log in logs] == ["outbox_corrupt_set_aside"]
+    assert [log["event"] for log in logs] == ["state_file_set_aside"]
     assert list(tmp_path.glob("o.sqlite3.corrupt-*"))
 
 
