@@ -97,7 +97,10 @@ def test_daemon_starts_over_a_corrupt_snapshot_and_outbox(
             for period in range(10, 14):
                 sensors.send("node-2", base + period * PERIOD_S + 30, 30.0)
             new_key = ("gw-c", "node-2", iso(base + 10 * PERIOD_S))
-            wait_for(lambda: collector.snapshot()[new_key], "a new reading calibrated")
+            wait_for(  # status() raises, with the daemon's log, if it exited
+                lambda: daemon.status() is not None and collector.snapshot()[new_key],
+                "a new reading calibrated",
+            )
             wait_for(
                 lambda: collector.snapshot()[("gw-c", "queued", queued_period)],
                 "the sound queued message delivered",

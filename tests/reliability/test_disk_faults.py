@@ -224,7 +224,10 @@ def test_start_on_a_full_disk_and_on_a_read_only_state_dir(
         collector.stats.clear()  # only the new daemon's stats from here on
         daemon = Daemon(config, small_tmpfs, wait_status=False)
         try:
-            wait_for(lambda: stats().get("uptime_s") is not None, f"stats of a start ({name})")
+            wait_for(  # status() raises, with the daemon's log, if it exited
+                lambda: daemon.status() is not None and stats().get("uptime_s") is not None,
+                f"stats of a start ({name})",
+            )
             keys = stream(6)
             wait_for(
                 lambda: all(collector.snapshot()[k] for k in keys[:-sensors_n]),
