@@ -159,6 +159,7 @@ class Outbox:
         max_messages: int,
         set_aside: SetAsideLog | None = None,
         memory_fallback: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> Self:
         """Open (or create) the queue; a corrupt file is set aside and a new queue started.
 
@@ -181,9 +182,15 @@ class Outbox:
                 set_aside=set_aside,
                 memory_fallback=True,
                 in_memory_because=str(exc),
+                clock=clock,
             )
         return cls(
-            connection, path, max_messages, set_aside=set_aside, memory_fallback=memory_fallback
+            connection,
+            path,
+            max_messages,
+            set_aside=set_aside,
+            memory_fallback=memory_fallback,
+            clock=clock,
         )
 
     def __enter__(self) -> Self:
@@ -397,10 +404,10 @@ class Outbox:
         """Move a drained memory queue back to its file once the disk takes it."""
         if not self.in_memory or self._clock() < self._next_disk_try:
             return
-        self._next_disk_try = self._clock() + _DISK_RETRY_S
         (count,) = self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()
         if count:
             return  # messages (maybe in flight) would change ids: wait until delivered
+        self._next_disk_try = self._clock() + _DISK_RETRY_S
         try:
             connection = _open_file(self.path, self._set_aside, first_id=0)
         except OutboxError as exc:

@@ -207,11 +207,12 @@ def outbox_trial(directory: Path) -> Callable[[bytes], str]:
             assert [m.topic for m in after] == ["tesla/gw/after/pm10"]
             assert len(box) == 1
             invalid = box.invalid_rows_dropped
+            reset_after_open = box.resets
         with sqlite3.connect(path) as check:  # what is left on disk is a sound database
             assert check.execute("PRAGMA quick_check").fetchone() == ("ok",)
         if set_aside.count > before:
             assert list(directory.glob("outbox.sqlite3.corrupt-*"))
-            return "set_aside"
+            return "set_aside_while_reading" if reset_after_open else "set_aside_at_open"
         return "invalid_rows_dropped" if invalid else "read"
 
     return trial
