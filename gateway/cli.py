@@ -178,6 +178,15 @@ def _summary(status: dict[str, object], running: int | None) -> str:
                 lines.append(
                     f"  windows {feature}: {info.get('sensors')} sensors, {info.get('outcomes')}"
                 )
+    state = status.get("state")
+    if isinstance(state, dict):
+        set_aside = state.get("set_aside")
+        count = set_aside.get("count") if isinstance(set_aside, dict) else None
+        if count:
+            lines.append(f"  state: {count} unreadable file(s) set aside (*.corrupt-<time>)")
+        problems = state.get("problems")
+        if isinstance(problems, list):
+            lines.extend(f"  degraded: {problem}" for problem in problems)
     publisher = status.get("publisher")
     if isinstance(publisher, dict):
         lines.append(
