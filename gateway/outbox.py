@@ -425,8 +425,8 @@ def _message(row: tuple[object, ...]) -> QueuedMessage | None:
     row_id, topic, topic_type, payload, payload_type, qos, retain = row
     if not isinstance(row_id, int) or topic_type != "text" or payload_type != "blob":
         return None
-    if not isinstance(topic, bytes) or not isinstance(payload, bytes):
-        return None
+    if not isinstance(topic, bytes) or not isinstance(payload, bytes) or len(topic) > 65_535:
+        return None  # (an MQTT topic is at most 65,535 bytes)
     if qos not in (0, 1, 2) or retain not in (0, 1) or isinstance(qos, bool):
         return None
     try:
