@@ -148,6 +148,7 @@ class Outbox:
         self.resets = 0
         self.read_failures = 0
         self.memory_periods = 1 if in_memory_because else 0
+        self.memory_messages = 0  # messages queued while the queue was in memory
         self._last_len = 0
         self._last_dropped_total = 0
 
@@ -217,6 +218,7 @@ class Outbox:
             "storage": "memory" if self.in_memory else "disk",
             "disk_error": self.disk_error,
             "memory_periods": self.memory_periods,
+            "memory_messages": self.memory_messages,
             "invalid_rows_dropped": self.invalid_rows_dropped,
             "resets": self.resets,
             "read_failures": self.read_failures,
@@ -229,6 +231,8 @@ class Outbox:
         if not messages:
             return 0
         self._maybe_back_to_disk()
+        if self.in_memory:
+            self.memory_messages += len(messages)
         now = time.time()
         rows = [(m.topic, m.payload, m.qos, int(m.retain), now) for m in messages]
 

@@ -143,6 +143,7 @@ def test_a_disk_that_refuses_the_file_keeps_the_queue_in_memory_until_it_takes_i
     ) as outbox:
         assert outbox.in_memory and outbox.stats()["storage"] == "memory"
         assert outbox.append([message(n) for n in range(5)]) == 2  # the same bound
+        assert outbox.stats()["memory_messages"] == 5
         queued = outbox.peek_after(0, 10)
         assert [m.payload for m in queued] == [b"2", b"3", b"4"]
         blocker.unlink()  # the disk takes files again
