@@ -1,7 +1,8 @@
-"""State files damaged on disk: a window snapshot and an outbox, each written by the real code,
-then mutated (bit flips, zeroed 512-byte blocks, truncation, random garbage) and read back by the
-code path the daemon takes at start. Zero exceptions may escape, an unreadable snapshot must be
-set aside (``*.corrupt-<time>``), and the outbox must work afterwards.
+"""State files damaged on disk: a window snapshot, an outbox and a pairs file, each written by
+the real code, then mutated (bit flips, zeroed 512-byte blocks, truncation, random garbage) and
+read back by the code path the daemon takes at start. Zero exceptions may escape, an unreadable
+snapshot or outbox must be set aside (``*.corrupt-<time>``), the outbox must work afterwards and
+a restarted pairs writer must still append.
 
 A few hundred seeded mutations each in ``make test``; thousands with ``--reliability-long``.
 """
@@ -22,6 +23,7 @@ from structlog.testing import capture_logs
 
 from gateway.manifest import load_manifest
 from gateway.outbox import Outbox, OutboxMessage
+from gateway.pairs import PairRow, PairsWriter
 from gateway.readings import Reading
 from gateway.set_aside import SetAsideLog
 from gateway.state import StateStore
@@ -239,4 +241,46 @@ def test_corrupt_outbox_never_escapes_and_keeps_working(fast_dir: Path, long_for
             LONG if long_form else SHORT, 4, data, outbox_trial(fast_dir / "fuzz")
         )
     report("fuzz_outbox", {**figures, "file_bytes": len(data)})
+    assert figures["uncaught"] == 0, figures["first_uncaught"]
+
+
+# -- the pairs dataset -----------------------------------------------------------------------
+
+
+def pair_row(minute: int) -> PairRow:
+    return PairRow(
+        period_start=T0 + minute * 60,
+        sensor_id="node-1",
+        raw=20.0 + minute,
+        reference=18.5,
+        calibrated=19.25,
+        model_version=3,
+        rh=55.0,
+        temp_c=None,
+    )
+
+
+def test_damaged_pairs_files_never_stop_the_writer(fast_dir: Path, long_form: bool) -> None:
+    """A restarted writer appends to the day's newest file: damage there must not escape."""
+    origin = fast_dir / "origin"
+    writer = PairsWriter(origin, max_file_bytes=1 << 20)
+    assert writer.append([pair_row(m) for m in range(60)]) == 60
+    writer.close()
+    (written,) = origin.iterdir()
+    data = written.read_bytes()
+    directory = fast_dir / "fuzz"
+
+    def trial(mutated: bytes) -> str:
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir()
+        (directory / written.name).write_bytes(mutated)
+        again = PairsWriter(directory, max_file_bytes=1 << 20)
+        assert again.append([pair_row(60)]) == 1  # written somewhere, never raised
+        again.close()
+        current = again.files_opened and sorted(directory.iterdir())[-1]
+        assert current and current.read_bytes().endswith(b"\n")
+        return "appended" if current.name == written.name else "next_part"
+
+    figures = run_mutations((LONG if long_form else SHORT) // 3, 7, data, trial)
+    report("fuzz_pairs", {**figures, "file_bytes": len(data)})
     assert figures["uncaught"] == 0, figures["first_uncaught"]
