@@ -12,7 +12,6 @@ keeps running.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import tempfile
@@ -20,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import structlog
@@ -206,23 +206,27 @@ _FLOAT_ARRAYS = frozenset({"ring", "last_obs_value", "open_sum"})  # the rest ho
 def _read(path: Path) -> tuple[dict[str, object], dict[str, np.ndarray]]:
     """The snapshot's meta and arrays; :class:`_CorruptStateError` for anything undecodable.
 
-    OSError (the file cannot be read at all) passes through: that is not the file's fault.
+    An OSError opening the file (permissions, a directory in its place) passes through: that is
+    not the file's fault. Once open, any failure to read it (EIO included) means its bytes
+    are damaged: corrupt. Arrays are read from the file, not from a copy of it in memory.
     """
-    content = path.read_bytes()
-    if not content.startswith(_ZIP_MAGIC):
-        raise _CorruptStateError("not a snapshot: no .npz (zip) header")
-    try:
-        meta_text, arrays = _parse_npz(content)
-    except _CorruptStateError:
-        raise
-    # zipfile and numpy's .npy header parser raise on damaged bytes whatever their code meets:
-    # BadZipFile, NotImplementedError (a compression method flipped), tokenize.TokenError and
-    # SyntaxError (the header dict), UnicodeDecodeError, zlib.error, struct.error, EOFError,
-    # KeyError, OverflowError, MemoryError (a shape flipped huge) ... (measured by
-    # tests/reliability/test_fuzz_state_files.py). The bytes are known damaged whichever it is,
-    # so each becomes one corrupt-snapshot error, named by type, that sets the file aside.
-    except Exception as exc:  # see above; reported, counted, set aside
-        raise _CorruptStateError(f"undecodable snapshot: {type(exc).__name__}: {exc}") from exc
+    with path.open("rb") as handle:
+        try:
+            if handle.read(len(_ZIP_MAGIC)) != _ZIP_MAGIC:
+                raise _CorruptStateError("not a snapshot: no .npz (zip) header")
+            handle.seek(0)
+            meta_text, arrays = _parse_npz(handle)
+        except _CorruptStateError:
+            raise
+        # zipfile and numpy's .npy header parser raise on damaged bytes whatever their code
+        # meets: BadZipFile, NotImplementedError (a compression method flipped),
+        # tokenize.TokenError and SyntaxError (the header dict), UnicodeDecodeError, zlib.error,
+        # struct.error, EOFError, OSError (a seek before the start), KeyError, OverflowError,
+        # MemoryError (a shape flipped huge) ... (tests/reliability/test_fuzz_state_files.py).
+        # The bytes are damaged whichever it is, so each becomes one corrupt-snapshot error,
+        # named by type, that sets the file aside.
+        except Exception as exc:  # see above; reported, counted, set aside
+            raise _CorruptStateError(f"undecodable snapshot: {type(exc).__name__}: {exc}") from exc
     try:
         meta = json.loads(meta_text)
     except (json.JSONDecodeError, RecursionError) as exc:
@@ -234,9 +238,9 @@ def _read(path: Path) -> tuple[dict[str, object], dict[str, np.ndarray]]:
     return meta, arrays
 
 
-def _parse_npz(content: bytes) -> tuple[str, dict[str, np.ndarray]]:
+def _parse_npz(handle: BinaryIO) -> tuple[str, dict[str, np.ndarray]]:
     """Decode the archive strictly: no pickles, the expected members, dtypes and ranks."""
-    with np.load(io.BytesIO(content), allow_pickle=False) as data:
+    with np.load(handle, allow_pickle=False) as data:
         missing = {"meta", *_ARRAYS} - set(data.files)
         if missing:
             raise _CorruptStateError(f"snapshot lacks arrays {sorted(missing)}")
@@ -245,7 +249,7 @@ def _parse_npz(content: bytes) -> tuple[str, dict[str, np.ndarray]]:
             raise _CorruptStateError(f"snapshot meta has dtype {meta.dtype}, shape {meta.shape}")
         arrays: dict[str, np.ndarray] = {}
         for name in _ARRAYS:
-            array = np.array(data[name])
+            array = np.asarray(data[name])
             wanted = "f" if name in _FLOAT_ARRAYS else "i"
             if array.dtype.kind != wanted:
                 raise _CorruptStateError(f"snapshot array {name} has dtype {array.dtype}")
