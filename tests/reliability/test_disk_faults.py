@@ -7,7 +7,10 @@ the privilege to mount, the test is skipped: ENOSPC cannot be produced faithfull
 the state directory instead: every new open (snapshots, status.json) fails with EROFS while the
 already-open outbox keeps working, as on a file system whose new writes are refused. In both the
 daemon must keep calibrating, report the problem (stats topic: ``publish_failures``,
-``state.save_failures``), and recover when the space or write access returns.
+``state.save_failures``), and recover when the space or write access returns. A daemon
+*started* on the full disk, then on the read-only state dir (a ``remount,ro`` of the tmpfs,
+possible while no daemon holds it open), must do the same: its outbox lives in memory and its
+pid file is a reported problem until the disk takes writes again.
 """
 
 from __future__ import annotations
