@@ -145,6 +145,29 @@ def _status(config: GatewayConfig, *, as_json: bool) -> int:
     return EXIT_OK
 
 
+def _model_lines(models: object) -> list[str]:
+    """One line per feature, with the degraded and fallback states an operator must see."""
+    lines: list[str] = []
+    if not isinstance(models, dict):
+        return lines
+    for feature, model in sorted(models.items()):
+        if not isinstance(model, dict):
+            continue
+        line = (
+            f"  model {feature}: {model.get('model')} v{model.get('version')} "
+            f"on {model.get('runtime')}, reloads {model.get('reloads')}, "
+            f"rejected {model.get('rejected')}"
+        )
+        if model.get("version") is None:
+            line += "\n    DEGRADED: no model serves; a release or a copied model repairs it"
+        if model.get("fallback"):
+            line += f"\n    FALLBACK to {model.get('slot')}: {model.get('fallback')}"
+        if model.get("last_error"):
+            line += f"\n    last error: {model.get('last_error')}"
+        lines.append(line)
+    return lines
+
+
 def _summary(status: dict[str, object], running: int | None) -> str:
     age = time.time() - float(str(status.get("updated_at", 0)))
     ticker = status.get("ticker") if isinstance(status.get("ticker"), dict) else {}
@@ -164,23 +187,7 @@ def _summary(status: dict[str, object], running: int | None) -> str:
         f"  published {ticker.get('published')}, calibrated {ticker.get('calibrated')}, "
         f"flagged {ticker.get('flagged')}, last inference {ticker.get('last_inference_ms')} ms",
     ]
-    models = status.get("models")
-    if isinstance(models, dict):
-        for feature, model in sorted(models.items()):
-            if not isinstance(model, dict):
-                continue
-            line = (
-                f"  model {feature}: {model.get('model')} v{model.get('version')} "
-                f"on {model.get('runtime')}, reloads {model.get('reloads')}, "
-                f"rejected {model.get('rejected')}"
-            )
-            if model.get("version") is None:
-                line += "\n    DEGRADED: no model serves; a release or a copied model repairs it"
-            if model.get("fallback"):
-                line += f"\n    FALLBACK to {model.get('slot')}: {model.get('fallback')}"
-            if model.get("last_error"):
-                line += f"\n    last error: {model.get('last_error')}"
-            lines.append(line)
+    lines.extend(_model_lines(status.get("models")))
     windows = status.get("windows")
     if isinstance(windows, dict):
         for feature, info in sorted(windows.items()):
@@ -188,6 +195,15 @@ def _summary(status: dict[str, object], running: int | None) -> str:
                 lines.append(
                     f"  windows {feature}: {info.get('sensors')} sensors, {info.get('outcomes')}"
                 )
+    state = status.get("state")
+    if isinstance(state, dict):
+        set_aside = state.get("set_aside")
+        count = set_aside.get("count") if isinstance(set_aside, dict) else None
+        if count:
+            lines.append(f"  state: {count} unreadable file(s) set aside (*.corrupt-<time>)")
+        problems = state.get("problems")
+        if isinstance(problems, list):
+            lines.extend(f"  degraded: {problem}" for problem in problems)
     publisher = status.get("publisher")
     if isinstance(publisher, dict):
         lines.append(

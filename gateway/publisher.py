@@ -37,6 +37,7 @@ from gateway.mqtt_connection import (
 )
 from gateway.outbox import Outbox, OutboxMessage, QueuedMessage
 from gateway.readings import SENSOR_ID_PATTERN
+from gateway.set_aside import SetAsideLog
 
 __all__ = [
     "OUTBOX_FILENAME",
@@ -173,7 +174,14 @@ class Publisher:
     ``async with publisher`` (or ``await publisher.run()``) connects and delivers.
     """
 
-    def __init__(self, config: PublisherConfig, *, gateway_id: str, state_dir: Path) -> None:
+    def __init__(
+        self,
+        config: PublisherConfig,
+        *,
+        gateway_id: str,
+        state_dir: Path,
+        set_aside: SetAsideLog | None = None,
+    ) -> None:
         if not SENSOR_ID_PATTERN.fullmatch(gateway_id):
             raise PublisherError(
                 f"gateway id {gateway_id!r} must match {SENSOR_ID_PATTERN.pattern}"
@@ -182,8 +190,11 @@ class Publisher:
         self._gateway_id = gateway_id
         self.topic_prefix = config.topic_prefix or f"tesla/{gateway_id}"
         self._client_id = config.client_id or f"tesla-gateway-{gateway_id}-out"
-        self._outbox = Outbox.open(
-            state_dir / OUTBOX_FILENAME, max_messages=config.outbox_max_messages
+        self._outbox = Outbox.open(  # a disk that refuses it: in memory, reported in stats
+            state_dir / OUTBOX_FILENAME,
+            max_messages=config.outbox_max_messages,
+            set_aside=set_aside,
+            memory_fallback=True,
         )
         self._log = structlog.get_logger("gateway.publisher").bind(prefix=self.topic_prefix)
         self._wake = asyncio.Event()
@@ -317,11 +328,17 @@ class Publisher:
             "dropped": self._dropped,
             "dropped_total": dropped_total,
             "refused": self._refused,
+            "outbox": self._outbox.stats(),
         }
 
     @property
     def connected(self) -> bool:
         return self._connection is not None and self._connection.connected
+
+    @property
+    def outbox_in_memory(self) -> bool:
+        """The outbox could not use its file (full or read-only disk): kept in memory."""
+        return self._outbox.in_memory
 
     @property
     def queued(self) -> int:

@@ -26,7 +26,7 @@ import structlog
 
 from gateway import __version__
 from gateway.config import GatewayConfig, MqttSourceEntry
-from gateway.errors import GatewayError
+from gateway.instance_lock import AlreadyRunningError, InstanceLock
 from gateway.memory import release_free_heap
 from gateway.model_watch import ModelSet, ReloadOutcome
 from gateway.monitoring import ModelInfo, Monitor, SensorDocument
@@ -38,6 +38,7 @@ from gateway.readings import Reading, RejectReason
 from gateway.references import ReferenceConfig
 from gateway.rejects import RejectCounter
 from gateway.sd_notify import SdNotifier
+from gateway.set_aside import SetAsideLog
 from gateway.sources.mqtt_source import MqttSource, MqttSourceConfig
 from gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig, SerialSource
 from gateway.state import StateStore
@@ -55,10 +56,6 @@ _PROGRESS_TIMEOUT_S = 30.0  # WATCHDOG=1 only if both loops beat within this
 
 
 _SourceRun = Callable[[asyncio.Queue[Reading], RejectCounter], Coroutine[None, None, None]]
-
-
-class AlreadyRunningError(GatewayError):
-    """Another gateway process holds the pid file of this state directory."""
 
 
 def write_json_atomic(path: Path, document: object) -> None:
@@ -124,7 +121,9 @@ class GatewayService:
             trust=config.model_trust(),
         )
         self.store = WindowStore()
-        self.state = StateStore(config.state_dir, clock=clock)
+        self.set_aside = SetAsideLog(clock=clock)  # state files that could not be read
+        self.state = StateStore(config.state_dir, clock=clock, set_aside=self.set_aside)
+        self._instance = InstanceLock(config.state_dir, config.pid_file)
         self.ticker = Ticker(self.store, self.models, grace_s=config.tick.grace_s, clock=clock)
         self.publisher: Publisher | None = None
         self._started_at = clock()
@@ -183,6 +182,7 @@ class GatewayService:
                 self.config.publisher,
                 gateway_id=self.config.gateway_id,
                 state_dir=self.config.state_dir,
+                set_aside=self.set_aside,
             )
             await self._serve(self.publisher)
         finally:
@@ -192,27 +192,13 @@ class GatewayService:
             self.monitor.close()  # fsync the pairs dataset
             self.state.save_all(self.store)  # also after a crash: keep what we have
             self._write_status()
-            self.config.pid_file.unlink(missing_ok=True)
+            self._instance.release()
         _log.info("gateway_stopped")
         return 0
 
     def _claim_pid_file(self) -> None:
-        pid_file = self.config.pid_file
-        other = read_pid_file(pid_file)
-        if other is not None and other != os.getpid():
-            raise AlreadyRunningError(
-                f"a gateway (pid {other}) already runs with state_dir {self.config.state_dir}; "
-                "stop it first or give this one its own state_dir"
-            )
-        try:
-            self.config.state_dir.mkdir(parents=True, exist_ok=True)
-            temp = pid_file.with_name(f".{pid_file.name}.tmp")
-            temp.write_text(f"{os.getpid()}\n", encoding="ascii")
-            temp.replace(pid_file)
-        except OSError as exc:
-            raise GatewayError(
-                f"cannot write to state_dir {self.config.state_dir}: {exc.strerror or exc}"
-            ) from exc
+        """One daemon per state_dir; an unwritable one is reported, not fatal (instance_lock)."""
+        self._instance.claim(read_pid_file(self.config.pid_file))
 
     async def _start_models(self) -> None:
         """Load the models; a feature with none still starts (degraded), so a release or a
@@ -509,7 +495,11 @@ class GatewayService:
             "ticker": self.ticker.stats.as_dict(),
             "models": self.models.stats(),
             "degraded": self.models.missing(),  # features with no model: nothing calibrated
-            "state": self.state.stats.as_dict(),
+            "state": {
+                **self.state.stats.as_dict(),
+                "set_aside": self.set_aside.as_dict(),
+                "problems": self._instance.problems,
+            },
             "publish_failures": self._publish_failures,
             "mqtt_sources_connected": {
                 name: source.connected for name, source in self._mqtt_sources.items()
@@ -530,10 +520,16 @@ class GatewayService:
         phase = (
             f"{self._phase}, degraded (no model: {', '.join(missing)})" if missing else self._phase
         )
-        return (
+        line = (
             f"{phase}: {stats.readings_in} readings, {stats.published} published, "
             f"{sum(len(w.sensor_ids) for _, w in self.store.items())} sensor windows"
         )
+        degraded = [*self._instance.problems]
+        if self.set_aside.count:
+            degraded.append(f"{self.set_aside.count} state file(s) set aside")
+        if self.publisher is not None and self.publisher.outbox_in_memory:
+            degraded.append("outbox in memory (state_dir refuses it)")
+        return "; ".join([line, *degraded])
 
     def _write_status(self) -> None:
         document: dict[str, object] = {

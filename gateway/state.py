@@ -3,8 +3,11 @@
 A snapshot is an ``.npz`` (NumPy arrays, no pickle) written to a temporary file, fsynced and
 renamed over the previous one, so a crash leaves either the old or the new snapshot, never half
 of one. At start a snapshot is restored only if the model's N, period and channels still match.
-A snapshot that cannot be read is moved aside (``.corrupt-<timestamp>``) and counted; a state dir
-that cannot be written (disk full, read-only) is reported and the daemon keeps running.
+A snapshot that cannot be decoded, whatever is wrong with it, is moved aside
+(``.corrupt-<timestamp>``, :mod:`gateway.set_aside`), logged and counted, and the feature starts
+with empty windows: restoring is total, so a damaged file can never stop the daemon from
+starting. A state dir that cannot be written (disk full, read-only) is reported and the daemon
+keeps running.
 """
 
 from __future__ import annotations
@@ -13,15 +16,17 @@ import json
 import os
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import structlog
 
 from gateway.errors import GatewayError
+from gateway.readings import SENSOR_ID_PATTERN
+from gateway.set_aside import SetAsideLog
 from gateway.window_store import (
     ModelWindows,
     WindowGeometry,
@@ -77,10 +82,17 @@ class StateStats:
 class StateStore:
     """Saves and restores the window store under ``state_dir/windows``."""
 
-    def __init__(self, state_dir: Path, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        set_aside: SetAsideLog | None = None,
+    ) -> None:
         self.directory = state_dir / "windows"
         self.stats = StateStats()
         self._clock = clock
+        self.set_aside = set_aside if set_aside is not None else SetAsideLog(clock=clock)
 
     def path_for(self, feature: str) -> Path:
         return self.directory / f"{feature}.npz"
@@ -162,18 +174,9 @@ class StateStore:
                 self.stats.incompatible += 1
                 _log.warning("state_incompatible", feature=feature, path=str(path), reason=mismatch)
                 return None
-            sensor_ids = meta["sensor_ids"]
-            open_seen = meta["open_seen"]
-            if not isinstance(sensor_ids, list) or not isinstance(open_seen, list):
-                raise _CorruptStateError("sensor_ids and open_seen must be lists")
-            state = WindowState(
-                geometry=geometry,
-                sensor_ids=[str(s) for s in sensor_ids],
-                open_seen=[[float(t) for t in seen] for seen in open_seen],
-                **arrays,
-            )
+            state = _window_state(meta, arrays, geometry)
             windows = ModelWindows.from_state(state)
-        except (_CorruptStateError, WindowStoreError, KeyError, TypeError, ValueError) as exc:
+        except (_CorruptStateError, WindowStoreError) as exc:
             self._set_aside(path, feature, exc)
             return None
         except OSError as exc:
@@ -192,35 +195,102 @@ class StateStore:
     def _set_aside(self, path: Path, feature: str, exc: Exception) -> None:
         self.stats.corrupt += 1
         self.stats.last_error = f"corrupt {path}: {exc}"
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}")
-        try:
-            path.replace(aside)
-        except OSError as move_error:
-            _log.error(
-                "state_corrupt",
-                feature=feature,
-                path=str(path),
-                error=str(exc),
-                set_aside=None,
-                move_error=str(move_error),
-            )
-            return
-        _log.error(
-            "state_corrupt", feature=feature, path=str(path), error=str(exc), set_aside=str(aside)
-        )
+        self.set_aside.set_aside(path, kind=f"window snapshot {feature}", reason=str(exc))
+
+
+_ZIP_MAGIC = b"PK\x03\x04"
+_META_KEYS = {"format_version", "feature", "window_length", "period_seconds", "channels"}
+_FLOAT_ARRAYS = frozenset({"ring", "last_obs_value", "open_sum"})  # the rest hold integers
 
 
 def _read(path: Path) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+    """The snapshot's meta and arrays; :class:`_CorruptStateError` for anything undecodable.
+
+    An OSError opening the file (permissions, a directory in its place) passes through: that is
+    not the file's fault. Once open, any failure to read it (EIO included) means its bytes
+    are damaged: corrupt. Arrays are read from the file, not from a copy of it in memory.
+    """
+    with path.open("rb") as handle:
+        try:
+            if handle.read(len(_ZIP_MAGIC)) != _ZIP_MAGIC:
+                raise _CorruptStateError("not a snapshot: no .npz (zip) header")
+            handle.seek(0)
+            meta_text, arrays = _parse_npz(handle)
+        except _CorruptStateError:
+            raise
+        # zipfile and numpy's .npy header parser raise on damaged bytes whatever their code
+        # meets: BadZipFile, NotImplementedError (a compression method flipped),
+        # tokenize.TokenError and SyntaxError (the header dict), UnicodeDecodeError, zlib.error,
+        # struct.error, EOFError, OSError (a seek before the start), KeyError, OverflowError,
+        # MemoryError (a shape flipped huge) ... (tests/reliability/test_fuzz_state_files.py).
+        # The bytes are damaged whichever it is, so each becomes one corrupt-snapshot error,
+        # named by type, that sets the file aside.
+        except Exception as exc:  # see above; reported, counted, set aside
+            raise _CorruptStateError(f"undecodable snapshot: {type(exc).__name__}: {exc}") from exc
     try:
-        with path.open("rb") as handle, np.load(handle, allow_pickle=False) as data:
-            meta = json.loads(str(data["meta"]))
-            arrays = {name: np.array(data[name]) for name in _ARRAYS}
-    except (zipfile.BadZipFile, EOFError, json.JSONDecodeError) as exc:
-        raise _CorruptStateError(f"{type(exc).__name__}: {exc}") from exc
+        meta = json.loads(meta_text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise _CorruptStateError(f"snapshot meta is not JSON: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
         raise _CorruptStateError("unknown snapshot format")
+    if not meta.keys() >= _META_KEYS:
+        raise _CorruptStateError(f"snapshot meta lacks {sorted(_META_KEYS - meta.keys())}")
     return meta, arrays
+
+
+def _parse_npz(handle: BinaryIO) -> tuple[str, dict[str, np.ndarray]]:
+    """Decode the archive strictly: no pickles, the expected members, dtypes and ranks."""
+    with np.load(handle, allow_pickle=False) as data:
+        missing = {"meta", *_ARRAYS} - set(data.files)
+        if missing:
+            raise _CorruptStateError(f"snapshot lacks arrays {sorted(missing)}")
+        meta = data["meta"]
+        if meta.dtype.kind != "U" or meta.ndim != 0:
+            raise _CorruptStateError(f"snapshot meta has dtype {meta.dtype}, shape {meta.shape}")
+        arrays: dict[str, np.ndarray] = {}
+        for name in _ARRAYS:
+            array = np.asarray(data[name])
+            wanted = "f" if name in _FLOAT_ARRAYS else "i"
+            if array.dtype.kind != wanted:
+                raise _CorruptStateError(f"snapshot array {name} has dtype {array.dtype}")
+            arrays[name] = array
+        return str(meta), arrays
+
+
+def _window_state(
+    meta: dict[str, object], arrays: dict[str, np.ndarray], geometry: WindowGeometry
+) -> WindowState:
+    sensor_ids = meta.get("sensor_ids")
+    open_seen = meta.get("open_seen")
+    if not isinstance(sensor_ids, list) or not all(
+        isinstance(s, str) and SENSOR_ID_PATTERN.fullmatch(s) for s in sensor_ids
+    ):
+        raise _CorruptStateError("snapshot sensor_ids must be a list of valid sensor ids")
+    if not isinstance(open_seen, list) or not all(
+        isinstance(seen, list) and all(_is_number(t) for t in seen) for seen in open_seen
+    ):
+        raise _CorruptStateError("snapshot open_seen must be lists of timestamps")
+    return WindowState(
+        geometry=geometry,
+        sensor_ids=list(sensor_ids),
+        open_seen=[[float(t) for t in seen] for seen in open_seen],
+        ring=arrays["ring"],
+        last_closed=arrays["last_closed"],
+        first_period=arrays["first_period"],
+        last_obs_period=arrays["last_obs_period"],
+        last_obs_value=arrays["last_obs_value"],
+        open_period=arrays["open_period"],
+        open_sum=arrays["open_sum"],
+        open_count=arrays["open_count"],
+        pending_period=arrays["pending_period"],
+    )
+
+
+def _is_number(value: object) -> bool:
+    """A JSON number that fits a float (json gives bool for true/false: not a timestamp)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return abs(value) < 1e300
 
 
 def _mismatch(meta: dict[str, object], feature: str, geometry: WindowGeometry) -> str | None:

@@ -157,7 +157,11 @@ class Daemon:
         *,
         file_size_limit: int | None = None,
         wait_sources: bool = True,
+        wait_status: bool = True,
     ) -> None:
+        """Start the daemon and wait until its status.json says it runs; with ``wait_status``
+        false (a state dir that cannot be written has no status.json) the caller waits, e.g.
+        for its stats topic."""
         self.config = config
         self.state_dir = state_dir
         self.log = config.with_suffix(".log")
@@ -170,6 +174,8 @@ class Daemon:
                 stderr=log,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
+        if not wait_status:
+            return
         wait_for(
             lambda: (
                 (s := self.status()).get("phase") == "running"

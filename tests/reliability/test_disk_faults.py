@@ -7,7 +7,10 @@ the privilege to mount, the test is skipped: ENOSPC cannot be produced faithfull
 the state directory instead: every new open (snapshots, status.json) fails with EROFS while the
 already-open outbox keeps working, as on a file system whose new writes are refused. In both the
 daemon must keep calibrating, report the problem (stats topic: ``publish_failures``,
-``state.save_failures``), and recover when the space or write access returns.
+``state.save_failures``), and recover when the space or write access returns. A daemon
+*started* on the full disk, then on the read-only state dir (a ``remount,ro`` of the tmpfs,
+possible while no daemon holds it open), must do the same: its outbox lives in memory and its
+pid file is a reported problem until the disk takes writes again.
 """
 
 from __future__ import annotations
@@ -178,3 +181,113 @@ def test_disk_full_and_read_only_state_dir(
         collector.close()
         daemon.kill()
     report("disk_faults", phases)
+
+
+def remount(directory: Path, mode: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(directory)], check=True)
+
+
+def test_start_on_a_full_disk_and_on_a_read_only_state_dir(
+    tmp_path: Path, mosquitto: Mosquitto, small_tmpfs: Path
+) -> None:
+    """A daemon started while its state dir is full, then read-only (finding 9 of issue 12:
+    both exited 1) starts, calibrates, publishes, reports the problem, and recovers."""
+    sensors_n = 2
+    names = [f"node-{i}" for i in range(sensors_n)]
+    model = copy_default_model(tmp_path / "model")
+    config = write_config(
+        tmp_path / "gw.toml",
+        gateway_id="gw-s",
+        model_dir=model,
+        broker_port=mosquitto.port,
+        state_dir=small_tmpfs,
+        save_interval_s=0.2,
+    )
+    collector = Collector(mosquitto.port)
+    sensors = Sensors(mosquitto.port)
+    base = grid_base(100)
+    period = 0
+    phases: dict[str, dict[str, Any]] = {}
+
+    def stream(count: int) -> list[tuple[str, str, str]]:
+        nonlocal period
+        keys = []
+        for _ in range(count):
+            for name in names:
+                sensors.send(name, base + period * PERIOD_S + 30, 25.0)
+                keys.append(("gw-s", name, iso(base + period * PERIOD_S)))
+            period += 1
+        return keys
+
+    def stats() -> dict[str, Any]:
+        return collector.stats.get("gw-s", {})
+
+    def phase(name: str, fault: Any, heal: Any) -> None:
+        fault()
+        collector.stats.clear()  # only the new daemon's stats from here on
+        daemon = Daemon(config, small_tmpfs, wait_status=False)
+        try:
+            wait_for(  # status() raises, with the daemon's log, if it exited
+                lambda: daemon.status() is not None and stats().get("uptime_s") is not None,
+                f"stats of a start ({name})",
+            )
+            keys = stream(6)
+            wait_for(
+                lambda: all(collector.snapshot()[k] for k in keys[:-sensors_n]),
+                f"calibrated readings published ({name})",
+            )
+            wait_for(
+                lambda: stats()["ticker"]["published"] >= 5 * sensors_n,
+                f"stats to count them ({name})",
+            )
+            during = stats()
+            assert daemon.process.poll() is None
+            assert during["publisher"]["outbox"]["storage"] == "memory", during["publisher"]
+            problems = during["state"]["problems"]
+            assert any("pid file" in p for p in problems), problems
+            heal()
+            after_keys = stream(3)
+            wait_for(
+                lambda: all(collector.snapshot()[k] for k in after_keys[:-sensors_n]), "recovery"
+            )
+            wait_for(
+                lambda: (
+                    stats()["state"]["saves"] > 0
+                    and stats()["publisher"]["outbox"]["storage"] == "disk"
+                ),
+                f"state saves and the outbox file to resume ({name})",
+            )
+            wait_for(lambda: daemon.status().get("pid") == daemon.pid, "status.json written again")
+            phases[name] = {
+                "periods_calibrated_during_fault": during["ticker"]["published"],
+                "delivered_during_fault": sum(1 for k in keys if collector.snapshot()[k]),
+                "state_save_failures": during["state"]["save_failures"],
+                "outbox_during_fault": during["publisher"]["outbox"]["storage"],
+                "outbox_disk_error": during["publisher"]["outbox"]["disk_error"],
+                "problems": problems,
+                "delivered_after_recovery": sum(1 for k in after_keys if collector.snapshot()[k]),
+            }
+            assert daemon.stop() == 0
+        finally:
+            daemon.kill()
+
+    try:
+        first = Daemon(config, small_tmpfs)  # a normal run leaves state behind
+        stream(3)
+        wait_for(lambda: stats().get("state", {}).get("saves", 0) > 0, "a first save")
+        assert first.stop() == 0
+        filler: list[Path] = []
+        phase(
+            "start_on_full_disk",
+            lambda: filler.append(fill(small_tmpfs)),
+            lambda: remove_files(*filler, small_tmpfs / "filler2"),
+        )
+        phase(
+            "start_on_read_only_state_dir",
+            lambda: remount(small_tmpfs, "ro"),
+            lambda: remount(small_tmpfs, "rw"),
+        )
+    finally:
+        sensors.close()
+        collector.close()
+    report("disk_faults_at_start", phases)

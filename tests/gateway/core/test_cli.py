@@ -60,3 +60,19 @@ def test_status_of_a_stopped_daemon(config: Path, capsys: pytest.CaptureFixture[
     assert "model pm10: m v3 on ai_edge_litert" in out
     assert main(["status", "--json", "--config", str(config)]) == 0
     assert '"readings_in": 5' in capsys.readouterr().out
+
+
+def test_status_shows_set_aside_files_and_a_degraded_start(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = config.parent / "state"
+    state.mkdir()
+    (state / "status.json").write_text(
+        '{"gateway_id": "gw-1", "phase": "running", "updated_at": 0, "state": {"set_aside":'
+        ' {"count": 2, "files": []}, "problems": ["pid file state/gateway.pid not written:'
+        ' Read-only file system"]}}'
+    )
+    assert main(["status", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "2 unreadable file(s) set aside" in out
+    assert "degraded: pid file state/gateway.pid not written: Read-only file system" in out

@@ -93,7 +93,7 @@ def test_corrupt_file_is_set_aside_and_counted(tmp_path: Path) -> None:
     aside = list(path.parent.glob("pm10.npz.corrupt-*"))
     assert [p.name for p in aside] == ["pm10.npz.corrupt-20231114T221320Z"]
     assert saver.stats.corrupt == 1
-    assert [log["event"] for log in logs] == ["state_corrupt"]
+    assert [log["event"] for log in logs] == ["state_file_set_aside"]
     # and the next save works normally
     assert saver.save("pm10", ModelWindows(GEOMETRY))
     assert saver.restore("pm10", GEOMETRY) is not None

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import sqlite3
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from gateway.outbox import Outbox, OutboxMessage
+from gateway.outbox import Outbox, OutboxError, OutboxMessage
+from gateway.set_aside import SetAsideLog
 
 
 def message(n: int) -> OutboxMessage:
@@ -56,7 +59,7 @@ def test_corrupt_file_is_set_aside_not_fatal(tmp_path: Path) -> None:
     with capture_logs() as logs, Outbox.open(path, max_messages=10) as outbox:
         assert len(outbox) == 0
         outbox.append([message(1)])
-    assert [log["event"] for log in logs] == ["outbox_corrupt_set_aside"]
+    assert [log["event"] for log in logs] == ["state_file_set_aside"]
     assert list(tmp_path.glob("o.sqlite3.corrupt-*"))
 
 
@@ -74,3 +77,89 @@ def test_queue_is_always_the_newest_bound_messages_in_order(batches: list[int], 
         expected = list(range(max(0, sent - bound), sent))
         assert [int(m.payload) for m in outbox.peek(1000)] == expected
         assert dropped == outbox.dropped_total == sent - len(expected)
+
+
+def test_rows_that_are_not_messages_are_dropped_and_counted(tmp_path: Path) -> None:
+    """Finding 4 of issue 12: such rows raised OperationalError or TypeError in the publisher."""
+    path = tmp_path / "o.sqlite3"
+    with Outbox.open(path, max_messages=100) as outbox:
+        outbox.append([message(1)])
+    with sqlite3.connect(path) as db:  # what a damaged page can hold
+        for values in (
+            "CAST(x'742fff' AS TEXT), x'00', 1, 0",  # topic not UTF-8
+            "'t/x', 'text, not a blob', 1, 0",
+            "'t/x', 5, 1, 0",  # bytes(5) would have been five zero bytes
+            "'t/x', x'00', 'one', 0",
+            "'t/#', x'00', 1, 0",
+            "'t/x', x'00', 1, 7",
+        ):
+            db.execute(
+                f"INSERT INTO outbox (topic, payload, qos, retain, queued_at) VALUES ({values}, 0)"
+            )
+    with capture_logs() as logs, Outbox.open(path, max_messages=100) as outbox:
+        outbox.append([message(2)])
+        assert [m.payload for m in outbox.peek_after(0, 3)] == [b"1", b"2"]
+        assert outbox.invalid_rows_dropped == 6
+        assert len(outbox) == 2  # and they are gone from the file
+    assert [log["event"] for log in logs].count("outbox_invalid_row_dropped") == 6
+
+
+def test_corruption_met_while_reading_sets_the_file_aside_and_ids_continue(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "o.sqlite3"
+    set_aside = SetAsideLog()
+    with Outbox.open(path, max_messages=1000, set_aside=set_aside) as outbox:
+        outbox.append([message(n) for n in range(100)])
+        in_flight = outbox.peek_after(0, 10)
+        # Damage the queue's page behind the open connection, then make it re-read the file.
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        (root,) = other.execute("SELECT rootpage FROM sqlite_master WHERE name='outbox'").fetchone()
+        (page_size,) = other.execute("PRAGMA page_size").fetchone()
+        with path.open("r+b") as raw:
+            raw.seek((root - 1) * page_size)
+            raw.write(b"\xa5" * page_size)
+        other.execute("INSERT INTO counters (name, value) VALUES ('poke', 1)")
+        other.close()
+        assert outbox.peek_after(in_flight[-1].id, 10) == []  # a fresh queue, not an exception
+        assert outbox.resets == 1 and set_aside.count == 1
+        assert list(tmp_path.glob("o.sqlite3.corrupt-*"))
+        outbox.append([message(200)])
+        (new,) = outbox.peek(10)
+        assert new.id > 100  # an acknowledgement of an old id can never remove it
+        outbox.remove([m.id for m in in_flight])
+        assert len(outbox) == 1
+
+
+def test_a_disk_that_refuses_the_file_keeps_the_queue_in_memory_until_it_takes_it(
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the state dir should be")  # mkdir fails: ENOTDIR/EEXIST
+    now = [0.0]
+    with Outbox.open(
+        blocker / "o.sqlite3", max_messages=3, memory_fallback=True, clock=lambda: now[0]
+    ) as outbox:
+        assert outbox.in_memory and outbox.stats()["storage"] == "memory"
+        assert outbox.append([message(n) for n in range(5)]) == 2  # the same bound
+        assert outbox.stats()["memory_messages"] == 5
+        queued = outbox.peek_after(0, 10)
+        assert [m.payload for m in queued] == [b"2", b"3", b"4"]
+        blocker.unlink()  # the disk takes files again
+        now[0] = 10.0
+        outbox.append([message(5)])  # not yet: memory holds messages that may be in flight
+        assert outbox.in_memory
+        outbox.remove([m.id for m in outbox.peek(10)])
+        outbox.append([message(6)])  # drained: back to the file
+        assert not outbox.in_memory and outbox.stats()["storage"] == "disk"
+        assert [m.payload for m in outbox.peek_after(queued[-1].id, 10)] == [b"6"]
+    with Outbox.open(blocker / "o.sqlite3", max_messages=3) as reopened:
+        assert [m.payload for m in reopened.peek(10)] == [b"6"]
+
+
+def test_without_memory_fallback_a_refusing_disk_is_an_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("x")
+    with pytest.raises(OutboxError, match="cannot open outbox"):
+        Outbox.open(blocker / "o.sqlite3", max_messages=3)

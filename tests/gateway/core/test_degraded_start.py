@@ -1,0 +1,38 @@
+"""What a degraded start looks like in the systemd status line and the stats (no daemon run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.config import load_config
+from gateway.service import GatewayService
+from tests.reliability.harness import DEFAULT_MODEL
+
+
+def test_status_line_and_stats_name_set_aside_files_and_an_unwritable_pid_file(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    config_file = tmp_path / "gateway.toml"
+    config_file.write_text(
+        f'gateway_id = "gw-1"\nstate_dir = "{state}"\n'
+        f'[[models]]\nfeature = "pm10"\nmodel_dir = "{DEFAULT_MODEL}"\n',
+        encoding="utf-8",
+    )
+    service = GatewayService(load_config(config_file))
+    state.mkdir()
+    (state / "gateway.pid").mkdir()  # the pid file cannot be written (as on a refusing disk)
+    service._claim_pid_file()  # not fatal
+    damaged = state / "pm10.npz"
+    damaged.write_bytes(b"damaged")
+    service.set_aside.set_aside(damaged, kind="window snapshot pm10", reason="test")
+    try:
+        line = service._status_line()
+        assert line.startswith("starting: 0 readings")
+        assert "pid file" in line and "1 state file(s) set aside" in line
+        stats = service._stats()["state"]
+        assert isinstance(stats, dict)
+        assert stats["set_aside"]["count"] == 1
+        assert stats["problems"] and "pid file" in stats["problems"][0]
+    finally:
+        service._instance.release()
