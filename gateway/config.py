@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway.config_errors import input_hint, redacted_message
 from gateway.drift import DriftConfig
 from gateway.errors import ConfigError
 from gateway.health import HealthConfig
@@ -55,7 +56,6 @@ __all__ = [
 ]
 
 ENV_PREFIX = "TESLA_GATEWAY__"
-_SECRET_WORDS = ("password", "secret", "token", "private")  # never echoed in error messages
 Feature = Literal["pm10", "pm2_5", "pm1"]
 
 
@@ -357,12 +357,8 @@ def _describe(path: Path, exc: ValidationError, env_keys: Mapping[str, str]) -> 
         key = ".".join(str(part) for part in error["loc"]) or "<root>"
         origin = _env_origin(key, env_keys)
         suffix = f" (set by {origin})" if origin else ""
-        given = error.get("input")
-        secret = any(word in key.lower() for word in _SECRET_WORDS)
-        shown = (
-            "" if secret or isinstance(given, dict | list) or given is None else f" (got {given!r})"
-        )
-        lines.append(f"  {key}: {error['msg']}{shown}{suffix}")
+        # Never the value: it may be a password under a wrong key (gateway/config_errors.py).
+        lines.append(f"  {key}: {redacted_message(error)}{input_hint(error)}{suffix}")
     return "\n".join(lines)
 
 
