@@ -58,6 +58,7 @@ class RejectReason(enum.StrEnum):
     STALE_TIMESTAMP = "stale_timestamp"
     BAD_CHECKSUM = "bad_checksum"
     BAD_FRAME = "bad_frame"
+    SENSOR_NOT_OWNED = "sensor_not_owned"  # a serial node reporting for an id it did not announce
 
 
 class ReadingRejectedError(GatewayError):
