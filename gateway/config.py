@@ -152,8 +152,18 @@ class SensorPolicy(_Section):
         ge=1,
         le=1_000_000,
         description=(
-            "Most distinct sensor ids accepted per run: readings from further new ids are "
-            "rejected, so ids from the wire cannot grow memory without bound."
+            "Most sensor ids with windows at once, restored windows included: readings from "
+            "further new ids are rejected (unknown_sensor), so ids from the wire cannot grow "
+            "memory without bound. Sensors idle for evict_idle_s make room."
+        ),
+    )
+    evict_idle_s: float = Field(
+        default=7 * 86_400.0,
+        ge=1,
+        description=(
+            "A sensor without a reading for this long (wall clock; for a restored window, since "
+            "its newest period) is evicted: its windows are dropped and it no longer counts "
+            "toward max_sensors."
         ),
     )
 

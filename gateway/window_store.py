@@ -45,6 +45,21 @@ __all__ = [
 _GATHER_CHUNK = 1024
 NO_PERIOD = np.iinfo(np.int64).min  # sentinel: "no period yet" in the int64 period arrays
 _INITIAL_CAPACITY = 8
+# The per-sensor arrays (one row per sensor) and the value a free row holds.
+_ROW_ARRAYS: dict[str, float | int | bool] = {
+    "_ring": math.nan,
+    "_last_closed": NO_PERIOD,
+    "_first_period": NO_PERIOD,
+    "_last_obs_period": NO_PERIOD,
+    "_last_obs_value": math.nan,
+    "_open_period": NO_PERIOD,
+    "_open_sum": 0.0,
+    "_open_count": 0,
+    "_last_arrival": 0.0,
+    "_pending": False,
+    "_pending_period": NO_PERIOD,
+    "_pending_raw": math.nan,
+}
 
 FloatArray = npt.NDArray[np.float64]
 Float32Array = npt.NDArray[np.float32]
@@ -177,23 +192,7 @@ class ModelWindows:
 
     def _grow(self) -> None:
         old = len(self._last_closed)
-        arrays = {
-            name: getattr(self, name)
-            for name in (
-                "_ring",
-                "_last_closed",
-                "_first_period",
-                "_last_obs_period",
-                "_last_obs_value",
-                "_open_period",
-                "_open_sum",
-                "_open_count",
-                "_last_arrival",
-                "_pending",
-                "_pending_period",
-                "_pending_raw",
-            )
-        }
+        arrays = {name: getattr(self, name) for name in _ROW_ARRAYS}
         self._allocate(old * 2)
         for name, values in arrays.items():
             getattr(self, name)[:old] = values
@@ -209,6 +208,36 @@ class ModelWindows:
         self._index[sensor_id] = row
         self._seen.append(array("d"))
         return row
+
+    def remove(self, sensor_id: str) -> bool:
+        """Forget a sensor's window (evicted); the last row moves into its place."""
+        row = self._index.pop(sensor_id, None)
+        if row is None:
+            return False
+        if self._pending[row]:
+            self._pending_rows -= 1
+        last = len(self._ids) - 1
+        if row != last:
+            moved = self._ids[last]
+            for name in _ROW_ARRAYS:
+                values = getattr(self, name)
+                values[row] = values[last]
+            self._ids[row] = moved
+            self._index[moved] = row
+            self._seen[row] = self._seen[last]
+        for name, empty in _ROW_ARRAYS.items():
+            getattr(self, name)[last] = empty
+        self._ids.pop()
+        self._seen.pop()
+        return True
+
+    def last_seen(self) -> dict[str, float]:
+        """Per sensor, the end (Unix seconds) of the newest period it had a reading in."""
+        live = len(self._ids)
+        newest = np.maximum(self._open_period[:live], self._last_obs_period[:live].max(axis=1))
+        ends = (newest.astype(np.float64) + 1.0) * self.geometry.period_seconds
+        rows = zip(self._ids, newest.tolist(), ends.tolist(), strict=True)
+        return {sensor_id: float(end) for sensor_id, period, end in rows if period != NO_PERIOD}
 
     # -- ingest -----------------------------------------------------------------------------
 
@@ -538,6 +567,21 @@ class WindowStore:
 
     def drop(self, feature: str) -> None:
         self._models.pop(feature, None)
+
+    def remove_sensors(self, sensor_ids: Iterable[str]) -> int:
+        """Forget these sensors' windows in every model; how many windows went."""
+        return sum(
+            model.remove(sensor_id) for sensor_id in sensor_ids for model in self._models.values()
+        )
+
+    def last_seen(self) -> dict[str, float]:
+        """Per sensor, the end of the newest period it had a reading in, over every model."""
+        merged: dict[str, float] = {}
+        for model in self._models.values():
+            for sensor_id, end in model.last_seen().items():
+                if end > merged.get(sensor_id, -math.inf):
+                    merged[sensor_id] = end
+        return merged
 
     def add(self, reading: Reading, arrival: float) -> dict[str, AddOutcome]:
         """Feed one reading to every model; the outcome per feature."""
