@@ -26,6 +26,7 @@ import structlog
 
 from gateway import __version__
 from gateway.admission import SensorAdmission
+from gateway.clock_sanity import ClockSanity
 from gateway.config import GatewayConfig, MqttSourceEntry
 from gateway.errors import GatewayError, ModelLoadError
 from gateway.memory import release_free_heap
@@ -124,7 +125,7 @@ class GatewayService:
             num_threads=config.runtime.num_threads,
             trust=config.model_trust(),
         )
-        self.store = WindowStore()
+        self.store = WindowStore(clock_sanity=ClockSanity(self.rejects))
         self.state = StateStore(config.state_dir, clock=clock)
         self.ticker = Ticker(self.store, self.models, grace_s=config.tick.grace_s, clock=clock)
         self.publisher: Publisher | None = None
