@@ -161,7 +161,7 @@ class SensorPolicy(_Section):
         default=7 * 86_400.0,
         ge=1,
         description=(
-            "A sensor without a reading for this long (wall clock; for a restored window, since "
+            "A sensor without a reading for this long (for a restored window: since the end of "
             "its newest period) is evicted: its windows are dropped and it no longer counts "
             "toward max_sensors."
         ),
