@@ -10,6 +10,8 @@ gets every reading in, each confirmed by the next.
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from gateway.clock_sanity import ClockSanity
@@ -111,3 +113,36 @@ def test_a_boundary_reading_a_moment_early_is_not_lost() -> None:
     store.add(Reading("s", T0 + 2 * P + 1, {"pm10": 3.0}), T0 + 2 * P + 1)
     ready = store["pm10"].ready_windows()
     assert ready.raw.tolist() == [1.0, 2.0] and rejects.count() == 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    gaps=st.lists(st.integers(5, 50), min_size=30, max_size=80),
+    outliers=st.dictionaries(st.integers(1, 78), st.integers(1, 300), max_size=6),
+)
+def test_isolated_fast_readings_never_change_what_true_readings_give(
+    gaps: list[int], outliers: dict[int, int]
+) -> None:
+    """True readings every 5-50 s; after some of them one reading stamped ahead of the clock by
+    more than the next gap plus a period (up to 300 s more). No true reading is late and every
+    window equals the one the true readings alone give."""
+    store, rejects = daemon_store()
+    reference = WindowStore()
+    reference.ensure("pm10", GEOMETRY)
+    now = float(T0 + 3)
+    dropped = 0
+    for index, gap in enumerate(gaps):
+        true = Reading("s", now, {"pm10": true_value(now)})
+        assert store.add(true, now)["pm10"] is not AddOutcome.LATE
+        reference.add(true, now)
+        ahead = outliers.get(index)
+        if ahead is not None and index + 1 < len(gaps):
+            fast = Reading("s", now + gap + P + ahead, {"pm10": 999.0})
+            assert store.add(fast, now)["pm10"] is AddOutcome.HELD
+            dropped += 1
+        now += gap
+    got, expected = windows_after(store, now + P), windows_after(reference, now + P)
+    assert got.keys() == expected.keys()
+    for period, window in got.items():
+        np.testing.assert_array_equal(window, expected[period])
+    assert rejects.count(RejectReason.CLOCK_OUTLIER) == dropped == rejects.count()
