@@ -70,6 +70,8 @@ class ClockSanity:
 
     def release_due(self, models: Mapping[str, ModelWindows], now: float) -> int:
         """Add the held readings whose period the gateway clock has reached; how many."""
+        if not self._held:
+            return 0
         released = 0
         for key, (reading, arrival) in list(self._held.items()):
             model = models.get(key[0])
