@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway.config_errors import input_hint, redacted_message
 from gateway.drift import DriftConfig
 from gateway.errors import ConfigError
 from gateway.health import HealthConfig
@@ -55,7 +56,6 @@ __all__ = [
 ]
 
 ENV_PREFIX = "TESLA_GATEWAY__"
-_SECRET_WORDS = ("password", "secret", "token", "private")  # never echoed in error messages
 Feature = Literal["pm10", "pm2_5", "pm1"]
 
 
@@ -152,8 +152,18 @@ class SensorPolicy(_Section):
         ge=1,
         le=1_000_000,
         description=(
-            "Most distinct sensor ids accepted per run: readings from further new ids are "
-            "rejected, so ids from the wire cannot grow memory without bound."
+            "Most sensor ids with windows at once, restored windows included: readings from "
+            "further new ids are rejected (unknown_sensor), so ids from the wire cannot grow "
+            "memory without bound. Sensors idle for evict_idle_s make room."
+        ),
+    )
+    evict_idle_s: float = Field(
+        default=7 * 86_400.0,
+        ge=1,
+        description=(
+            "A sensor without a reading for this long (for a restored window: since the end of "
+            "its newest period) is evicted: its windows are dropped and it no longer counts "
+            "toward max_sensors."
         ),
     )
 
@@ -357,12 +367,8 @@ def _describe(path: Path, exc: ValidationError, env_keys: Mapping[str, str]) -> 
         key = ".".join(str(part) for part in error["loc"]) or "<root>"
         origin = _env_origin(key, env_keys)
         suffix = f" (set by {origin})" if origin else ""
-        given = error.get("input")
-        secret = any(word in key.lower() for word in _SECRET_WORDS)
-        shown = (
-            "" if secret or isinstance(given, dict | list) or given is None else f" (got {given!r})"
-        )
-        lines.append(f"  {key}: {error['msg']}{shown}{suffix}")
+        # Never the value: it may be a password under a wrong key (gateway/config_errors.py).
+        lines.append(f"  {key}: {redacted_message(error)}{input_hint(error)}{suffix}")
     return "\n".join(lines)
 
 

@@ -58,6 +58,9 @@ class RejectReason(enum.StrEnum):
     STALE_TIMESTAMP = "stale_timestamp"
     BAD_CHECKSUM = "bad_checksum"
     BAD_FRAME = "bad_frame"
+    SENSOR_NOT_OWNED = "sensor_not_owned"  # a serial node reporting for an id it did not announce
+    LATE = "late"  # its period was already closed in a window (out of order, or after a restart)
+    CLOCK_OUTLIER = "clock_outlier"  # ahead of the gateway clock, contradicted by the next one
 
 
 class ReadingRejectedError(GatewayError):

@@ -25,6 +25,8 @@ from pathlib import Path
 import structlog
 
 from gateway import __version__
+from gateway.admission import SensorAdmission
+from gateway.clock_sanity import ClockSanity
 from gateway.config import GatewayConfig, MqttSourceEntry
 from gateway.instance_lock import AlreadyRunningError, InstanceLock
 from gateway.memory import release_free_heap
@@ -34,7 +36,7 @@ from gateway.ota.config import OtaConfig
 from gateway.ota.service import OtaService
 from gateway.outbox import OutboxError
 from gateway.publisher import Publisher, PublisherError
-from gateway.readings import Reading, RejectReason
+from gateway.readings import Reading
 from gateway.references import ReferenceConfig
 from gateway.rejects import RejectCounter
 from gateway.sd_notify import SdNotifier
@@ -120,7 +122,7 @@ class GatewayService:
             num_threads=config.runtime.num_threads,
             trust=config.model_trust(),
         )
-        self.store = WindowStore()
+        self.store = WindowStore(clock_sanity=ClockSanity(self.rejects))
         self.set_aside = SetAsideLog(clock=clock)  # state files that could not be read
         self.state = StateStore(config.state_dir, clock=clock, set_aside=self.set_aside)
         self._instance = InstanceLock(config.state_dir, config.pid_file)
@@ -136,7 +138,7 @@ class GatewayService:
         self._reload: asyncio.Event | None = None
         self._tick_wanted: asyncio.Event | None = None
         self._mqtt_sources: dict[str, MqttSource] = {}
-        self._sensor_ids: set[str] = set()  # bounded by sensors.max_sensors
+        self.admission = SensorAdmission(config.sensors, self.store, self.rejects, clock=clock)
         self._serial_source: SerialSource | None = None
         self.ota: OtaService | None = None
         self.reference_rejects = RejectCounter()
@@ -218,6 +220,7 @@ class GatewayService:
             restored = self.state.restore(feature, calibrator.geometry)
             if restored is not None:
                 self.store.install(feature, restored)
+        self.admission.adopt_windows()  # restored windows count toward sensors.max_sensors
 
     async def _serve(self, publisher: Publisher) -> None:
         assert self._stop is not None
@@ -367,23 +370,8 @@ class GatewayService:
 
     def _ingest(self, reading: Reading) -> None:
         self._ingest_beat = time.monotonic()
-        policy = self.config.sensors
-        if not policy.allows(reading.sensor_id):
-            self.rejects.reject(
-                RejectReason.UNKNOWN_SENSOR,
-                source=reading.source,
-                detail=f"sensor {reading.sensor_id} is not in sensors.known",
-            )
+        if not self.admission.admit(reading):
             return
-        if reading.sensor_id not in self._sensor_ids:
-            if len(self._sensor_ids) >= policy.max_sensors:
-                self.rejects.reject(
-                    RejectReason.UNKNOWN_SENSOR,
-                    source=reading.source,
-                    detail=f"sensors.max_sensors={policy.max_sensors} reached",
-                )
-                return
-            self._sensor_ids.add(reading.sensor_id)
         self.monitor.observe_reading(reading, self.ticker.ingest(reading))
         if self.ticker.has_closed_periods and self._tick_wanted is not None:
             self._tick_wanted.set()
@@ -454,6 +442,7 @@ class GatewayService:
     async def _save_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.state.save_interval_s)
+            self.admission.evict_idle()  # before the snapshot, so evicted windows leave it too
             snapshots = self.state.snapshot(self.store)  # on the loop: a consistent copy
             await asyncio.to_thread(self.state.write_snapshots, snapshots)
 
@@ -485,6 +474,7 @@ class GatewayService:
             "uptime_s": round(self._clock() - self._started_at, 1),
             "readings_in": self.ticker.stats.readings_in,
             "rejected": self.rejects.snapshot(),
+            "admission": self.admission.snapshot(),
             "windows": {
                 feature: {
                     "sensors": len(windows.sensor_ids),

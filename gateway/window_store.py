@@ -20,7 +20,7 @@ import math
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +30,9 @@ from gateway.errors import GatewayError
 from gateway.manifest import Manifest
 from gateway.readings import Reading
 from gateway.series import GapPolicy, gap_fill, period_index, window_is_valid
+
+if TYPE_CHECKING:
+    from gateway.clock_sanity import ClockSanity
 
 __all__ = [
     "NO_PERIOD",
@@ -45,6 +48,21 @@ __all__ = [
 _GATHER_CHUNK = 1024
 NO_PERIOD = np.iinfo(np.int64).min  # sentinel: "no period yet" in the int64 period arrays
 _INITIAL_CAPACITY = 8
+# The per-sensor arrays (one row per sensor) and the value a free row holds.
+_ROW_ARRAYS: dict[str, float | int | bool] = {
+    "_ring": math.nan,
+    "_last_closed": NO_PERIOD,
+    "_first_period": NO_PERIOD,
+    "_last_obs_period": NO_PERIOD,
+    "_last_obs_value": math.nan,
+    "_open_period": NO_PERIOD,
+    "_open_sum": 0.0,
+    "_open_count": 0,
+    "_last_arrival": 0.0,
+    "_pending": False,
+    "_pending_period": NO_PERIOD,
+    "_pending_raw": math.nan,
+}
 
 FloatArray = npt.NDArray[np.float64]
 Float32Array = npt.NDArray[np.float32]
@@ -63,6 +81,8 @@ class AddOutcome(enum.StrEnum):
     DUPLICATE = "duplicate"  # same sensor and timestamp already averaged into the open period
     LATE = "late"  # its period was already closed; counted, never re-opened
     IRRELEVANT = "irrelevant"  # carries none of the model's input channels
+    HELD = "held"  # for a period the gateway clock has not reached: waits (gateway.clock_sanity)
+    CLOCK_OUTLIER = "clock_outlier"  # a held reading the sensor's next reading contradicted
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,23 +197,7 @@ class ModelWindows:
 
     def _grow(self) -> None:
         old = len(self._last_closed)
-        arrays = {
-            name: getattr(self, name)
-            for name in (
-                "_ring",
-                "_last_closed",
-                "_first_period",
-                "_last_obs_period",
-                "_last_obs_value",
-                "_open_period",
-                "_open_sum",
-                "_open_count",
-                "_last_arrival",
-                "_pending",
-                "_pending_period",
-                "_pending_raw",
-            )
-        }
+        arrays = {name: getattr(self, name) for name in _ROW_ARRAYS}
         self._allocate(old * 2)
         for name, values in arrays.items():
             getattr(self, name)[:old] = values
@@ -209,6 +213,36 @@ class ModelWindows:
         self._index[sensor_id] = row
         self._seen.append(array("d"))
         return row
+
+    def remove(self, sensor_id: str) -> bool:
+        """Forget a sensor's window (evicted); the last row moves into its place."""
+        row = self._index.pop(sensor_id, None)
+        if row is None:
+            return False
+        if self._pending[row]:
+            self._pending_rows -= 1
+        last = len(self._ids) - 1
+        if row != last:
+            moved = self._ids[last]
+            for name in _ROW_ARRAYS:
+                values = getattr(self, name)
+                values[row] = values[last]
+            self._ids[row] = moved
+            self._index[moved] = row
+            self._seen[row] = self._seen[last]
+        for name, empty in _ROW_ARRAYS.items():
+            getattr(self, name)[last] = empty
+        self._ids.pop()
+        self._seen.pop()
+        return True
+
+    def last_seen(self) -> dict[str, float]:
+        """Per sensor, the end (Unix seconds) of the newest period it had a reading in."""
+        live = len(self._ids)
+        newest = np.maximum(self._open_period[:live], self._last_obs_period[:live].max(axis=1))
+        ends = (newest.astype(np.float64) + 1.0) * self.geometry.period_seconds
+        rows = zip(self._ids, newest.tolist(), ends.tolist(), strict=True)
+        return {sensor_id: float(end) for sensor_id, period, end in rows if period != NO_PERIOD}
 
     # -- ingest -----------------------------------------------------------------------------
 
@@ -267,6 +301,31 @@ class ModelWindows:
     def _count(self, outcome: AddOutcome) -> AddOutcome:
         self.counts[outcome] += 1
         return outcome
+
+    def note(self, outcome: AddOutcome) -> AddOutcome:
+        """Count an outcome decided outside :meth:`add` (held, clock outlier)."""
+        return self._count(outcome)
+
+    def period_of(self, reading: Reading) -> int:
+        return period_index(reading.timestamp, self.geometry.period_seconds)
+
+    def would_run_ahead(self, reading: Reading, now: float) -> bool:
+        """True if the reading would move its sensor's window past the clock's current period.
+
+        Such a reading (a period the clock at ``now`` has not reached, later than any the
+        sensor has) would close the sensor's open period and make every true reading after it
+        late; see :mod:`gateway.clock_sanity`.
+        """
+        period_seconds = self.geometry.period_seconds
+        period = math.floor(reading.timestamp / period_seconds)
+        if period <= math.floor(now / period_seconds):
+            return False
+        if not any(name in reading.values for name in self.geometry.channels):
+            return False
+        row = self._index.get(reading.sensor_id)
+        if row is None:
+            return True
+        return period > max(self._open_period.item(row), self._last_closed.item(row))
 
     # -- closing ----------------------------------------------------------------------------
 
@@ -516,10 +575,16 @@ class ModelWindows:
 
 
 class WindowStore:
-    """The windows of every model, keyed by feature (one model per feature)."""
+    """The windows of every model, keyed by feature (one model per feature).
 
-    def __init__(self) -> None:
+    With a ``clock_sanity`` (the daemon's), readings ahead of the gateway clock wait for the
+    sensor's next reading before they may move a window (:mod:`gateway.clock_sanity`);
+    without one (replays, tests of the ring itself) every reading goes straight in.
+    """
+
+    def __init__(self, clock_sanity: ClockSanity | None = None) -> None:
         self._models: dict[str, ModelWindows] = {}
+        self._sanity = clock_sanity
 
     def ensure(self, feature: str, geometry: WindowGeometry) -> bool:
         """Create or keep the feature's windows; reset them if the geometry changed.
@@ -530,20 +595,48 @@ class WindowStore:
         if current is not None and current.geometry == geometry:
             return False
         self._models[feature] = ModelWindows(geometry)
+        if self._sanity is not None:
+            self._sanity.forget_feature(feature)
         return True
 
     def install(self, feature: str, windows: ModelWindows) -> None:
         """Adopt restored windows."""
         self._models[feature] = windows
+        if self._sanity is not None:
+            self._sanity.forget_feature(feature)
 
     def drop(self, feature: str) -> None:
         self._models.pop(feature, None)
+        if self._sanity is not None:
+            self._sanity.forget_feature(feature)
+
+    def remove_sensors(self, sensor_ids: Iterable[str]) -> int:
+        """Forget these sensors' windows in every model; how many windows went."""
+        sensor_ids = list(sensor_ids)
+        if self._sanity is not None:
+            self._sanity.forget_sensors(sensor_ids)
+        return sum(
+            model.remove(sensor_id) for sensor_id in sensor_ids for model in self._models.values()
+        )
+
+    def last_seen(self) -> dict[str, float]:
+        """Per sensor, the end of the newest period it had a reading in, over every model."""
+        merged: dict[str, float] = {}
+        for model in self._models.values():
+            for sensor_id, end in model.last_seen().items():
+                if end > merged.get(sensor_id, -math.inf):
+                    merged[sensor_id] = end
+        return merged
 
     def add(self, reading: Reading, arrival: float) -> dict[str, AddOutcome]:
         """Feed one reading to every model; the outcome per feature."""
+        if self._sanity is not None:
+            return self._sanity.add(self._models, reading, arrival)
         return {feature: model.add(reading, arrival) for feature, model in self._models.items()}
 
     def close_idle(self, now: float, grace_s: float) -> int:
+        if self._sanity is not None:
+            self._sanity.release_due(self._models, now)
         return sum(model.close_idle(now, grace_s) for model in self._models.values())
 
     @property

@@ -53,6 +53,7 @@ __all__ = [
 ]
 
 _READ_CHUNK = 4096
+_HELLO_RETRY_S = 5.0  # a node reporting without a hello is asked again at most this often
 
 
 class SerialLinkDownError(GatewayError):
@@ -83,7 +84,12 @@ class NodePortConfig(_PortConfig):
     kind: Literal["node"] = "node"
     baud: int = Field(default=115_200, gt=0, description="UART speed.")
     allowed_sensors: list[str] | None = Field(
-        default=None, description="If set, readings from other node ids are rejected."
+        default=None,
+        description=(
+            "The sensor ids this port may report (a node that relays several sensors); others "
+            "are rejected (unknown_sensor). Unset: only the id the node announced in its hello "
+            "(others: sensor_not_owned)."
+        ),
     )
     max_clock_skew_s: float = Field(
         default=300.0,
@@ -233,6 +239,8 @@ class _PortWorker:
         self._log = structlog.get_logger("gateway.sources.serial").bind(
             port=str(config.port), kind=config.kind
         )
+        self._hello_wanted = False  # a reading came before any hello on this connection
+        self._hello_asked_at = -_HELLO_RETRY_S  # time.monotonic() of the last repeated request
 
     async def run(self, queue: asyncio.Queue[Reading], rejects: RejectCounter) -> None:
         delay = self._config.reconnect_initial_s
@@ -298,10 +306,21 @@ class _PortWorker:
                 if chunk:
                     for reading in handle_chunk(chunk, rejects):
                         await queue.put(reading)
+                await self._ask_hello_again()
         except SerialLinkDownError as exc:
             self._log.info("serial_write_failed", error=str(exc))
         finally:
             loop.remove_reader(fd)
+
+    async def _ask_hello_again(self) -> None:
+        """A node that reports before saying who it is (its hello got lost) is asked again."""
+        if not self._hello_wanted or self._link is None:
+            return
+        self._hello_wanted = False
+        now = time.monotonic()
+        if now - self._hello_asked_at >= _HELLO_RETRY_S:
+            self._hello_asked_at = now
+            await self._link.send_line(encode_hello_request())
 
     # -- decoders: bytes -> readings, rejects counted -----------------------------------
 
@@ -344,11 +363,14 @@ class _PortWorker:
         allowed: frozenset[str] | None,
     ) -> Reading | None:
         if isinstance(line, NodeReading):
-            if allowed is not None and line.node_id not in allowed:
-                raise ReadingRejectedError(
-                    RejectReason.UNKNOWN_SENSOR,
-                    f"node {line.node_id!r} is not in the configured allowed_sensors",
-                )
+            if allowed is not None:
+                if line.node_id not in allowed:
+                    raise ReadingRejectedError(
+                        RejectReason.UNKNOWN_SENSOR,
+                        f"node {line.node_id!r} is not in the configured allowed_sensors",
+                    )
+            else:
+                self._check_owned(line, link)
             now = self._clock()
             timestamp = now
             if (
@@ -384,6 +406,23 @@ class _PortWorker:
         elif isinstance(line, HelloRequest):
             self._log.debug("hello_request_from_node_ignored")
         return None
+
+    def _check_owned(self, line: NodeReading, link: NodeLink | None) -> None:
+        """A node speaks only for the id of its own hello (docs/serial-protocol.md)."""
+        hello = link.hello if link is not None else None
+        if hello is None:
+            self._hello_wanted = True
+            raise ReadingRejectedError(
+                RejectReason.SENSOR_NOT_OWNED,
+                f"reading for {line.node_id!r} before the node's hello on this port; "
+                "asking the node who it is",
+            )
+        if line.node_id != hello.node_id:
+            raise ReadingRejectedError(
+                RejectReason.SENSOR_NOT_OWNED,
+                f"node {hello.node_id!r} (its hello) reported for sensor {line.node_id!r}; "
+                "list the ids a relaying node may report in allowed_sensors",
+            )
 
     def _pms_decoder(self) -> Callable[[bytes, RejectCounter], list[Reading]]:
         assert isinstance(self._config, Pms5003PortConfig)

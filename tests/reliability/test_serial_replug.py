@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.sources.line_protocol import encode_hello_request, encode_reading
+from gateway.sources.line_protocol import encode_hello, encode_hello_request, encode_reading
 from tests.reliability.harness import (
     PERIOD_S,
     Collector,
@@ -64,6 +64,7 @@ def test_unplug_replug_with_garbage(tmp_path: Path, mosquitto: Mosquitto, long_f
     try:
         for cycle in range(cycles):
             device.read_until(encode_hello_request().rstrip(b"\n"))  # the daemon opened it
+            device.write(encode_hello("node-7", "1.0.0"))  # as the firmware answers it
             for _ in range(periods_per_cycle):
                 timestamp = base + period * PERIOD_S + 30
                 device.write(encode_reading("node-7", seq, timestamp, {"pm10": rng.uniform(5, 90)}))

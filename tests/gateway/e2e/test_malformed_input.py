@@ -64,7 +64,8 @@ def serial_malformed() -> dict[str, bytes]:
         "bad_checksum": tampered,
         "unknown_field": encode_line("R", ["node-ok", "2", "-", "colour=1"]),
         "bad_sensor_id": encode_line("R", ["-bad", "3", "-", "pm10=1"]),
-        "unknown_sensor": encode_reading("stranger", 4, None, {"pm10": 1.0}),
+        # A node speaks only for the id of its hello: not for an MQTT sensor (issue 12, #11).
+        "sensor_not_owned": encode_reading("mq-ok", 4, None, {"pm10": 1.0}),
         "not_finite": encode_line("R", ["node-ok", "5", "-", "pm10=nan"]),
         "negative": encode_reading("node-ok", 6, None, {"pm10": -2.0}),
         "out_of_range": encode_reading("node-ok", 7, None, {"pm10": 4000.0}),

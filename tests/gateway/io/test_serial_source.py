@@ -192,6 +192,7 @@ def test_unplug_and_replug_resumes_reading_and_writing(pty_serial: PtySerial) ->
         link = source.links[str(pty_serial.path)]
         async with running(source, queue, RejectCounter()):
             await asyncio.wait_for(link.wait_connected(), 10)
+            pty_serial.write(encode_hello("node-1", "1.0.0"))  # a node announces itself first
             pty_serial.write(encode_reading("node-1", 1, None, {"pm10": 1}))
             first = await take(queue, 1)
             with capture_logs() as logs:
@@ -209,6 +210,7 @@ def test_unplug_and_replug_resumes_reading_and_writing(pty_serial: PtySerial) ->
             assert "serial_port_lost" in warnings
             assert warnings.count("serial_open_failed") == 1  # later failures are debug only
             await asyncio.to_thread(pty_serial.read_until, encode_hello_request())
+            pty_serial.write(encode_hello("node-1", "1.0.0"))
             pty_serial.write(encode_reading("node-1", 2, None, {"pm10": 2}))
             second = await take(queue, 1)
             await link.send_line(encode_line("O", ["1", "BEGIN"]).decode())
@@ -236,6 +238,7 @@ def test_several_ports_at_once(tmp_path: Path) -> None:
         async with running(source, queue, RejectCounter()):
             await asyncio.wait_for(source.wait_open(node.path), 10)
             await asyncio.wait_for(source.wait_open(pms.path), 10)
+            node.write(encode_hello("node-9", "1.0.0"))
             node.write(encode_reading("node-9", 1, None, {"pm10": 9}))
             pms.write(encode_frame(1, 1, 1))
             return await take(queue, 2)
@@ -246,6 +249,58 @@ def test_several_ports_at_once(tmp_path: Path) -> None:
         node.close()
         pms.close()
     assert sorted(r.sensor_id for r in readings) == ["node-9", "pms-b"]
+
+
+def test_a_node_reports_only_for_the_id_of_its_hello(pty_serial: PtySerial) -> None:
+    """Issue 12, finding 11: a node that said hello as node-7 spoke for s1 and impostor."""
+    now = time.time()
+
+    async def scenario() -> tuple[list[Reading], RejectCounter, bytes]:
+        queue: asyncio.Queue[Reading] = asyncio.Queue()
+        rejects = RejectCounter()
+        source = SerialSource([node_config(pty_serial.path)])
+        async with running(source, queue, rejects):
+            await asyncio.wait_for(source.wait_open(pty_serial.path), 10)
+            await asyncio.to_thread(pty_serial.read_until, encode_hello_request())
+            # Before its hello a node is nobody: its reading is refused and it is asked again.
+            pty_serial.write(encode_reading("node-7", 0, now, {"pm10": 1}))
+            await eventually(lambda: rejects.count() == 1)
+            asked = await asyncio.to_thread(pty_serial.read_until, encode_hello_request())
+            pty_serial.write(encode_hello("node-7", "1.2.0"))
+            pty_serial.write(encode_reading("s1", 1, now, {"pm10": 50}))  # an MQTT sensor's id
+            pty_serial.write(encode_reading("impostor", 2, now, {"pm10": 60}))
+            pty_serial.write(encode_reading("node-7", 3, now, {"pm10": 7}))
+            readings = await take(queue, 1)
+            await eventually(lambda: rejects.count() == 3)
+        return readings, rejects, asked
+
+    with capture_logs():
+        readings, rejects, asked = asyncio.run(scenario())
+    assert [(r.sensor_id, r.values["pm10"]) for r in readings] == [("node-7", 7.0)]
+    assert rejects.count(RejectReason.SENSOR_NOT_OWNED, source="serial:ttyNODE0") == 3
+    assert rejects.count() == 3
+    assert encode_hello_request() in asked
+
+
+def test_allowed_sensors_lets_a_relaying_node_report_several_ids(pty_serial: PtySerial) -> None:
+    async def scenario() -> tuple[list[Reading], RejectCounter]:
+        queue: asyncio.Queue[Reading] = asyncio.Queue()
+        rejects = RejectCounter()
+        config = node_config(pty_serial.path, allowed_sensors=["relay-a", "relay-b"])
+        source = SerialSource([config])
+        async with running(source, queue, rejects):
+            await asyncio.wait_for(source.wait_open(pty_serial.path), 10)
+            pty_serial.write(encode_hello("hub-1", "1.0.0"))
+            for sensor in ("relay-a", "relay-b", "hub-1"):
+                pty_serial.write(encode_reading(sensor, 1, None, {"pm10": 3}))
+            readings = await take(queue, 2)
+            await eventually(lambda: rejects.count() == 1)
+        return readings, rejects
+
+    with capture_logs():
+        readings, rejects = asyncio.run(scenario())
+    assert [r.sensor_id for r in readings] == ["relay-a", "relay-b"]
+    assert rejects.count(RejectReason.UNKNOWN_SENSOR) == 1  # the port's list is the whole rule
 
 
 def test_config_is_a_discriminated_union() -> None:

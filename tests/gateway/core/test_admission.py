@@ -1,0 +1,125 @@
+"""Sensor admission: restored windows count, a flood never displaces a reporting sensor, idle
+sensors are evicted from the windows (issue 12, finding 7). Real window stores, test clocks."""
+
+from __future__ import annotations
+
+import numpy as np
+from structlog.testing import capture_logs
+
+from gateway.admission import SensorAdmission
+from gateway.config import SensorPolicy
+from gateway.readings import Reading, RejectReason
+from gateway.rejects import RejectCounter
+from gateway.series import GapPolicy
+from gateway.window_store import ModelWindows, WindowGeometry, WindowStore
+
+P = 60
+T0 = 1_700_000_040  # a period boundary
+GEOMETRY = WindowGeometry(4, P, ("pm10",), GapPolicy(max_interpolated_periods=1))
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def reading(sensor: str, period: int, value: float = 10.0) -> Reading:
+    return Reading(sensor, T0 + period * P + 1, {"pm10": value}, source="mqtt")
+
+
+def store_with(sensors: list[str], periods: range) -> WindowStore:
+    store = WindowStore()
+    store.ensure("pm10", GEOMETRY)
+    for period in periods:
+        for sensor in sensors:
+            store.add(reading(sensor, period), 0.0)
+    return store
+
+
+def make(
+    store: WindowStore, wall: Clock, mono: Clock, **policy: float
+) -> tuple[SensorAdmission, RejectCounter]:
+    rejects = RejectCounter()
+    admission = SensorAdmission(
+        SensorPolicy.model_validate(policy), store, rejects, clock=wall, monotonic=mono
+    )
+    return admission, rejects
+
+
+def test_restored_windows_fill_the_cap_and_keep_their_place_against_a_flood() -> None:
+    restored = [f"real-{i}" for i in range(100)]
+    store = store_with(restored, range(6))
+    wall, mono = Clock(T0 + 6 * P), Clock(1_000.0)
+    admission, rejects = make(store, wall, mono, max_sensors=100)
+    with capture_logs():
+        assert admission.adopt_windows() == 100
+        flood = [admission.admit(reading(f"new-{i}", 6)) for i in range(1_000)]
+        assert not any(flood)
+        assert all(admission.admit(reading(sensor, 6)) for sensor in restored)
+    assert rejects.count(RejectReason.UNKNOWN_SENSOR) == 1_000
+    assert admission.snapshot()["rejected_full"] == 1_000
+    assert len(store["pm10"].sensor_ids) == 100
+
+
+def test_a_sensor_idle_for_the_age_is_evicted_from_the_windows() -> None:
+    store = store_with(["idle", "busy", "old"], range(3))
+    wall, mono = Clock(T0 + 3 * P), Clock(1_000.0)
+    admission, _ = make(store, wall, mono, max_sensors=10, evict_idle_s=3_600)
+    # "old" was last heard two hours before the snapshot: evicted when its window is restored.
+    store.remove_sensors(["old"])
+    store.add(reading("old", -120), 0.0)
+    with capture_logs() as logs:
+        admission.adopt_windows()
+        assert sorted(store["pm10"].sensor_ids) == ["busy", "idle"]
+        for minute in range(1, 70):  # "busy" reports every minute, "idle" never again
+            mono.now = 1_000.0 + minute * 60
+            assert admission.admit(reading("busy", 3 + minute))
+            admission.evict_idle()
+    assert store["pm10"].sensor_ids == ("busy",)
+    assert admission.snapshot()["evicted"] == 2
+    assert [entry["sensors"] for entry in logs if entry["event"] == "sensors_evicted"] == [
+        ["old"],
+        ["idle"],
+    ]
+
+
+def test_when_full_a_new_id_may_take_only_an_idle_sensors_place() -> None:
+    store = store_with(["a", "b"], range(2))
+    wall, mono = Clock(T0 + 2 * P), Clock(1_000.0)
+    admission, _ = make(store, wall, mono, max_sensors=2, evict_idle_s=600)
+    with capture_logs():
+        admission.adopt_windows()
+        mono.now += 500
+        assert admission.admit(reading("a", 2))  # "a" reports, "b" does not
+        assert not admission.admit(reading("c", 2))  # nobody idle long enough yet
+        mono.now += 200  # "b" idle 700 s, "a" 200 s
+        assert admission.admit(reading("c", 2))
+    assert store["pm10"].sensor_ids == ("a",)  # "b" evicted; "c" gets windows when ingested
+    assert admission.snapshot()["sensors"] == 2
+
+
+def test_removing_a_sensor_leaves_the_others_windows_intact() -> None:
+    sensors = ["s0", "s1", "s2", "s3"]
+    windows = ModelWindows(GEOMETRY)
+    kept = ModelWindows(GEOMETRY)
+    rng = np.random.default_rng(5)
+    for period in range(7):
+        for sensor in sensors:
+            value = float(rng.uniform(1, 50))
+            windows.add(reading(sensor, period, value), 0.0)
+            if sensor != "s1":
+                kept.add(reading(sensor, period, value), 0.0)
+        if period == 3:
+            assert windows.remove("s1")
+            sensors.remove("s1")
+        a, b = windows.ready_windows(), kept.ready_windows()
+        if period > 3:  # s1 gone: the others' windows are exactly those never shared with it
+            order = np.argsort(a.sensor_ids)
+            assert sorted(a.sensor_ids) == sorted(b.sensor_ids)
+            np.testing.assert_array_equal(a.windows[order], b.windows[np.argsort(b.sensor_ids)])
+    assert not windows.remove("s1")
+    assert sorted(windows.sensor_ids) == ["s0", "s2", "s3"]
+    assert windows.pending_count == kept.pending_count

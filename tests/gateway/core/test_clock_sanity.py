@@ -1,0 +1,148 @@
+"""A reading from a fast clock cannot move a window into the future (issue 12, finding 8).
+
+The tester's scenario on the daemon's window store: a sensor reports every 15 s with a true
+clock; one reading is stamped 300 s ahead (inside ``max_future_s``); then 20 true readings.
+None of them may be late, and the window must hold the true readings only, no ramp towards the
+outlier. A sensor whose clock is consistently ahead (or a gateway whose clock is behind) still
+gets every reading in, each confirmed by the next.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from structlog.testing import capture_logs
+
+from gateway.clock_sanity import ClockSanity
+from gateway.readings import Reading, RejectReason
+from gateway.rejects import RejectCounter
+from gateway.series import GapPolicy
+from gateway.window_store import AddOutcome, WindowGeometry, WindowStore
+
+P = 60
+T0 = 1_700_000_040  # a period boundary
+GEOMETRY = WindowGeometry(12, P, ("pm10",), GapPolicy(max_interpolated_periods=10))
+
+
+def daemon_store() -> tuple[WindowStore, RejectCounter]:
+    rejects = RejectCounter()
+    store = WindowStore(clock_sanity=ClockSanity(rejects))
+    store.ensure("pm10", GEOMETRY)
+    return store, rejects
+
+
+def true_value(t: float) -> float:
+    return 20.0 + (t - T0) / 60.0  # slowly rising, so any ramp or mix-up shows
+
+
+def windows_after(store: WindowStore, now: float) -> dict[int, np.ndarray]:
+    store.close_idle(now, grace_s=0.0)
+    ready = store["pm10"].ready_windows()
+    return {int(p): ready.windows[i] for i, p in enumerate(ready.periods)}
+
+
+def test_one_reading_300_s_fast_makes_no_true_reading_late_and_leaves_no_ramp() -> None:
+    store, rejects = daemon_store()
+    reference = WindowStore()  # the same true readings, without the outlier
+    reference.ensure("pm10", GEOMETRY)
+    now = T0 + 7.0
+    outcomes: list[AddOutcome] = []
+    with capture_logs() as logs:
+        for _ in range(12):  # three minutes of true readings
+            true = Reading("s", now, {"pm10": true_value(now)}, source="mqtt")
+            store.add(true, now)
+            reference.add(true, now)
+            now += 15
+        fast = Reading("s", now + 300, {"pm10": 99.0}, source="mqtt")
+        assert store.add(fast, now) == {"pm10": AddOutcome.HELD}
+        for _ in range(20):
+            true = Reading("s", now, {"pm10": true_value(now)}, source="mqtt")
+            outcomes.append(store.add(true, now)["pm10"])
+            reference.add(true, now)
+            now += 15
+        got, expected = windows_after(store, now + P), windows_after(reference, now + P)
+    assert AddOutcome.LATE not in outcomes
+    assert outcomes == [AddOutcome.ACCEPTED] * 20
+    counts = store["pm10"].counts
+    assert counts[AddOutcome.LATE] == 0 and counts[AddOutcome.CLOCK_OUTLIER] == 1
+    assert rejects.count(RejectReason.CLOCK_OUTLIER) == 1 and rejects.count() == 1
+    logged = [e for e in logs if e["event"] == "reading_rejected"]
+    assert logged and "sensor s" in logged[0]["detail"] and logged[0]["reason"] == "clock_outlier"
+    # The window holds what the true readings alone give: no ramp, no trace of 99.
+    assert got.keys() == expected.keys()
+    for period, window in got.items():
+        np.testing.assert_array_equal(window, expected[period])
+        assert np.nanmax(window) < 99.0
+
+
+def test_late_readings_are_counted_as_rejects_with_the_sensor() -> None:
+    store, rejects = daemon_store()
+    now = T0 + 3 * P + 5
+    with capture_logs() as logs:
+        store.add(Reading("s", T0 + 2 * P + 1, {"pm10": 1.0}, source="mqtt"), now)
+        store.add(Reading("s", T0 + 3 * P + 1, {"pm10": 2.0}, source="mqtt"), now)  # closes 2
+        outcome = store.add(Reading("s", T0 + 2 * P + 30, {"pm10": 3.0}, source="mqtt"), now)
+    assert outcome == {"pm10": AddOutcome.LATE}
+    assert rejects.count(RejectReason.LATE, source="mqtt") == 1
+    assert "sensor s" in next(e for e in logs if e["event"] == "reading_rejected")["detail"]
+
+
+def test_a_clock_consistently_ahead_still_gets_every_reading_in() -> None:
+    store, rejects = daemon_store()
+    gateway_now = T0 + 30.0  # the gateway clock is 10 minutes behind the sensor's
+    for minute in range(6):
+        sensor_time = T0 + 600 + minute * P + 1
+        outcome = store.add(Reading("s", sensor_time, {"pm10": float(minute)}), gateway_now)
+        assert outcome == {"pm10": AddOutcome.HELD}  # each waits for the next one
+        gateway_now += P
+    ready = store["pm10"].ready_windows()
+    assert ready.periods.tolist() == [T0 // P + 10 + m for m in range(4)]  # 0..4 in, 4 open
+    assert rejects.count() == 0
+    # When the gateway clock reaches its period, the last held reading goes in too.
+    store.close_idle(T0 + 600 + 6 * P + 1, grace_s=0.0)
+    assert store["pm10"].ready_windows().periods.tolist() == [T0 // P + 10 + 4, T0 // P + 15]
+
+
+def test_a_boundary_reading_a_moment_early_is_not_lost() -> None:
+    store, rejects = daemon_store()
+    store.add(Reading("s", T0 + 30, {"pm10": 1.0}), T0 + 30)
+    early = Reading("s", T0 + P + 0.5, {"pm10": 2.0})  # the sensor's clock is 1 s fast
+    assert store.add(early, T0 + P - 0.5) == {"pm10": AddOutcome.HELD}
+    store.close_idle(T0 + P + 0.1, grace_s=5.0)  # the gateway clock reaches its period
+    store.add(Reading("s", T0 + 2 * P + 1, {"pm10": 3.0}), T0 + 2 * P + 1)
+    ready = store["pm10"].ready_windows()
+    assert ready.raw.tolist() == [1.0, 2.0] and rejects.count() == 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    gaps=st.lists(st.integers(5, 50), min_size=30, max_size=80),
+    outliers=st.dictionaries(st.integers(1, 78), st.integers(1, 300), max_size=6),
+)
+def test_isolated_fast_readings_never_change_what_true_readings_give(
+    gaps: list[int], outliers: dict[int, int]
+) -> None:
+    """True readings every 5-50 s; after some of them one reading stamped ahead of the clock by
+    more than the next gap plus a period (up to 300 s more). No true reading is late and every
+    window equals the one the true readings alone give."""
+    store, rejects = daemon_store()
+    reference = WindowStore()
+    reference.ensure("pm10", GEOMETRY)
+    now = float(T0 + 3)
+    dropped = 0
+    for index, gap in enumerate(gaps):
+        true = Reading("s", now, {"pm10": true_value(now)})
+        assert store.add(true, now)["pm10"] is not AddOutcome.LATE
+        reference.add(true, now)
+        ahead = outliers.get(index)
+        if ahead is not None and index + 1 < len(gaps):
+            fast = Reading("s", now + gap + P + ahead, {"pm10": 999.0})
+            assert store.add(fast, now)["pm10"] is AddOutcome.HELD
+            dropped += 1
+        now += gap
+    got, expected = windows_after(store, now + P), windows_after(reference, now + P)
+    assert got.keys() == expected.keys()
+    for period, window in got.items():
+        np.testing.assert_array_equal(window, expected[period])
+    assert rejects.count(RejectReason.CLOCK_OUTLIER) == dropped == rejects.count()
