@@ -1,0 +1,215 @@
+"""Floods from the wire against the REAL daemon and a real mosquitto (issue 12, findings 5, 6).
+
+* A QoS 0 flood from one fast client (pre-encoded PUBLISH packets written in large blocks on
+  loopback: far faster than the daemon calibrates) must keep the daemon's memory bounded: at
+  most ``max_inbox_messages`` wait between paho's thread and the loop, the excess is dropped
+  and counted, and every message is either ingested or counted. Short form 200,000 messages;
+  long form 2,000,000 with RSS under the 10,000-sensor budget (120 MB).
+* QoS 1 readings the broker drops (its queue for the gateway's session is full while the
+  gateway is down) must show on the stats: ``readings_missing`` equals the number published
+  minus the number the daemon received.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from paho.mqtt import client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+
+from tests.reliability.harness import (
+    Daemon,
+    copy_default_model,
+    report,
+    wait_for,
+    wait_while_progressing,
+    write_config,
+)
+from tests.support.mosquitto import Mosquitto
+
+pytestmark = pytest.mark.reliability
+BUDGET_KIB = 120 * 1024  # the 10,000-sensor RSS budget (docs/deployment.md)
+SHORT_GROWTH_KIB = 40 * 1024  # short form: growth over the idle daemon
+BLOCK = 5_000  # PUBLISH packets per write
+
+
+def _remaining_length(length: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, length = length % 128, length // 128
+        out.append(byte | (0x80 if length else 0))
+        if not length:
+            return bytes(out)
+
+
+def _packet(kind: int, body: bytes) -> bytes:
+    return bytes([kind]) + _remaining_length(len(body)) + body
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode()
+    return len(raw).to_bytes(2, "big") + raw
+
+
+def flood_qos0(port: int, count: int, sensors: int, timestamp: float) -> None:
+    """One MQTT 3.1.1 client publishing ``count`` QoS 0 readings as fast as the socket takes
+    them (what a misbehaving or malicious client does), then disconnecting."""
+    connect = _packet(0x10, _string("MQTT") + bytes([4, 0x02, 0, 60]) + _string("flood"))
+    packets = [
+        _packet(
+            0x30,
+            _string(f"sensors/f{n % sensors}/raw")
+            + json.dumps({"ts": timestamp, "pm10": float(n % 500)}).encode(),
+        )
+        for n in range(min(count, BLOCK * 2))
+    ]
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(connect)
+        assert sock.recv(4)[:1] == b"\x20", "no CONNACK"
+        sent = 0
+        while sent < count:
+            size = min(BLOCK, count - sent)
+            start = sent % len(packets)
+            block = (packets[start:] + packets)[:size]
+            sock.sendall(b"".join(block))
+            sent += size
+        sock.sendall(b"\xe0\x00")  # DISCONNECT
+
+
+class RssSampler:
+    """The daemon's RSS, sampled every 20 ms in a thread; ``peak`` in KiB."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.peak = daemon.rss_kib()
+        self._daemon = daemon
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self._daemon.rss_kib())
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def inbox(daemon: Daemon) -> dict[str, int]:
+    return dict(daemon.status().get("mqtt_inbox", {}).get("mqtt-source-0", {}))
+
+
+def test_a_qos0_flood_keeps_memory_bounded(
+    tmp_path: Path, mosquitto: Mosquitto, long_form: bool
+) -> None:
+    count = 2_000_000 if long_form else 200_000
+    model = copy_default_model(tmp_path / "model")
+    config = write_config(
+        tmp_path / "gw.toml", gateway_id="gw-flood", model_dir=model, broker_port=mosquitto.port
+    )
+    daemon = Daemon(config, tmp_path / "state")
+    try:
+        idle_kib = daemon.rss_kib()
+        sampler = RssSampler(daemon)
+        flood_qos0(mosquitto.port, count, sensors=100, timestamp=time.time() - 30)
+
+        def accounted() -> int:
+            status = daemon.status()
+            return int(status.get("readings_in", 0)) + inbox(daemon).get("dropped_qos0", 0)
+
+        wait_while_progressing(lambda: accounted() >= count, accounted, "the flood to drain")
+        peak_kib = sampler.stop()
+        status = daemon.status()
+        stats = inbox(daemon)
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    figures = {
+        "messages": count,
+        "readings_in": status["readings_in"],
+        "rejected": status["rejected"],
+        "inbox": stats,
+        "rss_idle_kib": idle_kib,
+        "rss_peak_kib": peak_kib,
+    }
+    report(f"qos0_flood_{'long' if long_form else 'short'}", figures)
+    assert stats["max"] == 10_000  # the default max_inbox_messages
+    assert stats["peak"] <= stats["max"]
+    # Every message the broker delivered was ingested or counted as dropped, none silently.
+    assert status["readings_in"] + stats["dropped_qos0"] == count
+    if long_form:
+        assert peak_kib < BUDGET_KIB
+    else:
+        assert peak_kib - idle_kib < SHORT_GROWTH_KIB
+
+
+def test_readings_the_broker_drops_show_as_missing(tmp_path: Path) -> None:
+    """mosquitto keeps at most max_queued_messages for the gateway's session while it is down
+    and drops the rest; the readings' sequence numbers make the loss visible on the stats."""
+    broker = Mosquitto(tmp_path / "mosquitto", max_queued_messages=50)
+    broker.start()
+    model = copy_default_model(tmp_path / "model")
+    config = write_config(
+        tmp_path / "gw.toml", gateway_id="gw-seq", model_dir=model, broker_port=broker.port
+    )
+    offline, online = 500, 10
+    base = time.time() - 3600
+    publisher = paho.Client(CallbackAPIVersion.VERSION2, client_id="node-1")
+    try:
+        daemon = Daemon(config, tmp_path / "state")  # creates the persistent session
+        assert daemon.stop() == 0
+        publisher.connect(broker.host, broker.port)
+        publisher.loop_start()
+
+        def publish(seq: int) -> None:
+            payload = json.dumps({"ts": base + seq, "seq": seq, "pm10": 10.0 + seq % 7})
+            publisher.publish("sensors/node-1/raw", payload, qos=1).wait_for_publish(10)
+
+        for seq in range(offline):  # the broker acknowledges each, then drops most
+            publish(seq)
+        daemon = Daemon(config, tmp_path / "state")
+        try:
+            wait_for(lambda: daemon.status().get("readings_in", 0) > 0, "the queued readings")
+            for seq in range(offline, offline + online):
+                publish(seq)
+
+            def accounted() -> int:  # received, and counted as never received
+                status = daemon.status()
+                return int(status.get("readings_in", 0)) + int(status.get("readings_missing", 0))
+
+            try:
+                wait_while_progressing(
+                    lambda: accounted() == offline + online,
+                    lambda: daemon.status().get("readings_in"),
+                    "every reading received or counted missing",
+                )
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}: {daemon.status().get('sequence')}") from exc
+            status = daemon.status()
+            assert daemon.stop() == 0
+        finally:
+            daemon.kill()
+    finally:
+        publisher.loop_stop()
+        publisher.disconnect()
+        broker.stop()
+    published = offline + online
+    received = status["readings_in"]
+    report(
+        "qos1_loss_visible",
+        {
+            "published": published,
+            "received": received,
+            "readings_missing": status["readings_missing"],
+            "sequence": status["sequence"],
+        },
+    )
+    assert received < published  # the broker did drop some
+    assert status["readings_missing"] == published - received
+    assert status["readings_missing_top"] == {"node-1": published - received}
