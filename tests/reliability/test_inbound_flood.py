@@ -24,6 +24,7 @@ from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.reliability.harness import (
+    WAIT_S,
     Daemon,
     copy_default_model,
     report,
@@ -240,3 +241,65 @@ def test_readings_the_broker_drops_show_as_missing(tmp_path: Path) -> None:
     assert received < published  # the broker did drop some
     assert status["readings_missing"] == published - received
     assert status["readings_missing_top"] == {"node-1": published - received}
+
+
+def test_an_online_qos1_flood_the_broker_cannot_queue_shows_as_missing(
+    tmp_path: Path, long_form: bool
+) -> None:
+    """Finding 6 as reported: a QoS 1 flood faster than the gateway takes it, to a broker whose
+    queue for the gateway overflows ("outgoing messages are being dropped"). What mosquitto
+    drops is exactly what the daemon reports as readings_missing."""
+    count = 200_000 if long_form else 20_000
+    broker = Mosquitto(tmp_path / "mosquitto", max_queued_messages=100, sys_interval_s=1)
+    broker.start()
+    model = copy_default_model(tmp_path / "model")
+    config = write_config(
+        tmp_path / "gw.toml", gateway_id="gw-q1", model_dir=model, broker_port=broker.port
+    )
+    base = time.time() - 86_400
+    broker_drops = BrokerDrops(broker)
+    publisher = paho.Client(CallbackAPIVersion.VERSION2, client_id="node-1")
+    publisher.max_inflight_messages_set(1000)
+    publisher.max_queued_messages_set(0)
+    daemon = Daemon(config, tmp_path / "state")
+    try:
+        publisher.connect(broker.host, broker.port)
+        publisher.loop_start()
+
+        def publish(seq: int) -> paho.MQTTMessageInfo:
+            payload = json.dumps({"ts": base + seq, "seq": seq, "pm10": 10.0 + seq % 7})
+            return publisher.publish("sensors/node-1/raw", payload, qos=1)
+
+        for info in [publish(seq) for seq in range(count)]:
+            info.wait_for_publish(WAIT_S)
+
+        def received() -> int:
+            return int(daemon.status().get("readings_in", 0))
+
+        wait_while_progressing(
+            lambda: received() + broker_drops.dropped >= count,
+            lambda: received() + broker_drops.dropped,
+            "the broker to deliver or drop every reading",
+        )
+        publish(count).wait_for_publish(WAIT_S)  # one more, so a lost tail is a gap too
+        wait_for(lambda: received() + broker_drops.dropped >= count + 1, "the last reading")
+        status = daemon.status()
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+        publisher.loop_stop()
+        publisher.disconnect()
+        broker_drops.close()
+        broker.stop()
+    figures = {
+        "published": count + 1,
+        "received": status["readings_in"],
+        "broker_dropped": broker_drops.dropped,
+        "readings_missing": status["readings_missing"],
+        "sequence": status["sequence"],
+        "inbox": status["mqtt_inbox"],
+    }
+    report(f"qos1_online_flood_{'long' if long_form else 'short'}", figures)
+    assert broker_drops.dropped > 0  # the broker did drop
+    assert status["readings_missing"] == count + 1 - status["readings_in"]
+    assert status["readings_missing"] == broker_drops.dropped
