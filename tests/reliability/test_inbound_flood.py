@@ -267,11 +267,13 @@ def test_an_online_qos1_flood_the_broker_cannot_queue_shows_as_missing(
         publisher.loop_start()
 
         def publish(seq: int) -> paho.MQTTMessageInfo:
-            payload = json.dumps({"ts": base + seq, "seq": seq, "pm10": 10.0 + seq % 7})
+            # 4 readings a second from a day ago: never in the future, even in the long form
+            payload = json.dumps({"ts": base + seq / 4, "seq": seq, "pm10": 10.0 + seq % 7})
             return publisher.publish("sensors/node-1/raw", payload, qos=1)
 
-        for info in [publish(seq) for seq in range(count)]:
-            info.wait_for_publish(WAIT_S)
+        for start in range(0, count, 20_000):  # paho's packet ids (65,535) must not wrap
+            for info in [publish(seq) for seq in range(start, min(start + 20_000, count))]:
+                info.wait_for_publish(WAIT_S)
 
         def received() -> int:
             return int(daemon.status().get("readings_in", 0))
