@@ -19,7 +19,8 @@ A number far behind that is not small is **stale** (delayed beyond the window): 
 nothing, and the reading it stood for stays counted as missing.
 
 State per sensor is O(1): the newest number and a bit set of the last ``window`` numbers
-(``window`` / 8 bytes). The gateway's state is not persisted: after a restart of the gateway the
+(``window`` / 8 bytes); at most ``max_sensors`` sensors are tracked (readings of others are
+counted as ``untracked``). The gateway's state is not persisted: after a restart of the gateway the
 first reading of each sensor starts a new run.
 """
 
@@ -38,6 +39,7 @@ SEQ_MODULUS = 2**32
 _HALF = SEQ_MODULUS // 2
 DEFAULT_WINDOW = 2048  # reordering tolerated: above the broker's in-flight window (1000)
 DEFAULT_MAX_GAP = 1_000_000  # a longer jump ahead is a restart, not a loss (11 days at 1 Hz)
+DEFAULT_MAX_SENSORS = 100_000  # sensors tracked at most (~0.5 KB each); later ones are not
 _LOG_INTERVAL_S = 10.0
 _TOP = 10
 
@@ -119,13 +121,16 @@ class SequenceTracker:
         window: int = DEFAULT_WINDOW,
         max_gap: int = DEFAULT_MAX_GAP,
         log_interval_s: float = _LOG_INTERVAL_S,
+        max_sensors: int = DEFAULT_MAX_SENSORS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         SensorSequence(window=window, max_gap=max_gap)  # checks the arguments once
         self._window = window
         self._max_gap = max_gap
         self._log_interval_s = log_interval_s
+        self._max_sensors = max_sensors
         self._clock = clock
+        self.untracked = 0  # readings of sensors beyond max_sensors
         self._log = structlog.get_logger(__name__)
         self._sensors: dict[str, SensorSequence] = {}
         self.missing: Counter[str] = Counter()  # per sensor
@@ -138,6 +143,9 @@ class SequenceTracker:
         """Fold in one reading's sequence number."""
         sequence = self._sensors.get(sensor_id)
         if sequence is None:
+            if len(self._sensors) >= self._max_sensors:  # bounded whatever ids arrive
+                self.untracked += 1
+                return
             sequence = self._sensors[sensor_id] = SensorSequence(
                 window=self._window, max_gap=self._max_gap
             )
@@ -177,6 +185,7 @@ class SequenceTracker:
             "sequence": {
                 "sensors": len(self._sensors),
                 "sensors_missing": sum(1 for n in self.missing.values() if n > 0),
+                "untracked": self.untracked,
                 **{outcome.value: self.counts[outcome] for outcome in SequenceOutcome},
             },
         }

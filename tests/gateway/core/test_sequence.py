@@ -162,6 +162,16 @@ def test_loss_is_logged_at_most_once_per_interval() -> None:
     assert lines[-1]["sensors"] == {"s1": 2}
 
 
+def test_the_number_of_sensors_tracked_is_bounded() -> None:
+    counted = SequenceTracker(window=WINDOW, max_sensors=2, clock=lambda: 0.0)
+    for sensor in ("a", "b", "c", "c"):
+        counted.observe(sensor, 0)
+    counted.observe("a", 2)
+    assert counted.missing_for("c") is None
+    assert counted.stats()["sequence"]["untracked"] == 2  # type: ignore[index]
+    assert counted.readings_missing == 1
+
+
 def test_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="window"):
         SensorSequence(window=1)
