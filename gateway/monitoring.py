@@ -3,8 +3,8 @@
 The :class:`Monitor` sits after the ticker in the one-way flow (source -> window -> tick ->
 monitor -> publisher) and never reaches back. The service calls it on the event loop:
 
-* :meth:`Monitor.observe_reading` for each ingested reading (only co-located sensors' covariates
-  are kept: one set lookup per reading otherwise);
+* :meth:`Monitor.observe_reading` for each ingested reading (its sequence number, if any, for
+  ``readings_missing``; only co-located sensors' covariates are kept);
 * :meth:`Monitor.observe_reference` for each reading of a reference station;
 * :meth:`Monitor.observe_tick` with each tick's calibrated readings (O(1) per reading);
 * :meth:`Monitor.poll` on every tick-loop pass (reference periods' wall-clock fallback, the
@@ -40,6 +40,7 @@ from gateway.manifest import InputRange
 from gateway.pairs import PAIRS_DIRNAME, PairsConfig, PairsWriter
 from gateway.readings import Reading
 from gateway.references import Pair, ReferenceConfig, ReferencePairing
+from gateway.sequence import SequenceTracker
 from gateway.window_store import AddOutcome
 
 __all__ = ["ModelInfo", "Monitor", "SensorDocument"]
@@ -125,11 +126,14 @@ class Monitor:
         self._pairs_dir = state_dir / PAIRS_DIRNAME
         self.reference_readings: Counter[str] = Counter()
         self.reference_ignored: Counter[str] = Counter()
+        self.sequences = SequenceTracker()
 
     # -- inputs -----------------------------------------------------------------------------
 
     def observe_reading(self, reading: Reading, outcomes: Mapping[str, AddOutcome]) -> None:
-        """Keep a co-located sensor's covariates (rh, temp_c) for its pairs."""
+        """Count skipped sequence numbers; keep a co-located sensor's covariates (rh, temp_c)."""
+        if reading.seq is not None:
+            self.sequences.observe(reading.sensor_id, reading.seq)
         if reading.sensor_id not in self._colocated:
             return
         for feature, outcome in outcomes.items():
@@ -182,6 +186,7 @@ class Monitor:
 
     def poll(self, now: float) -> list[SensorDocument]:
         """Close idle reference periods; publish health when its interval has come."""
+        self.sequences.log_pending()
         pairs: list[Pair] = []
         for pairing in self._pairings.values():
             pairs.extend(pairing.close_idle(now, self._pairs_config.reference_grace_s))
@@ -259,6 +264,7 @@ class Monitor:
                 None if last is None or period_seconds is None else _iso(last * period_seconds)
             ),
             **report.figures(),
+            "readings_missing": self.sequences.missing_for(sensor_id),
             "training_range": None
             if input_range is None
             else {"p01": input_range.p01, "p99": input_range.p99, "max": input_range.max},
@@ -386,6 +392,7 @@ class Monitor:
     def stats(self) -> dict[str, object]:
         """Counters for the stats topic and status.json."""
         return {
+            **self.sequences.stats(),
             "health": {
                 "tracked": len(self._health),
                 "flagged": {flag: n for flag, n in sorted(self._flag_counts.items()) if n > 0},

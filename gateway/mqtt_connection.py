@@ -18,6 +18,14 @@ Receiving is the gateway's hot path (thousands of readings per second, one messa
 avoids per-message overhead: :class:`_LeanClient` decodes QoS 0/1 PUBLISH packets without paho's
 per-message objects, and messages cross from paho's thread to the event loop in batches (one
 wake-up of the loop per burst, not one ``call_soon_threadsafe`` per message).
+
+That hand-off (the inbox) is bounded by ``max_inbox`` messages, counting those the event loop has
+taken but not yet handled, because a publisher can send faster than the gateway can calibrate:
+unbounded, a QoS 0 flood of 2,000,000 messages grew the daemon from 72 to 755 MB (issue 12).
+Beyond the bound a QoS 0 message is dropped and counted (:meth:`MqttConnection.inbox_stats`,
+and a rate-limited log); a QoS 1/2 message is held in paho's thread, which then stops reading
+the socket until there is room: the message is not acknowledged, so the broker keeps it (and,
+past its own in-flight limit, sends no more).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import asyncio
 import contextlib
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from gateway.errors import ConfigError, GatewayError
 
 __all__ = [
+    "DEFAULT_MAX_INBOX",
     "InboundMessage",
     "MessageHandler",
     "MqttBrokerConfig",
@@ -57,6 +67,8 @@ __all__ = [
     "Will",
     "check_plain_topic",
 ]
+
+DEFAULT_MAX_INBOX = 10_000  # received messages waiting for on_message; ~3 MB of small readings
 
 
 def check_plain_topic(value: str | None) -> str | None:
@@ -201,6 +213,9 @@ class _Attempt:
     client: _LeanClient
     connack: asyncio.Future[bool]
     lost: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set (on the loop) when the attempt is given up: a message paho's thread holds back for
+    # room in the inbox is then let go (unacknowledged: the broker redelivers it).
+    released: threading.Event = field(default_factory=threading.Event)
     publishes: dict[int, asyncio.Future[None]] = field(default_factory=dict)
     subscribes: dict[int, asyncio.Future[None]] = field(default_factory=dict)
 
@@ -222,6 +237,10 @@ _NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
 _PUBACK_SUCCESSES = {code: ReasonCode(PacketTypes.PUBACK, identifier=code) for code in (0, 0x10)}
 _COALESCE_BELOW = 16  # messages waiting: fewer than this, and the dispatcher waits _COALESCE_S
 _COALESCE_S = 0.002
+# A held-back message rechecks the room and the connection at least this often (a wake-up the
+# loop's unlocked look at _inbox_waiting can miss costs at most this long).
+_HOLD_POLL_S = 0.05
+_DROP_LOG_INTERVAL_S = 10.0  # QoS 0 drops are logged at most this often
 _PublishCallback = Callable[[str, bytes, int, int, bool], None]
 
 
@@ -422,7 +441,8 @@ class MqttConnection:
     :class:`MqttNotConnectedError` when there is no connection; nothing is queued silently.
     Incoming messages are handed to ``on_message`` one at a time, in order, and acknowledged
     only after it returns, so a message the gateway never processed is redelivered by a
-    persistent session.
+    persistent session. At most ``max_inbox`` received messages wait for ``on_message``
+    (module doc: QoS 0 beyond that is dropped and counted, QoS 1/2 waits at the broker).
     """
 
     def __init__(
@@ -435,8 +455,11 @@ class MqttConnection:
         on_message: MessageHandler | None = None,
         session_expiry_s: int = 0,
         max_in_flight: int | None = None,
+        max_inbox: int = DEFAULT_MAX_INBOX,
         name: str = "mqtt",
     ) -> None:
+        if max_inbox < 1:
+            raise ValueError(f"max_inbox must be at least 1, got {max_inbox}")
         self._broker = broker
         self._client_id = client_id
         self._clean_start = clean_start
@@ -455,10 +478,21 @@ class MqttConnection:
         self._subscriptions: dict[str, int] = {}
         # Received messages cross from paho's thread to the loop through this inbox: the
         # thread appends under the lock and wakes the loop only when the inbox was empty.
+        # ``_in_hand`` (written by the loop only) counts messages taken from the inbox and not
+        # yet handled; the bound applies to both together.
         self._inbox: deque[_Delivery] = deque()
         self._inbox_lock = threading.Lock()
+        self._inbox_room = threading.Condition(self._inbox_lock)
         self._inbox_signalled = False
         self._inbox_ready = asyncio.Event()
+        self._max_inbox = max_inbox
+        self._in_hand = 0
+        self._inbox_waiting = 0  # paho threads holding a message back for room
+        self._inbox_peak = 0
+        self._inbox_dropped = 0  # QoS 0 messages dropped at the bound
+        self._inbox_held = 0  # QoS 1/2 messages held back at the bound (back-pressure)
+        self._drops_logged = 0
+        self._next_drop_log = 0.0
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -506,6 +540,17 @@ class MqttConnection:
     async def serve(self) -> None:
         """Wait while the connection works in the background; raises if its tasks fail."""
         await asyncio.gather(*self._tasks)
+
+    def inbox_stats(self) -> dict[str, int]:
+        """The receive hand-off: waiting now, the most ever waiting, its bound, QoS 0 messages
+        dropped at the bound and QoS 1/2 messages held back (left at the broker) at it."""
+        return {
+            "buffered": len(self._inbox) + self._in_hand,
+            "peak": self._inbox_peak,
+            "max": self._max_inbox,
+            "dropped_qos0": self._inbox_dropped,
+            "held_back": self._inbox_held,
+        }
 
     async def wait_connected(self) -> None:
         """Return once connected (immediately if already)."""
@@ -719,6 +764,9 @@ class MqttConnection:
 
     def _mark_lost(self, attempt: _Attempt) -> None:
         attempt.lost.set()
+        with self._inbox_lock:
+            attempt.released.set()
+            self._inbox_room.notify_all()
         if self._attempt is attempt:
             self._attempt = None
             self._connected = False
@@ -753,11 +801,17 @@ class MqttConnection:
             with self._inbox_lock:
                 batch = list(self._inbox)
                 self._inbox.clear()
+                self._in_hand = len(batch)
                 self._inbox_signalled = False
                 self._inbox_ready.clear()
+            self._log_drops()
             acks: dict[_Attempt, list[int]] = {}
             for delivery in batch:
                 await handler(delivery.message)
+                self._in_hand -= 1
+                if self._inbox_waiting:  # paho's thread holds a message back: there is room now
+                    with self._inbox_lock:
+                        self._inbox_room.notify_all()
                 attempt = delivery.attempt
                 # A message of a lost connection is redelivered, not acknowledged. A live one is
                 # acknowledged even before the connection is reported up: the broker sends a
@@ -777,6 +831,21 @@ class MqttConnection:
             for attempt, mids in acks.items():
                 if attempt is self._attempt and not attempt.lost.is_set():
                     attempt.client.ack_many(mids)
+
+    def _log_drops(self) -> None:
+        """Log QoS 0 drops at the inbox bound, at most once per _DROP_LOG_INTERVAL_S."""
+        dropped = self._inbox_dropped
+        if dropped == self._drops_logged or time.monotonic() < self._next_drop_log:
+            return
+        self._log.warning(
+            "mqtt_inbox_full_dropped",
+            qos=0,
+            dropped=dropped - self._drops_logged,
+            dropped_total=dropped,
+            max_inbox=self._max_inbox,
+        )
+        self._drops_logged = dropped
+        self._next_drop_log = time.monotonic() + _DROP_LOG_INTERVAL_S
 
     # -- paho callbacks (paho's thread) -> event loop -------------------------------------
 
@@ -817,7 +886,12 @@ class MqttConnection:
         def received(topic: str, payload: bytes, qos: int, mid: int, retain: bool) -> None:
             delivery = _Delivery(attempt, mid, InboundMessage(topic, payload, qos, retain))
             with self._inbox_lock:
+                if len(self._inbox) + self._in_hand >= self._max_inbox and not self._make_room(
+                    attempt, qos
+                ):
+                    return
                 self._inbox.append(delivery)
+                self._inbox_peak = max(self._inbox_peak, len(self._inbox) + self._in_hand)
                 if self._inbox_signalled:
                     return
                 self._inbox_signalled = True
@@ -833,6 +907,27 @@ class MqttConnection:
 
         client.on_message = lambda _c, _u, msg: received_by_paho(msg)
         client.on_publish_received = received
+
+    def _make_room(self, attempt: _Attempt, qos: int) -> bool:
+        """paho's thread, inbox lock held, inbox full: may this message go in?
+
+        QoS 0: no, it is dropped and counted. QoS 1/2: wait, holding it (paho's thread reads
+        no more from the socket meanwhile), until the loop has made room; False if the attempt
+        was given up meanwhile (unacknowledged, the broker redelivers it).
+        """
+        if qos == 0:
+            self._inbox_dropped += 1
+            return False
+        self._inbox_held += 1
+        self._inbox_waiting += 1
+        try:
+            while len(self._inbox) + self._in_hand >= self._max_inbox:
+                if attempt.released.is_set():
+                    return False
+                self._inbox_room.wait(_HOLD_POLL_S)
+        finally:
+            self._inbox_waiting -= 1
+        return not attempt.released.is_set()
 
     def _on_connack(
         self,

@@ -19,6 +19,7 @@ from gateway.errors import GatewayError
 __all__ = [
     "FIELD_LIMITS",
     "SENSOR_ID_PATTERN",
+    "SEQ_MAX",
     "Reading",
     "ReadingRejectedError",
     "RejectReason",
@@ -26,6 +27,7 @@ __all__ = [
 ]
 
 SENSOR_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SEQ_MAX = 2**32 - 1  # a node's per-reading sequence number is a uint32 (wraps)
 
 # Physically possible values per field; outside them a reading is a fault, not weather.
 # PMS5003: effective range 0-500 ug/m3, maximum 1000 (datasheet); RH in %; temperature in degC.
@@ -80,6 +82,7 @@ class Reading:
     timestamp: float  # Unix seconds, UTC: the measurement's own time (event time)
     values: Mapping[str, float] = field(hash=False)
     source: str = "unknown"
+    seq: int | None = None  # the node's sequence number, if it sends one (gateway.sequence)
 
 
 def validate_reading(
@@ -91,6 +94,7 @@ def validate_reading(
     source: str,
     max_future_s: float = 300.0,
     max_age_s: float | None = None,
+    seq: int | None = None,
 ) -> Reading:
     """Apply the acceptance rules shared by every source; raise :class:`ReadingRejectedError`."""
     if not SENSOR_ID_PATTERN.fullmatch(sensor_id):
@@ -113,6 +117,8 @@ def validate_reading(
             RejectReason.STALE_TIMESTAMP,
             f"timestamp is {now - timestamp:.0f} s old (limit {max_age_s:.0f} s)",
         )
+    if seq is not None and not 0 <= seq <= SEQ_MAX:
+        raise ReadingRejectedError(RejectReason.SCHEMA, f"seq {seq} is not a uint32")
     if not values:
         raise ReadingRejectedError(RejectReason.NO_VALUES, "reading carries no measurement")
     accepted: dict[str, float] = {}
@@ -139,4 +145,5 @@ def validate_reading(
         timestamp=float(timestamp),
         values=MappingProxyType(accepted),
         source=source,
+        seq=seq,
     )

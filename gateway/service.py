@@ -497,6 +497,9 @@ class GatewayService:
             "mqtt_other_shard": {
                 name: source.other_shard for name, source in self._mqtt_sources.items()
             },
+            "mqtt_inbox": {
+                name: source.inbox_stats() for name, source in self._mqtt_sources.items()
+            },
             "references_connected": {
                 name: source.connected for name, source in self._reference_sources.items()
             },

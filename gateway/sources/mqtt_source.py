@@ -14,7 +14,12 @@ from collections.abc import Callable
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gateway.mqtt_connection import InboundMessage, MqttBrokerConfig, MqttConnection
+from gateway.mqtt_connection import (
+    DEFAULT_MAX_INBOX,
+    InboundMessage,
+    MqttBrokerConfig,
+    MqttConnection,
+)
 from gateway.readings import SENSOR_ID_PATTERN, Reading, ReadingRejectedError, RejectReason
 from gateway.rejects import RejectCounter
 from gateway.sharding import ShardConfig
@@ -66,6 +71,15 @@ class MqttSourceConfig(BaseModel):
         default=65_536, ge=64, le=16 * 1024 * 1024, description="Larger payloads are rejected."
     )
     max_batch: int = Field(default=1_000, ge=1, description="Most readings in one JSON array.")
+    max_inbox_messages: int = Field(
+        default=DEFAULT_MAX_INBOX,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Most received messages waiting to be decoded; beyond it QoS 0 messages are "
+            "dropped (counted) and QoS 1 ones are left unacknowledged at the broker."
+        ),
+    )
     max_future_s: float = Field(
         default=300.0, ge=0, description="Readings further in the future are rejected."
     )
@@ -125,11 +139,20 @@ class MqttSource:
         self._log = structlog.get_logger("gateway.sources.mqtt")
         self._connection: MqttConnection | None = None
         self._started = asyncio.Event()
+        self._inbox_stats: dict[str, int] = {}
         self.other_shard = 0  # readings left to the gateways of other shards (not rejects)
 
     @property
     def connected(self) -> bool:
         return self._connection is not None and self._connection.connected
+
+    def inbox_stats(self) -> dict[str, int]:
+        """The connection's receive hand-off (:meth:`MqttConnection.inbox_stats`); the last
+        figures once the source has stopped."""
+        connection = self._connection
+        if connection is not None:
+            self._inbox_stats = connection.inbox_stats()
+        return self._inbox_stats
 
     async def wait_connected(self) -> None:
         """Return once subscribed (tests and start-up ordering use this)."""
@@ -157,6 +180,7 @@ class MqttSource:
             clean_start=not persistent,
             on_message=on_message,
             session_expiry_s=self._config.session_expiry_s if persistent else 0,
+            max_inbox=self._config.max_inbox_messages,
             name="source",
         )
         async with connection:
@@ -166,6 +190,7 @@ class MqttSource:
                 await connection.subscribe(self._config.topics, qos=self._config.qos)
                 await connection.serve()
             finally:
+                self._inbox_stats = connection.inbox_stats()
                 self._connection = None
                 self._started.clear()
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.readings import Reading, ReadingRejectedError, RejectReason, validate_reading
+from gateway.readings import SEQ_MAX, Reading, ReadingRejectedError, RejectReason, validate_reading
 
 __all__ = [
     "DecodedPayload",
@@ -32,6 +32,7 @@ _MILLISECONDS_THRESHOLD = 1e11
 _MAX_ISO_LENGTH = 40
 
 _Number = Annotated[float, Field(strict=True)]
+_Fields = tuple[str | None, float | str | None, dict[str, float], int | None]
 
 
 class ReadingPayload(BaseModel):
@@ -50,6 +51,13 @@ class ReadingPayload(BaseModel):
         description=(
             "Measurement time: Unix seconds, Unix milliseconds, or ISO-8601 with a UTC offset. "
             "Absent: the gateway's receive time."
+        ),
+    )
+    seq: Annotated[int, Field(strict=True, ge=0, le=SEQ_MAX)] | None = Field(
+        default=None,
+        description=(
+            "The node's sequence number: +1 per reading, wrapping after 2**32-1; lets the "
+            "gateway count readings that never arrived."
         ),
     )
     pm1: _Number | None = Field(default=None, description="PM1 in µg/m³.")
@@ -199,10 +207,10 @@ def _decode_element(
         )
     fields = _plain_fields(element)
     if fields is not None:
-        sensor, ts, values = fields
+        sensor, ts, values, seq = fields
     else:
         parsed = _validated(element)
-        sensor, ts, values = parsed.sensor, parsed.ts, parsed.values()
+        sensor, ts, values, seq = parsed.sensor, parsed.ts, parsed.values(), parsed.seq
     sensor_id = _sensor_id(sensor, topic_sensor_id)
     if rules.allowed_sensors is not None and sensor_id not in rules.allowed_sensors:
         raise ReadingRejectedError(
@@ -218,6 +226,7 @@ def _decode_element(
         source=source,
         max_future_s=rules.max_future_s,
         max_age_s=rules.max_age_s,
+        seq=seq,
     )
 
 
@@ -227,6 +236,7 @@ _FIELD_OF_KEY = {
     "ts": "ts",
     "timestamp": "ts",
     "time": "ts",
+    "seq": "seq",
     "pm1": "pm1",
     "pm2_5": "pm2_5",
     "pm25": "pm2_5",
@@ -239,9 +249,7 @@ _FIELD_OF_KEY = {
 _VALUE_FIELDS = ("pm1", "pm2_5", "pm10", "rh", "temp_c")  # ReadingPayload.values() order
 
 
-def _plain_fields(
-    element: dict[str, Any],
-) -> tuple[str | None, float | str | None, dict[str, float]] | None:
+def _plain_fields(element: dict[str, Any]) -> _Fields | None:
     """The fields of an element that is plainly valid for :class:`ReadingPayload`, or None.
 
     The hot path: what a sensor sends (known keys, one alias per field, JSON numbers) is read
@@ -251,6 +259,9 @@ def _plain_fields(
     """
     sensor: str | None = None
     ts: float | str | None = None
+    seq = element.get("seq")
+    if seq is not None and (type(seq) is not int or not 0 <= seq <= SEQ_MAX):
+        return None  # exactly an int: bool is one and must be refused
     found: dict[str, float] = {}
     seen: set[str] = set()
     for key, value in element.items():
@@ -259,7 +270,7 @@ def _plain_fields(
             return None  # unknown key, or two aliases of one field: the model's error
         seen.add(name)
         kind = type(value)
-        if value is None:
+        if value is None or name == "seq":  # seq: checked above
             continue
         if name == "sensor":
             if kind is not str or len(value) > 64:
@@ -279,7 +290,7 @@ def _plain_fields(
         else:
             return None
     values = {name: found[name] for name in _VALUE_FIELDS if name in found}
-    return sensor, ts, values
+    return sensor, ts, values, seq
 
 
 def _validated(element: dict[str, Any]) -> ReadingPayload:

@@ -385,6 +385,7 @@ class _PortWorker:
                 now=now,
                 source=self._source,
                 max_future_s=config.max_future_s,
+                seq=line.seq,
             )
         if isinstance(line, Hello):
             if link is not None:

@@ -124,6 +124,9 @@ class Mosquitto:
         users: dict[str, str] | None = None,
         tls: TestPki | None = None,
         acl: str | None = None,
+        *,
+        max_queued_messages: int = 100_000,
+        sys_interval_s: int = 10,
     ) -> None:
         self.host = "127.0.0.1"
         self.port = port if port is not None else free_port()
@@ -168,9 +171,12 @@ class Mosquitto:
                     "log_dest stderr",
                     "log_type error",
                     "log_type warning",
-                    "max_queued_messages 100000",
+                    # Per client; beyond it mosquitto drops messages for that client ("outgoing
+                    # messages are being dropped"): small in the tests that make it lose some.
+                    f"max_queued_messages {max_queued_messages}",
                     # Without it Nagle delays PUBACKs by ~40 ms and throughput drops 8x.
                     "set_tcp_nodelay true",
+                    f"sys_interval {sys_interval_s}",  # how often $SYS/# is updated
                     "",
                 ]
             ),

@@ -167,3 +167,20 @@ def test_relative_threshold_uses_the_manifest_test_rmse(tmp_path: Path) -> None:
         "threshold": 6.0,
         "drift": True,
     }
+
+
+def test_skipped_sequence_numbers_show_on_stats_and_in_health(tmp_path: Path) -> None:
+    mon = monitor(tmp_path)
+    with capture_logs() as logs:
+        for seq in (0, 1, 4, 5, 5, 9):  # 2, 3, 6, 7, 8 never arrive; 5 twice
+            reading = Reading("a", T0 + seq, MappingProxyType({"pm10": 1.0}), "mqtt", seq=seq)
+            mon.observe_reading(reading, {"pm10": AddOutcome.ACCEPTED})
+        mon.observe_reading(Reading("b", T0, MappingProxyType({"pm10": 1.0}), "mqtt"), {})
+    stats = mon.stats()
+    assert stats["readings_missing"] == 5
+    assert stats["readings_missing_top"] == {"a": 5}
+    assert [entry["missing"] for entry in logs if entry["event"] == "readings_missing"] == [2]
+    mon.observe_tick([calibrated("a", 0, 30.0, None), calibrated("b", 0, 30.0, None)], now=1.0)
+    health = {d.sensor_id: d.document for d in of_kind(mon.poll(now=31.0), "health")}
+    assert health["a"]["readings_missing"] == 5
+    assert health["b"]["readings_missing"] is None  # sends no sequence numbers

@@ -340,3 +340,131 @@ def test_the_brokers_receive_maximum_is_known(
             return connection.server_receive_maximum
 
     assert asyncio.run(scenario()) == expected
+
+
+def _flood(broker: Mosquitto, topic: str, count: int, qos: int) -> paho.Client:
+    """A plain paho publisher that sends ``count`` messages as fast as it can (not waiting for
+    acknowledgements); the caller disconnects it."""
+    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="flood")
+    client.max_queued_messages_set(0)
+    client.max_inflight_messages_set(1000)
+    client.connect(broker.host, broker.port)
+    client.loop_start()
+    for n in range(count):
+        client.publish(topic, str(n).encode(), qos=qos)
+    return client
+
+
+def _stop(client: paho.Client) -> None:
+    client.disconnect()
+    client.loop_stop()
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_a_qos0_flood_is_bounded_by_the_inbox_and_the_excess_is_counted(
+    mosquitto: Mosquitto, protocol: str
+) -> None:
+    """Finding 5 (issue 12): a QoS 0 flood faster than the gateway handles messages grew the
+    inbox without bound. Here the consumer does not move at all until the flood is over: at
+    most max_inbox messages wait, the rest are dropped and counted, none is lost silently."""
+    flood, bound = 20_000, 200
+    received: list[InboundMessage] = []
+    release = asyncio.Event()
+
+    async def on_message(message: InboundMessage) -> None:
+        await release.wait()
+        received.append(message)
+
+    async def scenario() -> dict[str, int]:
+        config = broker_config(mosquitto, protocol=protocol)
+        async with MqttConnection(
+            config, client_id="sub", clean_start=True, on_message=on_message, max_inbox=bound
+        ) as sub:
+            await sub.subscribe(["flood/#"], qos=1)
+            await asyncio.wait_for(sub.wait_connected(), 10)
+            publisher = await asyncio.to_thread(_flood, mosquitto, "flood/q0", flood, 0)
+            try:
+                # A QoS 1 marker after the flood: once it is held back at the bound, every
+                # QoS 0 message before it has been read.
+                publisher.publish("flood/marker", b"end", qos=1)
+                await eventually(lambda: sub.inbox_stats()["held_back"] >= 1, 30)
+                stats = sub.inbox_stats()
+                release.set()
+                await eventually(lambda: len(received) == bound + 1, 30)
+            finally:
+                await asyncio.to_thread(_stop, publisher)
+            return stats
+
+    with capture_logs() as logs:
+        stats = asyncio.run(scenario())
+    assert stats["buffered"] == stats["peak"] == stats["max"] == bound
+    assert stats["dropped_qos0"] == flood - bound  # mosquitto delivered all; we dropped these
+    assert [m.payload for m in received[:-1]] == [str(n).encode() for n in range(bound)]
+    assert received[-1].payload == b"end"
+    drops = [entry for entry in logs if entry["event"] == "mqtt_inbox_full_dropped"]
+    assert len(drops) == 1  # rate-limited: one line for the whole burst
+    assert drops[0]["dropped_total"] == flood - bound
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_qos1_beyond_the_inbox_waits_at_the_broker_and_none_is_lost(
+    mosquitto: Mosquitto, protocol: str
+) -> None:
+    """QoS 1 is never dropped at the bound: paho's thread holds the next message back and
+    reads no more, so the rest stay unacknowledged at the broker until there is room."""
+    count, bound = 300, 5
+    received: list[InboundMessage] = []
+    release = asyncio.Event()
+
+    async def on_message(message: InboundMessage) -> None:
+        await release.wait()
+        received.append(message)
+
+    async def scenario() -> tuple[dict[str, int], dict[str, int]]:
+        config = broker_config(mosquitto, protocol=protocol)
+        async with MqttConnection(
+            config, client_id="sub", clean_start=True, on_message=on_message, max_inbox=bound
+        ) as sub:
+            await sub.subscribe(["flood/#"], qos=1)
+            await asyncio.wait_for(sub.wait_connected(), 10)
+            publisher = await asyncio.to_thread(_flood, mosquitto, "flood/q1", count, 1)
+            try:
+                await eventually(lambda: sub.inbox_stats()["held_back"] >= 1, 30)
+                await asyncio.sleep(0.3)  # had the bound leaked, more would arrive meanwhile
+                held = sub.inbox_stats()
+                release.set()
+                await eventually(lambda: len(received) == count, 30)
+            finally:
+                await asyncio.to_thread(_stop, publisher)
+            return held, sub.inbox_stats()
+
+    held, after = asyncio.run(scenario())
+    assert held["buffered"] == held["peak"] == bound
+    assert held["dropped_qos0"] == after["dropped_qos0"] == 0
+    assert after["peak"] == bound
+    assert [m.payload for m in received] == [str(n).encode() for n in range(count)]
+
+
+def test_closing_while_a_message_is_held_back_does_not_hang(mosquitto: Mosquitto) -> None:
+    async def on_message(_message: InboundMessage) -> None:
+        await asyncio.Event().wait()  # never returns: the inbox stays full
+
+    async def scenario() -> None:
+        sub = MqttConnection(
+            broker_config(mosquitto),
+            client_id="sub",
+            clean_start=True,
+            on_message=on_message,
+            max_inbox=1,
+        )
+        async with sub:
+            await sub.subscribe(["flood/#"], qos=1)
+            await asyncio.wait_for(sub.wait_connected(), 10)
+            publisher = await asyncio.to_thread(_flood, mosquitto, "flood/q1", 5, 1)
+            try:
+                await eventually(lambda: sub.inbox_stats()["held_back"] >= 1, 30)
+                await asyncio.wait_for(sub.close(), 10)  # paho's thread lets the message go
+            finally:
+                await asyncio.to_thread(_stop, publisher)
+
+    asyncio.run(scenario())

@@ -207,9 +207,10 @@ def test_plain_fast_path_agrees_with_the_model(element: dict[str, object]) -> No
         return
     if fields is None:
         return  # deferring is always allowed
-    sensor, ts, values = fields
+    sensor, ts, values, seq = fields
     assert sensor == model.sensor
     assert _same(ts, model.ts)
+    assert seq == model.seq
     assert list(values) == list(model.values())
     assert all(_same(a, b) for a, b in zip(values.values(), model.values().values(), strict=True))
 
@@ -223,3 +224,18 @@ def _same(a: object, b: object) -> bool:
 def test_plain_fast_path_takes_the_usual_payloads() -> None:
     assert payloads._plain_fields({"ts": 1_700_000_000, "pm10": 12.5}) is not None
     assert payloads._plain_fields({"sensor": "s1", "time": "2023-11-14T22:12:20Z", "pm25": 3})
+
+
+def test_the_optional_sequence_number_is_carried_into_the_reading() -> None:
+    [numbered] = decode('{"sensor": "s1", "seq": 4294967295, "pm10": 1}').readings
+    assert numbered.seq == 2**32 - 1
+    [plain] = decode('{"sensor": "s1", "pm10": 1}').readings
+    assert plain.seq is None
+    assert payloads.ReadingPayload.model_validate({"seq": 7, "pm10": 1}).seq == 7
+
+
+@pytest.mark.parametrize("seq", ["-1", "4294967296", "1.0", "true", '"5"'])
+def test_a_sequence_number_must_be_a_uint32(seq: str) -> None:
+    with pytest.raises(ReadingRejectedError) as info:
+        decode_one(f'{{"sensor": "s1", "seq": {seq}, "pm10": 1}}')
+    assert info.value.reason is RejectReason.SCHEMA

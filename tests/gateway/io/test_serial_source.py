@@ -97,6 +97,7 @@ def test_node_lines_become_readings_with_sane_timestamps(pty_serial: PtySerial) 
     assert readings[2].timestamp >= now  # a 1970 node clock is not trusted
     assert dict(readings[3].values) == {"pm10": 20.0}  # raw only; the device value is advisory
     assert readings[0].source == "serial:ttyNODE0"
+    assert [r.seq for r in readings] == [1, 2, 3, 4]  # for readings_missing (gateway.sequence)
     link = source.links[str(pty_serial.path)]
     assert link.hello is None  # detached when the source stopped
 

@@ -1,0 +1,179 @@
+"""Sequence numbers: readings_missing under loss, duplicates, reordering, wrap and restarts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from structlog.testing import capture_logs
+
+from gateway.sequence import SEQ_MODULUS, SensorSequence, SequenceOutcome, SequenceTracker
+
+WINDOW = 64  # small, so the tests cross it; the default is 2048
+
+
+def tracker(**overrides: object) -> SequenceTracker:
+    return SequenceTracker(window=WINDOW, max_gap=10_000, clock=lambda: 0.0, **overrides)  # type: ignore[arg-type]
+
+
+def feed(numbers: list[int], start: int = 0) -> SequenceTracker:
+    counted = tracker()
+    for n in numbers:
+        counted.observe("s1", (start + n) % SEQ_MODULUS)
+    return counted
+
+
+@st.composite
+def deliveries(draw: st.DrawFn) -> tuple[int, list[int]]:
+    """One run of a node, as the gateway receives it: (first number, relative numbers).
+
+    Some readings lost, some delivered twice, and the stream reordered among blocks of up to
+    32 consecutive numbers (within the window)."""
+    start = draw(st.integers(0, SEQ_MODULUS - 1) | st.sampled_from([0, SEQ_MODULUS - 5]))
+    length = draw(st.integers(1, 400))
+    lost = draw(st.sampled_from([0.0, 0.1, 0.5, 0.9]))
+    doubled = draw(st.sampled_from([0.0, 0.1, 0.5]))
+    block = draw(st.integers(1, 32))
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    sent = [n for n in range(length) if rng.random() >= lost] or [0]
+    stream = [copy for n in sent for copy in [n] * (1 + (rng.random() < doubled))]
+    shuffled: list[int] = []
+    for group in range(0, length, block):  # reordered among numbers group .. group+block-1
+        chunk = [n for n in stream if group <= n < group + block]
+        rng.shuffle(chunk)
+        shuffled += chunk
+    return start, shuffled
+
+
+@settings(max_examples=300, deadline=None)
+@given(deliveries())
+def test_missing_is_exactly_what_never_arrived(case: tuple[int, list[int]]) -> None:
+    start, stream = case
+    counted = tracker()
+    for n in stream:
+        counted.observe("s1", (start + n) % SEQ_MODULUS)
+        assert counted.readings_missing >= 0
+    distinct = set(stream)
+    assert counted.readings_missing == max(distinct) - min(distinct) + 1 - len(distinct)
+    assert counted.counts[SequenceOutcome.DUPLICATE] == len(stream) - len(distinct)
+    assert counted.counts[SequenceOutcome.RESET] == 0
+    assert counted.counts[SequenceOutcome.STALE] == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, SEQ_MODULUS - 1) | st.integers(0, 200), max_size=200))
+def test_anything_at_all_never_counts_negative(numbers: list[int]) -> None:
+    counted = tracker()
+    for seq in numbers:
+        counted.observe("s1", seq)
+        assert counted.readings_missing >= 0
+    assert counted.counts.total() == len(numbers)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(WINDOW + 1, 5_000), st.integers(1, 500), st.integers(0, 2**31))
+def test_a_restart_from_zero_is_a_reset_not_a_loss(before: int, after: int, start: int) -> None:
+    """Numbered from 0 again after more than a window of readings. (A restart less than
+    max_gap numbers before a wrap cannot be told from a loss: not generated.)"""
+    counted = tracker()
+    for n in range(before):
+        counted.observe("s1", (start + n) % SEQ_MODULUS)
+    for n in range(after):
+        counted.observe("s1", n)
+    assert counted.readings_missing == 0
+    assert counted.counts[SequenceOutcome.RESET] == 1
+
+
+def test_a_restart_just_after_a_wrap_is_a_reset() -> None:
+    counted = tracker()
+    for seq in [*range(SEQ_MODULUS - 100, SEQ_MODULUS), *range(100), *range(50)]:
+        counted.observe("s1", seq)
+    assert counted.readings_missing == 0
+    assert counted.counts[SequenceOutcome.RESET] == 1
+
+
+def test_a_restart_within_the_first_window_looks_like_redeliveries() -> None:
+    counted = feed([*range(10), *range(20)])
+    assert counted.readings_missing == 0
+    assert counted.counts[SequenceOutcome.DUPLICATE] == 10
+
+
+def test_wrap_around_is_continuous() -> None:
+    counted = feed([0, 1, 2, 4, 5, 6], start=SEQ_MODULUS - 3)  # ..., 2**32-1, 0, (1 lost), 2
+    assert counted.readings_missing == 1
+    assert counted.counts[SequenceOutcome.RESET] == 0
+
+
+def test_a_redelivered_burst_after_a_reconnect_is_duplicates() -> None:
+    counted = feed([*range(100), *range(80, 100), 100])
+    assert counted.readings_missing == 0
+    assert counted.counts[SequenceOutcome.DUPLICATE] == 20
+
+
+def test_a_late_reading_fills_its_gap() -> None:
+    counted = feed([0, 1, 3, 4])
+    assert counted.readings_missing == 1
+    counted.observe("s1", 2)
+    assert counted.readings_missing == 0
+    assert counted.counts[SequenceOutcome.LATE] == 1
+
+
+def test_beyond_the_window_a_late_reading_is_stale_and_stays_missing() -> None:
+    counted = feed([0, *range(2, 200), 1], start=1_000)
+    assert counted.readings_missing == 1
+    assert counted.counts[SequenceOutcome.STALE] == 1
+
+
+def test_a_huge_jump_ahead_is_a_restart() -> None:
+    counted = feed([0, 1, 2, 5_000_000, 5_000_001])
+    assert counted.readings_missing == 0
+    assert counted.counts[SequenceOutcome.RESET] == 1
+
+
+def test_sensors_are_counted_apart_and_the_top_shown() -> None:
+    counted = tracker()
+    for seq in (0, 5, 6):
+        counted.observe("a", seq)
+    for seq in (0, 2):
+        counted.observe("b", seq)
+    counted.observe("c", 9)
+    stats = counted.stats()
+    assert stats["readings_missing"] == 5
+    assert stats["readings_missing_top"] == {"a": 4, "b": 1}
+    assert counted.missing_for("c") == 0
+    assert counted.missing_for("never") is None
+
+
+def test_loss_is_logged_at_most_once_per_interval() -> None:
+    now = [0.0]
+    counted = SequenceTracker(window=WINDOW, log_interval_s=10.0, clock=lambda: now[0])
+    with capture_logs() as logs:
+        for seq in (0, 2, 4, 6):  # three gaps; the first is logged at once
+            counted.observe("s1", seq)
+        counted.log_pending()  # within the interval: nothing
+        now[0] = 11.0
+        counted.log_pending()
+        counted.log_pending()  # nothing new
+    lines = [entry for entry in logs if entry["event"] == "readings_missing"]
+    assert [line["missing"] for line in lines] == [1, 2]
+    assert lines[-1]["readings_missing_total"] == 3
+    assert lines[-1]["sensors"] == {"s1": 2}
+
+
+def test_the_number_of_sensors_tracked_is_bounded() -> None:
+    counted = SequenceTracker(window=WINDOW, max_sensors=2, clock=lambda: 0.0)
+    for sensor in ("a", "b", "c", "c"):
+        counted.observe(sensor, 0)
+    counted.observe("a", 2)
+    assert counted.missing_for("c") is None
+    assert counted.stats()["sequence"]["untracked"] == 2  # type: ignore[index]
+    assert counted.readings_missing == 1
+
+
+def test_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="window"):
+        SensorSequence(window=1)
+    with pytest.raises(ValueError, match="max_gap"):
+        SensorSequence(window=100, max_gap=10)
