@@ -27,6 +27,7 @@ import structlog
 from gateway import __version__
 from gateway.config import GatewayConfig, MqttSourceEntry
 from gateway.errors import GatewayError, ModelLoadError
+from gateway.ingest_log import IngestLog, JournaledQueue
 from gateway.memory import release_free_heap
 from gateway.model_watch import ModelSet, ReloadOutcome
 from gateway.monitoring import ModelInfo, Monitor, SensorDocument
@@ -127,6 +128,14 @@ class GatewayService:
         self.state = StateStore(config.state_dir, clock=clock)
         self.ticker = Ticker(self.store, self.models, grace_s=config.tick.grace_s, clock=clock)
         self.publisher: Publisher | None = None
+        self.ingest_log = IngestLog(
+            config.state_dir / "ingest-log",
+            max_bytes=config.state.ingest_log_max_bytes,
+            fsync_interval_s=config.state.ingest_log_fsync_s,
+            clock=clock,
+        )
+        self._queue: asyncio.Queue[Reading] | None = None
+        self._tick_lock = asyncio.Lock()  # a snapshot never falls between a tick and its submit
         self._started_at = clock()
         self._phase = "starting"
         self._ingest_beat = time.monotonic()
@@ -179,6 +188,7 @@ class GatewayService:
             loop.add_signal_handler(signal.SIGINT, self.request_stop, "SIGINT")
             loop.add_signal_handler(signal.SIGHUP, self.request_reload)
             await self._start_models()
+            self._replay_ingest_log()
             self.publisher = Publisher(
                 self.config.publisher,
                 gateway_id=self.config.gateway_id,
@@ -190,7 +200,7 @@ class GatewayService:
                 loop.remove_signal_handler(signum)
             self._phase = "stopped"
             self.monitor.close()  # fsync the pairs dataset
-            self.state.save_all(self.store)  # also after a crash: keep what we have
+            self._save_windows_and_checkpoint()  # also after a crash: keep what we have
             self._write_status()
             self.config.pid_file.unlink(missing_ok=True)
         _log.info("gateway_stopped")
@@ -231,9 +241,23 @@ class GatewayService:
             if restored is not None:
                 self.store.install(feature, restored)
 
+    def _replay_ingest_log(self) -> None:
+        """Feed the acknowledged readings no snapshot holds through the normal ingest path."""
+        for reading in self.ingest_log.replay():
+            self._ingest(reading)
+        self.ingest_log.start()
+
+    def _save_windows_and_checkpoint(self) -> None:
+        """Save every window, then record in the ingest log what the snapshots now cover."""
+        queued = self._queue.qsize() if self._queue is not None else 0
+        if self.state.save_all(self.store):
+            self.ingest_log.checkpoint_now(queued)
+        self.ingest_log.close()
+
     async def _serve(self, publisher: Publisher) -> None:
         assert self._stop is not None
-        queue: asyncio.Queue[Reading] = asyncio.Queue(maxsize=_QUEUE_BOUND)
+        # Every reading is appended to the ingest log as it enters the queue (before its ack).
+        queue = self._queue = JournaledQueue(self.ingest_log, maxsize=_QUEUE_BOUND)
         sources = self._make_sources()
         references = self._make_references()
         if self.config.ota is not None:
@@ -261,6 +285,7 @@ class GatewayService:
                 group.create_task(self._watch_loop(), name="model-watch"),
                 group.create_task(self._status_loop(publisher), name="status"),
                 group.create_task(self._save_loop(), name="state-save"),
+                group.create_task(self.ingest_log.run(), name="ingest-log-fsync"),
                 group.create_task(self._watchdog_loop(), name="watchdog"),
             ]
             if self.ota is not None:
@@ -415,6 +440,12 @@ class GatewayService:
             await self._tick_once(publisher)
 
     async def _tick_once(self, publisher: Publisher) -> None:
+        # Closed periods leave the windows at collect and reach the outbox at submit: a
+        # snapshot taken in between would hold neither them nor the readings they came from.
+        async with self._tick_lock:
+            await self._calibrate_and_submit(publisher)
+
+    async def _calibrate_and_submit(self, publisher: Publisher) -> None:
         readings = await self.ticker.tick()
         self._tick_beat = time.monotonic()
         now = self._clock()
@@ -470,8 +501,14 @@ class GatewayService:
     async def _save_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.state.save_interval_s)
-            snapshots = self.state.snapshot(self.store)  # on the loop: a consistent copy
-            await asyncio.to_thread(self.state.write_snapshots, snapshots)
+            async with self._tick_lock:  # on the loop: a consistent copy, no tick half done
+                snapshots = self.state.snapshot(self.store)
+                queued = self._queue.qsize() if self._queue is not None else 0
+                checkpoint = self.ingest_log.mark(queued)  # what the snapshots cover
+            if await asyncio.to_thread(
+                self.state.write_snapshots, snapshots
+            ) and await asyncio.to_thread(self.ingest_log.write_checkpoint, checkpoint):
+                self.ingest_log.checkpointed(checkpoint)
 
     async def _watchdog_loop(self) -> None:
         interval = self.notifier.watchdog_interval_s
@@ -511,6 +548,7 @@ class GatewayService:
             "ticker": self.ticker.stats.as_dict(),
             "models": self.models.stats(),
             "state": self.state.stats.as_dict(),
+            "ingest_log": self.ingest_log.stats.as_dict(),
             "publish_failures": self._publish_failures,
             "mqtt_sources_connected": {
                 name: source.connected for name, source in self._mqtt_sources.items()

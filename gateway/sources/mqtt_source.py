@@ -2,7 +2,8 @@
 
 The source keeps a persistent session (fixed client id, clean start off, a session expiry) so
 the broker queues QoS 1 readings published while the gateway is down and delivers them when it
-returns. Each message is acknowledged only after its readings are in the queue.
+returns. Each message is acknowledged only after its readings are in the queue and written to
+the ingest log (``gateway.ingest_log``), so a SIGKILL cannot lose an acknowledged reading.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gateway.ingest_log import commit_queued
 from gateway.mqtt_connection import InboundMessage, MqttBrokerConfig, MqttConnection
 from gateway.readings import SENSOR_ID_PATTERN, Reading, ReadingRejectedError, RejectReason
 from gateway.rejects import RejectCounter
@@ -149,6 +151,7 @@ class MqttSource:
                     await queue.put(reading)  # backpressure: wait for the ingest loop
                 else:
                     queue.put_nowait(reading)
+            commit_queued(queue)  # in the ingest log before the PUBACK
 
         persistent = self._config.persistent_session
         connection = MqttConnection(
