@@ -260,6 +260,7 @@ class IngestLog:
             names = sorted(self.directory.iterdir())
         except OSError as exc:
             self._failed("open", exc)
+            self._replay_done = True  # nothing to replay; appends retry the directory
             return
         self._covered = self._read_checkpoint()
         segments: list[tuple[int, Path]] = []

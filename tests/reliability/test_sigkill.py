@@ -35,6 +35,7 @@ from tests.support.mosquitto import Mosquitto
 
 pytestmark = pytest.mark.reliability
 
+
 def check_state_files(state_dir: Path) -> None:
     for snapshot in (state_dir / "windows").glob("*.npz"):
         with np.load(snapshot, allow_pickle=False) as data:
