@@ -2,9 +2,10 @@
 
 Every reading a source hands to the ingest loop goes through :class:`JournaledQueue`, which
 appends it to the log as it enters the queue, so the log's order is the queue's order. A source
-calls :func:`commit_queued` once per message (MQTT: before ``on_message`` returns, which is
-before its PUBACK; serial: once per chunk read), which is one ``write()`` of the encoded records:
-from then on they are in the kernel's page cache and a SIGKILL cannot lose them. ``fsync`` runs
+calls :func:`commit_queued` before it acknowledges what it put (MQTT: once per batch of messages
+the connection hands over, just before their PUBACKs; serial: once per chunk read), which is one
+``write()`` of the encoded records: from then on they are in the kernel's page cache and a
+SIGKILL cannot lose them. ``fsync`` runs
 every ``fsync_interval_s`` in a worker thread, for power cuts.
 
 The log is a directory of segments named by the sequence number of their first record. A window
@@ -15,12 +16,15 @@ deletes the segments it covers. At start, :meth:`IngestLog.replay` yields the re
 a snapshot already holds is a duplicate (its open period remembers its timestamp) or late (its
 period is closed) in the windows: never counted twice in a mean.
 
-A record is ``crc32 (u32) | length (u16) | body``; the body is the reading (timestamp, sensor id,
-source, values by field code). A bad record at the end of a segment is a torn write (kill or
-power cut mid-write): skipped and counted. A bad record with data after it means a corrupt
-segment: its valid records are replayed, the file is set aside (``*.corrupt-<time>``) and
-counted. Nothing read from the log can stop the daemon from starting. The log is bounded
-(``max_bytes``): beyond it the oldest segment is dropped, its readings counted and logged.
+A record is ``crc32 (u32) | length (u16) | body``; the body is the reading: sensor id and source
+(each a length byte and UTF-8), the field count and codes (:data:`FIELD_CODES`; the count's
+high bit flags a node sequence number), then the timestamp (float64), the sequence number
+(uint32, if flagged) and the values (float64). A bad record at the end of a segment is a torn
+write (kill or power cut mid-write): skipped and counted. A bad record with data after it
+means a corrupt segment: its valid records are replayed, the file is set aside
+(``*.corrupt-<time>``) and counted. Nothing read from the log can stop the daemon from starting.
+The log is bounded (``max_bytes``): beyond it the oldest segment is dropped, its readings
+counted and logged.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import structlog
 
@@ -65,7 +70,8 @@ _SEGMENT_HEADER = struct.Struct("<4sBQI")  # magic, version, first sequence numb
 _CHECKPOINT = struct.Struct("<4sBQI")  # magic, version, covered sequence number, crc32
 _RECORD_HEADER = struct.Struct("<IH")  # crc32 of the body, body length
 _TIMESTAMP = struct.Struct("<d")
-_VALUE = struct.Struct("<Bd")  # field code, value
+_SEQ = struct.Struct("<I")  # a node's uint32 sequence number
+_HAS_SEQ = 0x80  # flag in the field-count byte
 _SUFFIX = ".seg"
 _CHECKPOINT_NAME = "covered"
 _FLUSH_AT = 256 * 1024  # buffered bytes that force a write even before a commit
@@ -131,33 +137,62 @@ class IngestLogCheckpoint:
 # -- records ------------------------------------------------------------------------------------
 
 
+_HeadKey = tuple[str, str, tuple[str, ...], bool]  # sensor, source, fields, has seq
+
+
 class _RecordEncoder:
-    """Encodes records; keeps each (sensor, source)'s encoded prefix (called once per reading)."""
+    """Encodes records, keeping per (sensor, source, fields) the constant part of the body.
+
+    Called once per reading on the event loop, so it does little: one dict lookup, one
+    ``struct.pack`` of the timestamp and values, one crc32 continued from the cached part's.
+    """
 
     def __init__(self) -> None:
-        self._prefixes: dict[tuple[str, str], bytes] = {}
+        self._heads: dict[_HeadKey, tuple[bytes, int, struct.Struct]] = {}
 
     def encode(self, reading: Reading) -> bytes:
-        key = (reading.sensor_id, reading.source)
-        prefix = self._prefixes.get(key)
-        if prefix is None:
-            sensor = reading.sensor_id.encode("utf-8")
-            source = reading.source.encode("utf-8")[:255]
-            prefix = bytes((len(sensor),)) + sensor + bytes((len(source),)) + source
-            if len(self._prefixes) >= _ENCODE_CACHE_BOUND:
-                self._prefixes.clear()
-            self._prefixes[key] = prefix
         values = reading.values
-        pack = _VALUE.pack
-        body = b"".join(
+        seq: int | None = getattr(reading, "seq", None)  # a node's sequence number, if sent
+        key = (reading.sensor_id, reading.source, tuple(values), seq is not None)
+        cached = self._heads.get(key)
+        if cached is None:
+            cached = self._head(*key)
+        head, head_crc, tail = cached
+        if seq is None:
+            packed = tail.pack(reading.timestamp, *values.values())
+        else:
+            packed = tail.pack(reading.timestamp, seq, *values.values())
+        return (
+            _RECORD_HEADER.pack(zlib.crc32(packed, head_crc), len(head) + len(packed))
+            + head
+            + packed
+        )
+
+    def _head(
+        self, sensor_id: str, source: str, fields: tuple[str, ...], has_seq: bool
+    ) -> tuple[bytes, int, struct.Struct]:
+        sensor = sensor_id.encode("utf-8")
+        source_bytes = source.encode("utf-8")[:255]
+        head = b"".join(
             (
-                _TIMESTAMP.pack(reading.timestamp),
-                prefix,
-                bytes((len(values),)),
-                *[pack(_CODE_OF[name], value) for name, value in values.items()],
+                bytes((len(sensor),)),
+                sensor,
+                bytes((len(source_bytes),)),
+                source_bytes,
+                bytes(
+                    (
+                        len(fields) | (_HAS_SEQ if has_seq else 0),
+                        *(_CODE_OF[name] for name in fields),
+                    )
+                ),
             )
         )
-        return _RECORD_HEADER.pack(zlib.crc32(body), len(body)) + body
+        tail = struct.Struct(f"<d{'I' if has_seq else ''}{len(fields)}d")
+        cached = (head, zlib.crc32(head), tail)
+        if len(self._heads) >= _ENCODE_CACHE_BOUND:
+            self._heads.clear()
+        self._heads[(sensor_id, source, fields, has_seq)] = cached
+        return cached
 
 
 def encode_record(reading: Reading) -> bytes:
@@ -168,28 +203,37 @@ def encode_record(reading: Reading) -> bytes:
 def decode_record(body: bytes | memoryview) -> Reading:
     """The reading in a record body; :class:`IngestLogCorruptError` if it is not one."""
     try:
-        (timestamp,) = _TIMESTAMP.unpack_from(body, 0)
-        position = 8
-        sensor_length = body[position]
-        sensor = bytes(body[position + 1 : position + 1 + sensor_length]).decode("utf-8")
-        position += 1 + sensor_length
+        sensor_length = body[0]
+        sensor = bytes(body[1 : 1 + sensor_length]).decode("utf-8")
+        position = 1 + sensor_length
         source_length = body[position]
         source = bytes(body[position + 1 : position + 1 + source_length]).decode("utf-8")
         position += 1 + source_length
-        count = body[position]
-        position += 1
-        values: dict[str, float] = {}
-        for _ in range(count):
-            code, value = _VALUE.unpack_from(body, position)
-            position += _VALUE.size
-            values[FIELD_CODES[code]] = value
+        has_seq = bool(body[position] & _HAS_SEQ)
+        count = body[position] & ~_HAS_SEQ
+        names = [FIELD_CODES[code] for code in body[position + 1 : position + 1 + count]]
+        position += 1 + count
+        (timestamp,) = _TIMESTAMP.unpack_from(body, position)
+        position += _TIMESTAMP.size
+        seq: int | None = None
+        if has_seq:
+            (seq,) = _SEQ.unpack_from(body, position)
+            position += _SEQ.size
+        values = struct.unpack_from(f"<{count}d", body, position)
+        position += 8 * count
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise IngestLogCorruptError(f"bad record body: {exc}") from exc
-    if position != len(body) or not sensor:
+    if position != len(body) or not sensor or len(names) != count:
         raise IngestLogCorruptError("record body length does not match its contents")
-    return Reading(
-        sensor_id=sensor, timestamp=timestamp, values=MappingProxyType(values), source=source
-    )
+    fields: dict[str, Any] = {
+        "sensor_id": sensor,
+        "timestamp": timestamp,
+        "values": MappingProxyType(dict(zip(names, values, strict=True))),
+        "source": source,
+    }
+    if seq is not None:
+        fields["seq"] = seq  # readings carry a node's seq where the contract has it
+    return Reading(**fields)
 
 
 # -- the queue ----------------------------------------------------------------------------------

@@ -151,7 +151,6 @@ class MqttSource:
                     await queue.put(reading)  # backpressure: wait for the ingest loop
                 else:
                     queue.put_nowait(reading)
-            commit_queued(queue)  # in the ingest log before the PUBACK
 
         persistent = self._config.persistent_session
         connection = MqttConnection(
@@ -159,6 +158,7 @@ class MqttSource:
             client_id=self._client_id,
             clean_start=not persistent,
             on_message=on_message,
+            before_ack=lambda: commit_queued(queue),  # in the ingest log before the PUBACKs
             session_expiry_s=self._config.session_expiry_s if persistent else 0,
             name="source",
         )
