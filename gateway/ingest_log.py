@@ -74,7 +74,7 @@ _SEQ = struct.Struct("<I")  # a node's uint32 sequence number
 _HAS_SEQ = 0x80  # flag in the field-count byte
 _SUFFIX = ".seg"
 _CHECKPOINT_NAME = "covered"
-_FLUSH_AT = 256 * 1024  # buffered bytes that force a write even before a commit
+_FLUSH_AT = 4096  # readings waiting that force a write even before a commit
 _ENCODE_CACHE_BOUND = 65_536  # sensor ids whose encoded prefix is kept
 
 
@@ -137,7 +137,10 @@ class IngestLogCheckpoint:
 # -- records ------------------------------------------------------------------------------------
 
 
-_HeadKey = tuple[str, str, tuple[str, ...], bool]  # sensor, source, fields, has seq
+# Readings carry a node's sequence number where the contract has one (looked up once: getattr
+# with a default on a slotted class without the field costs an exception per call).
+_READING_HAS_SEQ = "seq" in Reading.__dataclass_fields__
+_Head = tuple[bytes, int, struct.Struct, int]  # constant body part, its crc32, tail, length
 
 
 class _RecordEncoder:
@@ -148,29 +151,30 @@ class _RecordEncoder:
     """
 
     def __init__(self) -> None:
-        self._heads: dict[_HeadKey, tuple[bytes, int, struct.Struct]] = {}
+        self._heads: dict[tuple[str, ...], _Head] = {}  # (sensor, source, *fields)
+        self._heads_with_seq: dict[tuple[str, ...], _Head] = {}
 
-    def encode(self, reading: Reading) -> bytes:
+    def encode_into(self, buffer: bytearray, reading: Reading) -> None:
         values = reading.values
-        seq: int | None = getattr(reading, "seq", None)  # a node's sequence number, if sent
-        key = (reading.sensor_id, reading.source, tuple(values), seq is not None)
-        cached = self._heads.get(key)
+        seq: int | None = getattr(reading, "seq") if _READING_HAS_SEQ else None  # noqa: B009
+        heads = self._heads if seq is None else self._heads_with_seq
+        key = (reading.sensor_id, reading.source, *values)
+        cached = heads.get(key)
         if cached is None:
-            cached = self._head(*key)
-        head, head_crc, tail = cached
+            cached = self._head(heads, key, has_seq=seq is not None)
+        head, head_crc, tail, length = cached
         if seq is None:
             packed = tail.pack(reading.timestamp, *values.values())
         else:
             packed = tail.pack(reading.timestamp, seq, *values.values())
-        return (
-            _RECORD_HEADER.pack(zlib.crc32(packed, head_crc), len(head) + len(packed))
-            + head
-            + packed
-        )
+        buffer += _RECORD_HEADER.pack(zlib.crc32(packed, head_crc), length)
+        buffer += head
+        buffer += packed
 
     def _head(
-        self, sensor_id: str, source: str, fields: tuple[str, ...], has_seq: bool
-    ) -> tuple[bytes, int, struct.Struct]:
+        self, heads: dict[tuple[str, ...], _Head], key: tuple[str, ...], *, has_seq: bool
+    ) -> _Head:
+        sensor_id, source, *fields = key
         sensor = sensor_id.encode("utf-8")
         source_bytes = source.encode("utf-8")[:255]
         head = b"".join(
@@ -188,16 +192,18 @@ class _RecordEncoder:
             )
         )
         tail = struct.Struct(f"<d{'I' if has_seq else ''}{len(fields)}d")
-        cached = (head, zlib.crc32(head), tail)
-        if len(self._heads) >= _ENCODE_CACHE_BOUND:
-            self._heads.clear()
-        self._heads[(sensor_id, source, fields, has_seq)] = cached
+        cached = (head, zlib.crc32(head), tail, len(head) + tail.size)
+        if len(heads) >= _ENCODE_CACHE_BOUND:
+            heads.clear()
+        heads[key] = cached
         return cached
 
 
 def encode_record(reading: Reading) -> bytes:
     """One record: header (crc32, length) and body."""
-    return _RecordEncoder().encode(reading)
+    buffer = bytearray()
+    _RecordEncoder().encode_into(buffer, reading)
+    return bytes(buffer)
 
 
 def decode_record(body: bytes | memoryview) -> Reading:
@@ -286,8 +292,7 @@ class IngestLog:
         self._clock = clock
         self._segments: list[_Segment] = []  # oldest first; the last is the active one once open
         self._fd: int | None = None
-        self._buffer = bytearray()
-        self._buffered_records = 0
+        self._pending: list[Reading] = []  # put, not yet encoded and written
         self._next_seq = 0
         self._covered = 0
         self._unsynced: list[int] = []  # sealed segments' descriptors waiting for an fsync
@@ -440,20 +445,24 @@ class IngestLog:
     # -- appending (on the event loop) ----------------------------------------------------------
 
     def append(self, reading: Reading) -> None:
-        """Buffer one reading's record; :meth:`commit` writes it."""
-        self._buffer += self._encoder.encode(reading)
-        self._buffered_records += 1
-        if len(self._buffer) >= _FLUSH_AT:
+        """Take one reading; :meth:`commit` encodes and writes it."""
+        pending = self._pending
+        pending.append(reading)  # encoded at commit, in one tight loop: cheaper per reading
+        if len(pending) >= _FLUSH_AT:
             self.commit()
 
     def commit(self) -> None:
         """One ``write()`` of everything buffered; a failed write is counted, never raised."""
-        if not self._buffer:
+        pending = self._pending
+        if not pending:
             return
-        records = self._buffered_records
-        data = bytes(self._buffer)
-        self._buffer.clear()
-        self._buffered_records = 0
+        records = len(pending)
+        buffer = bytearray()
+        encode_into = self._encoder.encode_into
+        for reading in pending:
+            encode_into(buffer, reading)
+        pending.clear()
+        data = bytes(buffer)
         self._next_seq += records
         if self._fd is None:
             self.stats.write_failures += records
