@@ -565,7 +565,7 @@ class IngestLog:
         """
         self.commit()
         covered = self._next_seq - queued
-        if self._fd is None:
+        if self._fd is None and self._replay_done:
             self._open_segment()  # retry after a failure (disk full, read-only)
         elif self._segments[-1].records:
             self._rotate()
@@ -612,6 +612,8 @@ class IngestLog:
 
     def checkpoint_now(self, queued: int) -> None:
         """Mark, write and account in one go (shutdown, with the windows just saved)."""
+        if not self._replay_done:
+            return  # never started (e.g. no model loaded): the log is left as it was
         checkpoint = self.mark(queued)
         if self.write_checkpoint(checkpoint):
             self.checkpointed(checkpoint)
@@ -639,16 +641,13 @@ class IngestLog:
             descriptors.append(os.dup(self._fd))  # rotation may close the original meanwhile
         self._dirty = False
         try:
-            await asyncio.to_thread(_fsync_all, descriptors)
+            # The worker closes them too: a cancelled wait must not close what it still syncs.
+            await asyncio.to_thread(_fsync_and_close, descriptors)
         except OSError as exc:
             self._dirty = True
             self._failed("fsync", exc)
         else:
             self.stats.fsyncs += 1
-        finally:
-            for fd in descriptors:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
 
     def close(self) -> None:
         """Write, fsync and close (shutdown); an empty active segment is removed."""
@@ -682,6 +681,16 @@ class IngestLog:
         )
 
 
-def _fsync_all(descriptors: list[int]) -> None:
+def _fsync_and_close(descriptors: list[int]) -> None:
+    """fsync each descriptor, close them all; the first fsync error is raised after."""
+    error: OSError | None = None
     for fd in descriptors:
-        os.fsync(fd)
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            error = error or exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    if error is not None:
+        raise error

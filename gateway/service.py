@@ -250,7 +250,7 @@ class GatewayService:
     def _save_windows_and_checkpoint(self) -> None:
         """Save every window, then record in the ingest log what the snapshots now cover."""
         queued = self._queue.qsize() if self._queue is not None else 0
-        if self.state.save_all(self.store):
+        if self._write_snapshots_after_outbox(self.state.snapshot(self.store)):
             self.ingest_log.checkpoint_now(queued)
         self.ingest_log.close()
 

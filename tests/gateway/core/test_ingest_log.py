@@ -322,3 +322,17 @@ def test_an_unwritable_directory_is_reported_not_raised(tmp_path: Path) -> None:
     assert log.stats.write_failures == 1
     assert log.stats.last_error is not None
     log.close()
+
+
+def test_a_log_never_started_is_left_as_it_was(tmp_path: Path) -> None:
+    """A daemon that stops before its replay (no model loaded) must not checkpoint or reuse
+    the log: its readings are still to be replayed."""
+    log, _ = started(tmp_path)
+    for index in range(5):
+        log.append(reading(index))
+    log.commit()
+    unstarted = open_log(tmp_path)
+    unstarted.checkpoint_now(queued=0)
+    unstarted.close()
+    _, replayed = started(tmp_path)
+    assert replayed == [reading(index) for index in range(5)]
