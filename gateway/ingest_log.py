@@ -323,6 +323,7 @@ class IngestLog:
                 data = path.read_bytes()
             except OSError as exc:
                 self._failed(f"read {path.name}", exc)
+                end = max(end, first_seq + 1)  # never reuse its name for the new segment
                 continue
             records, corrupt = self._scan(path, first_seq, data)
             end = max(end, first_seq + len(records))
