@@ -192,6 +192,23 @@ class StateConfig(_Section):
         gt=0,
         description="Seconds between updates of state_dir/status.json and the stats snapshot.",
     )
+    ingest_log_fsync_s: float | None = Field(
+        default=1.0,
+        gt=0,
+        description=(
+            "Seconds between fsyncs of the ingest log (readings are written to it before they "
+            "are acknowledged, which survives a SIGKILL; the fsync bounds what a power cut can "
+            "lose); null: never fsync."
+        ),
+    )
+    ingest_log_max_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=64 * 1024,
+        description=(
+            "Bound on the ingest log (state_dir/ingest-log); beyond it the oldest segment is "
+            "dropped and its readings counted. It holds the readings since the last snapshot."
+        ),
+    )
 
 
 class GatewayConfig(_Section):

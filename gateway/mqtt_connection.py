@@ -440,9 +440,10 @@ class MqttConnection:
     ``publish`` completes only when the broker acknowledged (QoS 1/2) and raises
     :class:`MqttNotConnectedError` when there is no connection; nothing is queued silently.
     Incoming messages are handed to ``on_message`` one at a time, in order, and acknowledged
-    only after it returns, so a message the gateway never processed is redelivered by a
-    persistent session. At most ``max_inbox`` received messages wait for ``on_message``
-    (module doc: QoS 0 beyond that is dropped and counted, QoS 1/2 waits at the broker).
+    only after it returns (and after ``before_ack``, called once per batch of acknowledgements),
+    so a message the gateway never processed is redelivered by a persistent session. At most
+    ``max_inbox`` received messages wait for ``on_message`` (module doc: QoS 0 beyond that is
+    dropped and counted, QoS 1/2 waits at the broker).
     """
 
     def __init__(
@@ -453,6 +454,7 @@ class MqttConnection:
         clean_start: bool,
         will: Will | None = None,
         on_message: MessageHandler | None = None,
+        before_ack: Callable[[], None] | None = None,
         session_expiry_s: int = 0,
         max_in_flight: int | None = None,
         max_inbox: int = DEFAULT_MAX_INBOX,
@@ -465,6 +467,7 @@ class MqttConnection:
         self._clean_start = clean_start
         self._will = will
         self._on_message = on_message
+        self._before_ack = before_ack  # e.g. make what on_message queued durable, per batch
         self._session_expiry_s = session_expiry_s
         self._max_in_flight = max_in_flight
         self.server_receive_maximum = 65_535  # from the last CONNACK (MQTT 5); 65,535 if absent
@@ -827,7 +830,11 @@ class MqttConnection:
                 if delivery.message.qos == 1:
                     acks.setdefault(attempt, []).append(delivery.mid)
                 else:
+                    if self._before_ack is not None:
+                        self._before_ack()
                     attempt.client.ack(delivery.mid, delivery.message.qos)
+            if self._before_ack is not None and acks:
+                self._before_ack()
             for attempt, mids in acks.items():
                 if attempt is self._attempt and not attempt.lost.is_set():
                     attempt.client.ack_many(mids)

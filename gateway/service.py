@@ -28,6 +28,7 @@ from gateway import __version__
 from gateway.admission import SensorAdmission
 from gateway.clock_sanity import ClockSanity
 from gateway.config import GatewayConfig, MqttSourceEntry
+from gateway.ingest_log import IngestLog, JournaledQueue
 from gateway.instance_lock import AlreadyRunningError, InstanceLock
 from gateway.memory import release_free_heap
 from gateway.model_watch import ModelSet, ReloadOutcome
@@ -35,7 +36,7 @@ from gateway.monitoring import ModelInfo, Monitor, SensorDocument
 from gateway.ota.config import OtaConfig
 from gateway.ota.service import OtaService
 from gateway.outbox import OutboxError
-from gateway.publisher import Publisher, PublisherError
+from gateway.publisher import OUTBOX_FILENAME, Publisher, PublisherError
 from gateway.readings import Reading
 from gateway.references import ReferenceConfig
 from gateway.rejects import RejectCounter
@@ -45,7 +46,7 @@ from gateway.sources.mqtt_source import MqttSource, MqttSourceConfig
 from gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig, SerialSource
 from gateway.state import StateStore
 from gateway.ticker import Ticker
-from gateway.window_store import WindowStore
+from gateway.window_store import WindowState, WindowStore
 
 __all__ = ["AlreadyRunningError", "GatewayService", "read_pid_file", "write_json_atomic"]
 
@@ -128,6 +129,14 @@ class GatewayService:
         self._instance = InstanceLock(config.state_dir, config.pid_file)
         self.ticker = Ticker(self.store, self.models, grace_s=config.tick.grace_s, clock=clock)
         self.publisher: Publisher | None = None
+        self.ingest_log = IngestLog(
+            config.state_dir / "ingest-log",
+            max_bytes=config.state.ingest_log_max_bytes,
+            fsync_interval_s=config.state.ingest_log_fsync_s,
+            clock=clock,
+        )
+        self._queue: asyncio.Queue[Reading] | None = None
+        self._tick_lock = asyncio.Lock()  # a snapshot never falls between a tick and its submit
         self._started_at = clock()
         self._phase = "starting"
         self._ingest_beat = time.monotonic()
@@ -180,6 +189,7 @@ class GatewayService:
             loop.add_signal_handler(signal.SIGINT, self.request_stop, "SIGINT")
             loop.add_signal_handler(signal.SIGHUP, self.request_reload)
             await self._start_models()
+            self._replay_ingest_log()
             self.publisher = Publisher(
                 self.config.publisher,
                 gateway_id=self.config.gateway_id,
@@ -192,7 +202,7 @@ class GatewayService:
                 loop.remove_signal_handler(signum)
             self._phase = "stopped"
             self.monitor.close()  # fsync the pairs dataset
-            self.state.save_all(self.store)  # also after a crash: keep what we have
+            self._save_windows_and_checkpoint()  # also after a crash: keep what we have
             self._write_status()
             self._instance.release()
         _log.info("gateway_stopped")
@@ -222,9 +232,23 @@ class GatewayService:
                 self.store.install(feature, restored)
         self.admission.adopt_windows()  # restored windows count toward sensors.max_sensors
 
+    def _replay_ingest_log(self) -> None:
+        """Feed the acknowledged readings no snapshot holds through the normal ingest path."""
+        for reading in self.ingest_log.replay():
+            self._ingest(reading)
+        self.ingest_log.start()
+
+    def _save_windows_and_checkpoint(self) -> None:
+        """Save every window, then record in the ingest log what the snapshots now cover."""
+        queued = self._queue.qsize() if self._queue is not None else 0
+        if self._write_snapshots_after_outbox(self.state.snapshot(self.store)):
+            self.ingest_log.checkpoint_now(queued)
+        self.ingest_log.close()
+
     async def _serve(self, publisher: Publisher) -> None:
         assert self._stop is not None
-        queue: asyncio.Queue[Reading] = asyncio.Queue(maxsize=_QUEUE_BOUND)
+        # Every reading is appended to the ingest log as it enters the queue (before its ack).
+        queue = self._queue = JournaledQueue(self.ingest_log, maxsize=_QUEUE_BOUND)
         sources = self._make_sources()
         references = self._make_references()
         if self.config.ota is not None:
@@ -252,6 +276,7 @@ class GatewayService:
                 group.create_task(self._watch_loop(), name="model-watch"),
                 group.create_task(self._status_loop(publisher), name="status"),
                 group.create_task(self._save_loop(), name="state-save"),
+                group.create_task(self.ingest_log.run(), name="ingest-log-fsync"),
                 group.create_task(self._watchdog_loop(), name="watchdog"),
             ]
             if self.ota is not None:
@@ -387,6 +412,12 @@ class GatewayService:
             await self._tick_once(publisher)
 
     async def _tick_once(self, publisher: Publisher) -> None:
+        # Closed periods leave the windows at collect and reach the outbox at submit: a
+        # snapshot taken in between would hold neither them nor the readings they came from.
+        async with self._tick_lock:
+            await self._calibrate_and_submit(publisher)
+
+    async def _calibrate_and_submit(self, publisher: Publisher) -> None:
         readings = await self.ticker.tick()
         self._tick_beat = time.monotonic()
         now = self._clock()
@@ -443,8 +474,31 @@ class GatewayService:
         while True:
             await asyncio.sleep(self.config.state.save_interval_s)
             self.admission.evict_idle()  # before the snapshot, so evicted windows leave it too
-            snapshots = self.state.snapshot(self.store)  # on the loop: a consistent copy
-            await asyncio.to_thread(self.state.write_snapshots, snapshots)
+            async with self._tick_lock:  # on the loop: a consistent copy, no tick half done
+                snapshots = self.state.snapshot(self.store)
+                queued = self._queue.qsize() if self._queue is not None else 0
+                checkpoint = self.ingest_log.mark(queued)  # what the snapshots cover
+            if await asyncio.to_thread(
+                self._write_snapshots_after_outbox, snapshots
+            ) and await asyncio.to_thread(self.ingest_log.write_checkpoint, checkpoint):
+                self.ingest_log.checkpointed(checkpoint)
+
+    def _write_snapshots_after_outbox(self, snapshots: list[tuple[str, WindowState]]) -> bool:
+        """Snapshots no longer hold the periods already calibrated: against a power cut, their
+        messages in the outbox (WAL commits, not fsynced) reach the disk first (in a thread)."""
+        wal = self.config.state_dir / f"{OUTBOX_FILENAME}-wal"
+        try:
+            fd = os.open(wal, os.O_RDONLY)
+        except OSError:
+            pass  # no WAL yet (nothing queued) or unreadable: nothing to sync
+        else:
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                _log.error("outbox_sync_failed", path=str(wal), error=exc.strerror or str(exc))
+            finally:
+                os.close(fd)
+        return self.state.write_snapshots(snapshots)
 
     async def _watchdog_loop(self) -> None:
         interval = self.notifier.watchdog_interval_s
@@ -490,6 +544,7 @@ class GatewayService:
                 "set_aside": self.set_aside.as_dict(),
                 "problems": self._instance.problems,
             },
+            "ingest_log": self.ingest_log.stats.as_dict(),
             "publish_failures": self._publish_failures,
             "mqtt_sources_connected": {
                 name: source.connected for name, source in self._mqtt_sources.items()

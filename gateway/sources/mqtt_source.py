@@ -2,7 +2,8 @@
 
 The source keeps a persistent session (fixed client id, clean start off, a session expiry) so
 the broker queues QoS 1 readings published while the gateway is down and delivers them when it
-returns. Each message is acknowledged only after its readings are in the queue.
+returns. Each message is acknowledged only after its readings are in the queue and written to
+the ingest log (``gateway.ingest_log``), so a SIGKILL cannot lose an acknowledged reading.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gateway.ingest_log import commit_queued
 from gateway.mqtt_connection import (
     DEFAULT_MAX_INBOX,
     InboundMessage,
@@ -179,6 +181,7 @@ class MqttSource:
             client_id=self._client_id,
             clean_start=not persistent,
             on_message=on_message,
+            before_ack=lambda: commit_queued(queue),  # in the ingest log before the PUBACKs
             session_expiry_s=self._config.session_expiry_s if persistent else 0,
             max_inbox=self._config.max_inbox_messages,
             name="source",

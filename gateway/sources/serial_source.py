@@ -23,6 +23,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.errors import GatewayError
+from gateway.ingest_log import commit_queued
 from gateway.readings import (
     SENSOR_ID_PATTERN,
     Reading,
@@ -306,6 +307,7 @@ class _PortWorker:
                 if chunk:
                     for reading in handle_chunk(chunk, rejects):
                         await queue.put(reading)
+                    commit_queued(queue)  # into the ingest log as soon as parsed
                 await self._ask_hello_again()
         except SerialLinkDownError as exc:
             self._log.info("serial_write_failed", error=str(exc))

@@ -134,3 +134,19 @@ def test_check_config_command(
     bad = write(tmp_path, MINIMAL + "[tick]\ngrace = 3\n")
     assert main(["check-config", "--config", str(bad)]) == 2
     assert "tick.grace" in capsys.readouterr().err
+
+
+def test_ingest_log_settings(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL), environ={})
+    assert config.state.ingest_log_fsync_s == 1.0
+    assert config.state.ingest_log_max_bytes == 256 * 1024 * 1024
+    tuned = load_config(
+        write(tmp_path, MINIMAL + "[state]\ningest_log_fsync_s = 5\n"),
+        environ={"TESLA_GATEWAY__STATE__INGEST_LOG_MAX_BYTES": "1048576"},
+    )
+    assert tuned.state.ingest_log_fsync_s == 5.0
+    assert tuned.state.ingest_log_max_bytes == 1 << 20
+    with pytest.raises(ConfigError, match="ingest_log_fsync_s"):
+        load_config(write(tmp_path, MINIMAL + "[state]\ningest_log_fsync_s = 0\n"), environ={})
+    with pytest.raises(ConfigError, match="ingest_log_max_byte"):
+        load_config(write(tmp_path, MINIMAL + "[state]\ningest_log_max_byte = 10\n"), environ={})
