@@ -1,0 +1,124 @@
+"""The node firmware built for the emulated Cortex-M4F board and driven over its UART.
+
+`make -C firmware m4` builds it (objects cached under firmware/build/m4, so only the first build
+compiles TFLite Micro); qemu-system-arm runs it on mps2-an386 with UART0 on stdio and
+``-icount shift=0`` (one instruction = 1 ns of virtual time, so the board's 25 MHz SysTick
+advances once every 40 instructions). Every run has a deadline and is killed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+ROOT = Path(__file__).resolve().parents[2]
+FIRMWARE = ROOT / "firmware"
+INSTRUCTIONS_PER_TICK = 40  # 25 MHz SysTick under -icount shift=0 (1 ns per instruction)
+VALUES_PER_LINE = 30  # '#V' lines stay well under the node's 512-byte line limit
+
+
+def library_dirs() -> list[Path]:
+    """Where the Arduino libraries are looked for, in order (as firmware/m4/m4.mk)."""
+    dirs = [Path(p) for p in os.environ.get("ARDUINO_LIBRARIES", "").split() if p]
+    dirs += [Path.home() / "Arduino" / "libraries", ROOT.parent / "shared/vendor/arduino-libraries"]
+    return dirs
+
+
+def missing_prerequisite() -> str | None:
+    """Why the emulated node cannot be built or run here, or None."""
+    for tool in ("arm-none-eabi-g++", "qemu-system-arm", "make"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (scripts/install-system-deps.sh installs it)"
+    for library, marker in (("Arduino_TensorFlowLite", "src/TensorFlowLite.h"),
+                            ("Crypto", "Ed25519.h")):  # fmt: skip
+        if not any((d / library / marker).is_file() for d in library_dirs()):
+            searched = ", ".join(str(d) for d in library_dirs())
+            return f"the Arduino library {library} is in none of: {searched}"
+    return None
+
+
+def build(model: str, kernels: str = "cmsis-nn") -> Path:
+    """Builds (or finds up to date) the firmware for one model directory under models/."""
+    elf = FIRMWARE / "build" / "m4" / model / f"node-{kernels}.elf"
+    subprocess.run(
+        ["make", "-C", str(FIRMWARE), "-j2", f"PYTHON={sys.executable}", f"KERNELS={kernels}",
+         f"M4_MODELS={model}", str(elf.relative_to(FIRMWARE))],
+        check=True, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    return elf
+
+
+class EmulatedNode:
+    """One qemu process: lines in on stdin, lines out of stdout (read by a thread)."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self._process = process
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self._process.stdout is not None
+        for raw in self._process.stdout:
+            self._lines.put(raw.decode("ascii", "replace").rstrip("\r\n"))
+
+    def send(self, line: str) -> None:
+        assert self._process.stdin is not None
+        self._process.stdin.write(line.encode("ascii") + b"\n")
+        self._process.stdin.flush()
+
+    def expect(self, prefix: str, timeout: float = 60.0) -> str:
+        """The next line that starts with `prefix`; fails on a panic or after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no {prefix!r} line from the emulated node in {timeout} s")
+            try:
+                line = self._lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line.startswith("!panic"):
+                raise RuntimeError(f"the emulated node panicked: {line}")
+            if line.startswith(prefix):
+                return line
+
+    def calibrate(self, window: npt.NDArray[np.float32]) -> tuple[int, int, int]:
+        """(int16 output, SysTick ticks of Invoke, sum of the quantised inputs)."""
+        for offset in range(0, len(window), VALUES_PER_LINE):
+            values = ",".join(repr(float(v)) for v in window[offset : offset + VALUES_PER_LINE])
+            self.send(f"#V,{offset},{values}")
+        self.send("#I")
+        fields = self.expect("#O,").split(",")
+        return int(fields[1]), int(fields[3]), int(fields[4])
+
+    def count_loop(self, iterations: int) -> int:
+        self.send(f"#C,{iterations}")
+        return int(self.expect("#C,").split(",")[2])
+
+
+@contextmanager
+def emulated_node(elf: Path) -> Iterator[EmulatedNode]:
+    process = subprocess.Popen(
+        ["qemu-system-arm", "-M", "mps2-an386", "-display", "none", "-monitor", "none",
+         "-serial", "stdio", "-icount", "shift=0", "-kernel", str(elf)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        yield EmulatedNode(process)
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                stream.close()
