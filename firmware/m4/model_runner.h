@@ -23,6 +23,7 @@ class ModelRunner {
   float invoke(const float* values, int16_t* raw_output = nullptr,
                int32_t* quantised_sum = nullptr);
   size_t arena_used() const;
+  tflite::MicroInterpreter* interpreter() { return interpreter_; }
 
  private:
   uint8_t* arena_;

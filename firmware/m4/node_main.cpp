@@ -8,6 +8,9 @@
 //   #I                    calibrate the window -> #O,<int16 output>,<value>,<ticks>,<sum of q>
 //   #C,<n>                run a loop of 2n instructions -> #C,<n>,<ticks> (counter check)
 //   #M                    -> #M,<arena used>,<arena size>,<model bytes>,<heap used>
+//   #D                    after #I: every graph output as #D,<index>,<bytes>,<CRC-32 of bytes>
+//                         (with a probe model whose outputs are its intermediate tensors, this
+//                         finds the first op that computes differently from LiteRT)
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +20,7 @@
 
 #include "board.h"
 #include "model_runner.h"
+#include "src/checksums.h"
 #include "src/line_protocol.h"
 #include "src/model_constants.h"
 #include "src/ota_receiver.h"
@@ -44,7 +48,11 @@ const tesla::ReceiverProfile kProfile{tesla::model::kModelName, tesla::model::kW
 alignas(tesla::OtaReceiver) uint8_t receiver_storage[sizeof(tesla::OtaReceiver)];
 tesla::OtaReceiver* receiver = nullptr;
 
+#ifdef TESLA_PROBE_ARENA_BYTES  // probe builds keep every intermediate tensor alive
+alignas(16) uint8_t arena[TESLA_PROBE_ARENA_BYTES];
+#else
 alignas(16) uint8_t arena[tesla::model::kArenaBytes];
+#endif
 tesla::ModelRunner runner(arena, sizeof(arena));
 tesla::ImageDescriptor active;
 
@@ -130,6 +138,22 @@ void on_test_line(char* line) {
     uint64_t elapsed = tesla::board::ticks() - start;
     snprintf(out, sizeof(out), "#C,%lu,%lu\n", (unsigned long)n, (unsigned long)elapsed);
     send_text(out);
+  } else if (strcmp(fields[0], "#D") == 0) {
+    tflite::MicroInterpreter* interpreter = runner.interpreter();
+    for (size_t i = 0; i < interpreter->outputs_size(); ++i) {
+      const TfLiteTensor* tensor = interpreter->output(i);
+      uint32_t crc = tesla::crc32(tensor->data.uint8, tensor->bytes);
+      snprintf(out, sizeof(out), "#D,%u,%u,%08lX\n", unsigned(i), unsigned(tensor->bytes),
+               (unsigned long)crc);
+      send_text(out);
+      if (count == 2 && size_t(strtoul(fields[1], nullptr, 10)) == i) {
+        for (size_t b = 0; b < tensor->bytes; b += 2) {
+          snprintf(out, sizeof(out), "%d,", int(int16_t(tensor->data.uint8[b] | (tensor->data.uint8[b + 1] << 8))));
+          send_text(out);
+        }
+        send_text("\n");
+      }
+    }
   } else if (strcmp(fields[0], "#M") == 0) {
     snprintf(out, sizeof(out), "#M,%lu,%lu,%lu,%lu\n", (unsigned long)runner.arena_used(),
              (unsigned long)sizeof(arena), (unsigned long)active.image_size,

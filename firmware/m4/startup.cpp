@@ -13,13 +13,22 @@ extern void (*__init_array_end[])();
 int main();
 void reset_handler();
 void fault_handler();
+[[noreturn]] void fault_report(const uint32_t* frame);
 }
 
 namespace {
 
 constexpr uintptr_t kCpacr = 0xE000ED88;
 
-void default_handler() { fault_handler(); }
+// Passes the exception frame (r0-r3, r12, lr, pc, xpsr) to fault_report.
+__attribute__((naked)) void default_handler() {
+  __asm volatile(
+      "tst lr, #4\n"
+      "ite eq\n"
+      "mrseq r0, msp\n"
+      "mrsne r0, psp\n"
+      "b fault_report\n");
+}
 
 }  // namespace
 
@@ -37,9 +46,20 @@ extern "C" void* _sbrk(ptrdiff_t increment) {
   return previous;
 }
 
-extern "C" void fault_handler() {
-  tesla::board::panic("fault");
+extern "C" [[noreturn]] void fault_report(const uint32_t* frame) {
+  static char text[48];
+  static const char kHex[] = "0123456789ABCDEF";
+  const char prefix[] = "fault pc=0x";
+  size_t n = 0;
+  for (; prefix[n] != '\0'; ++n) text[n] = prefix[n];
+  for (int shift = 28; shift >= 0; shift -= 4) text[n++] = kHex[(frame[6] >> shift) & 0xF];
+  text[n++] = ' ';
+  for (int shift = 28; shift >= 0; shift -= 4) text[n++] = kHex[(frame[5] >> shift) & 0xF];
+  text[n] = '\0';
+  tesla::board::panic(text);
 }
+
+extern "C" void fault_handler() { tesla::board::panic("fault"); }
 
 extern "C" void reset_handler() {
   *reinterpret_cast<volatile uint32_t*>(kCpacr) |= (0xFu << 20);  // CP10, CP11: full access

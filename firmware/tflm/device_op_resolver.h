@@ -30,6 +30,7 @@ class DeviceOpResolver : public tflite::MicroOpResolver {
   tflite::MicroMutableOpResolver<model::kOpCount> library_ops_;
   TfLiteRegistration transpose_;
   TfLiteRegistration rsqrt_;
+  TfLiteRegistration fully_connected_;
 
   TF_LITE_REMOVE_VIRTUAL_DELETE
 };

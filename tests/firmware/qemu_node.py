@@ -25,7 +25,8 @@ import numpy.typing as npt
 ROOT = Path(__file__).resolve().parents[2]
 FIRMWARE = ROOT / "firmware"
 INSTRUCTIONS_PER_TICK = 40  # 25 MHz SysTick under -icount shift=0 (1 ns per instruction)
-VALUES_PER_LINE = 30  # '#V' lines stay well under the node's 512-byte line limit
+VALUES_PER_LINE = 24  # '#V' lines stay under the node's 512-byte line limit
+MAX_LINE_BYTES = 511  # firmware/src/line_protocol.h kMaxLineBytes, without the LF
 
 
 def library_dirs() -> list[Path]:
@@ -96,8 +97,11 @@ class EmulatedNode:
     def calibrate(self, window: npt.NDArray[np.float32]) -> tuple[int, int, int]:
         """(int16 output, SysTick ticks of Invoke, sum of the quantised inputs)."""
         for offset in range(0, len(window), VALUES_PER_LINE):
-            values = ",".join(repr(float(v)) for v in window[offset : offset + VALUES_PER_LINE])
-            self.send(f"#V,{offset},{values}")
+            # %.9g round-trips a float32 exactly (the node parses it with strtof).
+            values = ",".join(f"{v:.9g}" for v in window[offset : offset + VALUES_PER_LINE])
+            line = f"#V,{offset},{values}"
+            assert len(line) <= MAX_LINE_BYTES, "the node would drop this line"
+            self.send(line)
         self.send("#I")
         fields = self.expect("#O,").split(",")
         return int(fields[1]), int(fields[3]), int(fields[4])

@@ -4,8 +4,9 @@ slots, passes its self-test, counts instructions exactly, and calibrates golden 
 
 Golden windows are the test sensor's own windows from each default model's data (the model's
 held-out sensor), as the gateway would assemble them; LiteRT runs the same model_int8.tflite on
-the same quantised input. Integer kernels on both sides: the outputs should be equal or one
-output quantisation step apart (different but equally valid integer rounding in a kernel).
+the same quantised input, and so does the Python tflite-micro interpreter. Integer kernels
+everywhere, but not the same fixed-point recipes: the tolerances below say how far apart they
+were measured and why.
 """
 
 from __future__ import annotations
@@ -30,7 +31,14 @@ MODELS = {
     "pm2_5-antwerp-1h": ("antwerp-hourly-pm2_5", "antwerp-hourly"),
 }
 GOLDEN_WINDOWS = 6
-TOLERANCE_STEPS = 1
+# Against the Python tflite-micro interpreter (the runtime the exporter checks the graph with,
+# a newer TFLite Micro): the same integer recipes, but the Arduino library's CMSIS-NN int16
+# kernels round some intermediate results differently; measured: at most 2 output steps.
+TFLM_TOLERANCE_STEPS = 2
+# Against LiteRT (what the gateway runs): its int16 kernels use other fixed-point recipes in
+# about 45 chained ops (layer norm, softmax tables); measured: at most 40 output steps, 0.12
+# ug/m3. The bound is 0.25 ug/m3, under a tenth of either model's test RMSE.
+LITERT_TOLERANCE_UG_M3 = 0.25
 
 _missing = missing_prerequisite()
 pytestmark = pytest.mark.skipif(_missing is not None, reason=str(_missing))
@@ -63,6 +71,14 @@ def quantise(window: npt.NDArray[np.float32], scale: float) -> npt.NDArray[np.in
     """The node's quantisation: roundf (half away from zero) of value/scale in float32."""
     q = np.float32(window) / np.float32(scale)
     return np.clip(np.sign(q) * np.floor(np.abs(q) + 0.5), -32768, 32767).astype(np.int16)
+
+
+def tflm_outputs(model: str, quantised: npt.NDArray[np.int16]) -> list[int]:
+    """The same graph under the Python tflite-micro interpreter (training/tflm.py)."""
+    from training.tflm import run_tflm
+
+    flatbuffer = (ROOT / "models" / model / "model_int8.tflite").read_bytes()
+    return [int(v) for v in run_tflm(flatbuffer, quantised).reshape(-1)]
 
 
 def litert_outputs(model: str, quantised: npt.NDArray[np.int16]) -> list[int]:
@@ -99,12 +115,6 @@ def test_node_boots_with_its_factory_model_and_counts_instructions(
             assert abs(ticks * INSTRUCTIONS_PER_TICK - 2 * iterations) <= 2 * INSTRUCTIONS_PER_TICK
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 finding: the vendored Arduino_TensorFlowLite (Dec 2023) computes the "
-    "int16-activation device graph differently from LiteRT and from the newer Python "
-    "tflite-micro (e.g. 8788 vs 4777 for a flat 20 ug/m3 window); not yet located to one kernel",
-)
 def test_node_calibrates_golden_windows_as_litert_does(model_elf: tuple[str, Path]) -> None:
     model, elf = model_elf
     manifest = load_manifest(ROOT / "models" / model)
@@ -117,5 +127,10 @@ def test_node_calibrates_golden_windows_as_litert_does(model_elf: tuple[str, Pat
         node.expect("H,")
         got = [node.calibrate(window) for window in windows]
     assert [g[2] for g in got] == [int(q.astype(np.int64).sum()) for q in quantised]
-    steps = [abs(g[0] - e) for g, e in zip(got, expected, strict=True)]
-    assert max(steps) <= TOLERANCE_STEPS, f"node {[g[0] for g in got]} vs LiteRT {expected}"
+    node = np.array([g[0] for g in got])
+    micro = np.array(tflm_outputs(model, quantised))
+    print(model, "node", node.tolist(), "tflite-micro", micro.tolist(), "litert", expected)
+    assert np.abs(node - micro).max() <= TFLM_TOLERANCE_STEPS, (node, micro)
+    assert device.output_scale is not None
+    difference = np.abs(node - np.array(expected)) * device.output_scale
+    assert difference.max() <= LITERT_TOLERANCE_UG_M3, (node, expected)
