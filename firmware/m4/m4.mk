@@ -105,3 +105,8 @@ $(M4_BUILD)/$(1)/node-$(KERNELS).elf: $(addprefix $(M4_BUILD)/$(1)/$(KERNELS)/,$
 m4: $(M4_BUILD)/$(1)/node-$(KERNELS).elf
 endef
 $(foreach m,$(M4_MODELS),$(eval $(call M4_MODEL_RULES,$(m))))
+
+# Instructions per inference (qemu -icount), flash and RAM of both models and both kernel builds
+# into ../docs/benchmarks/node-m4/results.json (the README there explains the figures).
+m4-bench:
+	cd .. && PYTHONPATH=$(abspath ..) $(abspath $(PYTHON)) firmware/m4/bench.py

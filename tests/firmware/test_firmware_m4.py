@@ -127,10 +127,9 @@ def test_node_calibrates_golden_windows_as_litert_does(model_elf: tuple[str, Pat
         node.expect("H,")
         got = [node.calibrate(window) for window in windows]
     assert [g[2] for g in got] == [int(q.astype(np.int64).sum()) for q in quantised]
-    node = np.array([g[0] for g in got])
+    on_node = np.array([g[0] for g in got])
     micro = np.array(tflm_outputs(model, quantised))
-    print(model, "node", node.tolist(), "tflite-micro", micro.tolist(), "litert", expected)
-    assert np.abs(node - micro).max() <= TFLM_TOLERANCE_STEPS, (node, micro)
+    assert np.abs(on_node - micro).max() <= TFLM_TOLERANCE_STEPS, (on_node, micro)
     assert device.output_scale is not None
-    difference = np.abs(node - np.array(expected)) * device.output_scale
-    assert difference.max() <= LITERT_TOLERANCE_UG_M3, (node, expected)
+    difference = np.abs(on_node - np.array(expected)) * device.output_scale
+    assert difference.max() <= LITERT_TOLERANCE_UG_M3, (on_node, expected)
