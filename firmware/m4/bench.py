@@ -55,6 +55,7 @@ def measure(model: str, kernels: str) -> dict[str, object]:
         node.expect("H,")
         loop_ticks = node.count_loop(1_000_000)
         ticks = [node.calibrate(w)[1] for w in windows]
+        per_op = node.profile(windows[0])
         node.send("#M")
         _, arena_used, arena_bytes, model_bytes, heap_used = node.expect("#M,").split(",")
     instructions = [t * INSTRUCTIONS_PER_TICK for t in ticks]
@@ -76,6 +77,9 @@ def measure(model: str, kernels: str) -> dict[str, object]:
             "min": min(instructions),
             "median": int(np.median(instructions)),
             "max": max(instructions),
+        },
+        "per_op_flat_window": {
+            op: {"calls": calls, "instructions": count} for op, (calls, count) in per_op.items()
         },
         "ms_at_64mhz_1ipc": round(max(instructions) / NRF52840_HZ * 1e3, 2),
         "flatbuffer_bytes": int(model_bytes),

@@ -11,12 +11,13 @@ namespace tesla {
 ModelRunner::ModelRunner(uint8_t* arena, size_t arena_bytes)
     : arena_(arena), arena_bytes_(arena_bytes) {}
 
-bool ModelRunner::load(const uint8_t* image) {
+bool ModelRunner::load(const uint8_t* image, tflite::MicroProfilerInterface* profiler) {
   if (image == nullptr) return false;
   const tflite::Model* model = tflite::GetModel(image);
   if (model->version() != TFLITE_SCHEMA_VERSION) return false;
   if (interpreter_ != nullptr) interpreter_->~MicroInterpreter();
-  interpreter_ = new (storage_) tflite::MicroInterpreter(model, resolver_, arena_, arena_bytes_);
+  interpreter_ = new (storage_) tflite::MicroInterpreter(model, resolver_, arena_, arena_bytes_,
+                                                         nullptr, profiler);
   if (interpreter_->AllocateTensors() != kTfLiteOk) return false;
   TfLiteTensor* input = interpreter_->input(0);
   return input->type == kTfLiteInt16 && input->bytes == 2 * model::kWindowLength;

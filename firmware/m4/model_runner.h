@@ -17,7 +17,7 @@ class ModelRunner {
   ModelRunner(uint8_t* arena, size_t arena_bytes);
   // Builds an interpreter for the FlatBuffer at `image` (kept in place, e.g. a flash slot);
   // false if the schema, the allocation or the input's type and size do not fit this firmware.
-  bool load(const uint8_t* image);
+  bool load(const uint8_t* image, tflite::MicroProfilerInterface* profiler = nullptr);
   // Quantises values[kWindowLength], invokes, dequantises; NaN if the interpreter fails.
   // `raw_output` receives the output tensor's int16 and `quantised_sum` the sum of the inputs.
   float invoke(const float* values, int16_t* raw_output = nullptr,

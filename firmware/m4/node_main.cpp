@@ -8,6 +8,8 @@
 //   #I                    calibrate the window -> #O,<int16 output>,<value>,<ticks>,<sum of q>
 //   #C,<n>                run a loop of 2n instructions -> #C,<n>,<ticks> (counter check)
 //   #M                    -> #M,<arena used>,<arena size>,<model bytes>,<heap used>
+//   #P                    calibrate the window once with a per-op profiler attached ->
+//                         #P,<op>,<calls>,<ticks> per op type, then #P,end
 //   #D                    after #I: every graph output as #D,<index>,<bytes>,<CRC-32 of bytes>
 //                         (with a probe model whose outputs are its intermediate tensors, this
 //                         finds the first op that computes differently from LiteRT)
@@ -65,6 +67,45 @@ void send(size_t length) {
 }
 
 void send_text(const char* text) { gateway.write_text(text); }
+
+// Sums SysTick ticks per op type (TFLite Micro tags each op's Invoke with its name). Attached
+// only for #P, so #I measures the interpreter exactly as the node runs it.
+class OpProfiler : public tflite::MicroProfilerInterface {
+ public:
+  uint32_t BeginEvent(const char* tag) override {
+    tag_ = tag;
+    start_ = tesla::board::ticks();
+    return 0;
+  }
+  void EndEvent(uint32_t) override {
+    uint64_t elapsed = tesla::board::ticks() - start_;
+    size_t i = 0;
+    while (i < count_ && strcmp(tags_[i], tag_) != 0) ++i;
+    if (i == count_) {
+      if (count_ == kMaxTags) return;
+      tags_[count_++] = tag_;
+    }
+    ticks_[i] += elapsed;
+    ++calls_[i];
+  }
+  void report() {
+    for (size_t i = 0; i < count_; ++i) {
+      snprintf(out, sizeof(out), "#P,%s,%lu,%lu\n", tags_[i], (unsigned long)calls_[i],
+               (unsigned long)ticks_[i]);
+      send_text(out);
+    }
+    send_text("#P,end\n");
+  }
+
+ private:
+  static constexpr size_t kMaxTags = 24;
+  const char* tags_[kMaxTags] = {};
+  uint64_t ticks_[kMaxTags] = {};
+  uint32_t calls_[kMaxTags] = {};
+  size_t count_ = 0;
+  const char* tag_ = nullptr;
+  uint64_t start_ = 0;
+};
 
 void send_hello() {
   send(tesla::encode_hello(kNodeId, kFirmwareVersion, active.model_name, &active.model_version,
@@ -138,6 +179,14 @@ void on_test_line(char* line) {
     uint64_t elapsed = tesla::board::ticks() - start;
     snprintf(out, sizeof(out), "#C,%lu,%lu\n", (unsigned long)n, (unsigned long)elapsed);
     send_text(out);
+  } else if (strcmp(fields[0], "#P") == 0) {
+    OpProfiler profiler;
+    const uint8_t* image = slots.image(slots.active());
+    if (runner.load(image, &profiler)) {
+      runner.invoke(input_window);
+      profiler.report();
+    }
+    runner.load(image);  // the interpreter without the profiler again
   } else if (strcmp(fields[0], "#D") == 0) {
     tflite::MicroInterpreter* interpreter = runner.interpreter();
     for (size_t i = 0; i < interpreter->outputs_size(); ++i) {

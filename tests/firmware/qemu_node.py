@@ -106,6 +106,16 @@ class EmulatedNode:
         fields = self.expect("#O,").split(",")
         return int(fields[1]), int(fields[3]), int(fields[4])
 
+    def profile(self, window: npt.NDArray[np.float32]) -> dict[str, tuple[int, int]]:
+        """{op: (calls, instructions)} of one inference with a per-op profiler attached."""
+        self.calibrate(window)
+        self.send("#P")
+        ops = {}
+        while (line := self.expect("#P,")) != "#P,end":
+            _, op, calls, ticks = line.split(",")
+            ops[op] = (int(calls), int(ticks) * INSTRUCTIONS_PER_TICK)
+        return ops
+
     def count_loop(self, iterations: int) -> int:
         self.send(f"#C,{iterations}")
         return int(self.expect("#C,").split(",")[2])
