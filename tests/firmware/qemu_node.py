@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import queue
+import select
 import shutil
 import subprocess
 import sys
 import threading
 import time
+import tty
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -119,6 +121,52 @@ class EmulatedNode:
     def count_loop(self, iterations: int) -> int:
         self.send(f"#C,{iterations}")
         return int(self.expect("#C,").split(",")[2])
+
+
+def _wait_for_boot_hello(pty: Path, timeout_s: float = 60.0) -> None:
+    """Reads the node's boot output (its unsolicited hello) off the pty, so the gateway that
+    opens it next starts from a quiet line, as with a board that was already running."""
+    fd = os.open(pty, os.O_RDWR | os.O_NOCTTY)
+    try:
+        tty.setraw(fd)
+        seen = b""
+        deadline = time.monotonic() + timeout_s
+        while b"\nH," not in b"\n" + seen or not seen.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no hello from the emulated node on {pty}: {seen[-200:]!r}")
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if ready:
+                seen += os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def node_on_pty(elf: Path, link: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """qemu with UART0 on a pty of its own, reachable at ``link`` (as udev's by-id path would
+    be); the gateway opens that path. No -icount: this run is about behaviour, not counts."""
+    process = subprocess.Popen(
+        ["qemu-system-arm", "-M", "mps2-an386", "-display", "none", "-monitor", "none",
+         "-serial", "pty", "-kernel", str(elf)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        announced = process.stdout.readline().decode("ascii", "replace")
+        if "/dev/pts/" not in announced:
+            raise RuntimeError(f"qemu did not announce its pty: {announced!r}")
+        pty = announced.split("redirected to ", 1)[1].split()[0]
+        _wait_for_boot_hello(Path(pty))
+        link.unlink(missing_ok=True)
+        link.symlink_to(pty)
+        yield process
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+        if process.stdout is not None:
+            process.stdout.close()
+        link.unlink(missing_ok=True)
 
 
 @contextmanager
