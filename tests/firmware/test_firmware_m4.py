@@ -41,7 +41,11 @@ TFLM_TOLERANCE_STEPS = 2
 LITERT_TOLERANCE_UG_M3 = 0.25
 
 _missing = missing_prerequisite()
-pytestmark = pytest.mark.skipif(_missing is not None, reason=str(_missing))
+pytestmark = [
+    pytest.mark.skipif(_missing is not None, reason=str(_missing)),
+    # The first build compiles TFLite Micro (about 4 CPU minutes); later runs reuse the objects.
+    pytest.mark.timeout(1800),
+]
 
 
 def golden_windows(model: str) -> npt.NDArray[np.float32]:
@@ -115,6 +119,7 @@ def test_node_boots_with_its_factory_model_and_counts_instructions(
             assert abs(ticks * INSTRUCTIONS_PER_TICK - 2 * iterations) <= 2 * INSTRUCTIONS_PER_TICK
 
 
+@pytest.mark.realdata
 def test_node_calibrates_golden_windows_as_litert_does(model_elf: tuple[str, Path]) -> None:
     model, elf = model_elf
     manifest = load_manifest(ROOT / "models" / model)

@@ -27,7 +27,10 @@ NODE_ID = "node-m4"  # firmware/m4/node_main.cpp kNodeId
 MODEL = "pm10-ispra-1min"
 
 _missing = missing_prerequisite()
-pytestmark = pytest.mark.skipif(_missing is not None, reason=str(_missing))
+pytestmark = [
+    pytest.mark.skipif(_missing is not None, reason=str(_missing)),
+    pytest.mark.timeout(1800),  # the first build compiles TFLite Micro
+]
 
 
 @dataclass
