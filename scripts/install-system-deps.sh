@@ -2,7 +2,9 @@
 # Installs the Debian packages the tests and the demo need, only when something is missing.
 # mosquitto: the real broker the tests start on loopback; socat: pty pairs for serial tests;
 # gcc-arm-none-eabi + libnewlib-arm-none-eabi: the Cortex-M4 firmware build (the compiler and
-# its C library headers, which --no-install-recommends would leave out); libsodium-dev: Ed25519 in the firmware tests;
+# its C library headers, which --no-install-recommends would leave out); libstdc++-arm-none-eabi-newlib +
+# qemu-system-arm: the node firmware linked for the Cortex-M4F and run on qemu's mps2-an386
+# (tests/firmware/test_firmware_m4.py); libsodium-dev: Ed25519 in the firmware tests;
 # systemd: systemd-analyze verify for the unit files.
 set -euo pipefail
 
@@ -11,6 +13,8 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mos
 command -v socat >/dev/null 2>&1 || need+=(socat)
 command -v arm-none-eabi-gcc >/dev/null 2>&1 || need+=(gcc-arm-none-eabi)
 [ -f /usr/lib/arm-none-eabi/include/string.h ] || need+=(libnewlib-arm-none-eabi)
+dpkg -s libstdc++-arm-none-eabi-newlib >/dev/null 2>&1 || need+=(libstdc++-arm-none-eabi-newlib)
+command -v qemu-system-arm >/dev/null 2>&1 || need+=(qemu-system-arm)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 dpkg -s libsodium-dev >/dev/null 2>&1 || need+=(libsodium-dev)

@@ -10,10 +10,10 @@
 #include <new>
 
 #include "tensorflow/lite/micro/micro_interpreter.h"
-#include "tensorflow/lite/micro/micro_mutable_op_resolver.h"
 #include "tensorflow/lite/schema/schema_generated.h"
 
 #include "arduino_hardware.h"
+#include "device_op_resolver.h"  // the manifest's ops, with the int16 kernels the library lacks
 #include "src/line_protocol.h"
 #include "src/model_constants.h"
 #include "src/ota_receiver.h"
@@ -50,7 +50,7 @@ tesla::OtaReceiver* receiver = nullptr;
 alignas(tesla::OtaReceiver) uint8_t receiver_storage[sizeof(tesla::OtaReceiver)];
 
 alignas(16) uint8_t arena[tesla::model::kArenaBytes];
-tflite::MicroMutableOpResolver<tesla::model::kOpCount> resolver;
+tesla::DeviceOpResolver resolver;  // registers TESLA_MODEL_OPS
 alignas(tflite::MicroInterpreter) uint8_t interpreter_storage[sizeof(tflite::MicroInterpreter)];
 tflite::MicroInterpreter* interpreter = nullptr;
 tesla::ImageDescriptor active;
@@ -80,12 +80,6 @@ void send_hello() {
 
 void send_status(tesla::OtaStatus code) {
   send(tesla::encode_ota_status({uint8_t(code), 0}, out, sizeof(out)));
-}
-
-void register_ops() {
-#define TESLA_REGISTER_OP(op, method) resolver.Add##method();
-  TESLA_MODEL_OPS(TESLA_REGISTER_OP)
-#undef TESLA_REGISTER_OP
 }
 
 float invoke(const float* values) {
@@ -189,7 +183,6 @@ void setup() {
   Serial1.begin(9600);
   flash.begin();
   environment.begin();  // absent or failed: readings simply carry no rh/temp_c
-  register_ops();
   boot_model();
   receiver = new (receiver_storage)
       tesla::OtaReceiver(kProfile, verifier, slots, active.model_version);

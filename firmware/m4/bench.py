@@ -1,0 +1,115 @@
+"""Measures the node firmware on the emulated Cortex-M4F: instructions per inference, flash, RAM.
+
+Run by `make -C firmware m4-bench`; writes docs/benchmarks/node-m4/results.json. Method (see
+docs/benchmarks/node-m4/README.md): qemu -icount shift=0 makes every executed instruction one
+nanosecond of virtual time; the board's SysTick runs on the 25 MHz core clock of that virtual
+time, so one tick is 40 instructions. The node times Invoke() alone with it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from gateway.manifest import load_manifest  # noqa: E402
+from tests.firmware.qemu_node import INSTRUCTIONS_PER_TICK, build, emulated_node  # noqa: E402
+
+MODELS = ("pm10-ispra-1min", "pm2_5-antwerp-1h")
+KERNELS = ("cmsis-nn", "portable")
+NRF52840_HZ = 64_000_000
+NRF52840_FLASH = 1024 * 1024
+NRF52840_RAM = 256 * 1024
+SLOT_REGION = 0x20000  # two 60 KB slots + two 4 KB boot-record pages (firmware/m4/board.h)
+STACK = 16 * 1024  # firmware/m4/mps2_an386.ld _stack_size
+WINDOWS = 8
+
+
+def sections(elf: Path) -> dict[str, int]:
+    command = ["arm-none-eabi-size", "-A", str(elf)]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout  # noqa: S603
+    sizes = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1].isdigit():
+            sizes[parts[0]] = int(parts[1])
+    return sizes
+
+
+def measure(model: str, kernels: str) -> dict[str, object]:
+    manifest = load_manifest(ROOT / "models" / model)
+    elf = build(model, kernels)
+    rng = np.random.default_rng(0)
+    low, high = manifest.input_range.p01, manifest.input_range.p99
+    windows = [np.full(manifest.window_length, 20.0, np.float32)] + [
+        rng.uniform(low, high, manifest.window_length).astype(np.float32)
+        for _ in range(WINDOWS - 1)
+    ]
+    with emulated_node(elf) as node:
+        node.expect("H,")
+        loop_ticks = node.count_loop(1_000_000)
+        ticks = [node.calibrate(w)[1] for w in windows]
+        per_op = node.profile(windows[0])
+        node.send("#M")
+        _, arena_used, arena_bytes, model_bytes, heap_used = node.expect("#M,").split(",")
+    instructions = [t * INSTRUCTIONS_PER_TICK for t in ticks]
+    s = sections(elf)
+    flash_firmware = sum(
+        s.get(k, 0) for k in (".vectors", ".text", ".ARM.exidx", ".init_array", ".data")
+    )
+    ram_static = s.get(".data", 0) + s.get(".bss", 0)
+    ram_total = ram_static + STACK + int(heap_used)
+    return {
+        "model": model,
+        "kernels": kernels,
+        "window_length": manifest.window_length,
+        "counter_check": {
+            "instructions": 2_000_000,
+            "measured": loop_ticks * INSTRUCTIONS_PER_TICK,
+        },
+        "instructions_per_inference": {
+            "min": min(instructions),
+            "median": int(np.median(instructions)),
+            "max": max(instructions),
+        },
+        "per_op_flat_window": {
+            op: {"calls": calls, "instructions": count} for op, (calls, count) in per_op.items()
+        },
+        "ms_at_64mhz_1ipc": round(max(instructions) / NRF52840_HZ * 1e3, 2),
+        "flatbuffer_bytes": int(model_bytes),
+        "arena_bytes": int(arena_bytes),
+        "arena_used_bytes": int(arena_used),
+        "flash": {
+            "text_rodata_data": flash_firmware,
+            "slot_region": SLOT_REGION,
+            "total": flash_firmware + SLOT_REGION,
+            "share": round((flash_firmware + SLOT_REGION) / NRF52840_FLASH, 3),
+        },
+        "ram": {
+            "data": s.get(".data", 0),
+            "bss": s.get(".bss", 0),
+            "stack": STACK,
+            "heap_used": int(heap_used),
+            "total": ram_total,
+            "share": round(ram_total / NRF52840_RAM, 3),
+        },
+    }
+
+
+def main() -> int:
+    results = [measure(m, k) for m in MODELS for k in KERNELS]
+    out = ROOT / "docs" / "benchmarks" / "node-m4" / "results.json"
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    for r in results:
+        print(json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+// The int8 device graph under TFLite Micro, as the sketch runs it: the op resolver built from
+// the manifest's op list (tflm/device_op_resolver.h), the
+// int16 input quantised with roundf and clamped, the int16 output dequantised.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/model_constants.h"
+#include "tensorflow/lite/micro/micro_interpreter.h"
+#include "tflm/device_op_resolver.h"
+
+namespace tesla {
+
+class ModelRunner {
+ public:
+  ModelRunner(uint8_t* arena, size_t arena_bytes);
+  // Builds an interpreter for the FlatBuffer at `image` (kept in place, e.g. a flash slot);
+  // false if the schema, the allocation or the input's type and size do not fit this firmware.
+  bool load(const uint8_t* image, tflite::MicroProfilerInterface* profiler = nullptr);
+  // Quantises values[kWindowLength], invokes, dequantises; NaN if the interpreter fails.
+  // `raw_output` receives the output tensor's int16 and `quantised_sum` the sum of the inputs.
+  float invoke(const float* values, int16_t* raw_output = nullptr,
+               int32_t* quantised_sum = nullptr);
+  size_t arena_used() const;
+  tflite::MicroInterpreter* interpreter() { return interpreter_; }
+
+ private:
+  uint8_t* arena_;
+  size_t arena_bytes_;
+  DeviceOpResolver resolver_;
+  alignas(tflite::MicroInterpreter) uint8_t storage_[sizeof(tflite::MicroInterpreter)];
+  tflite::MicroInterpreter* interpreter_ = nullptr;
+};
+
+}  // namespace tesla

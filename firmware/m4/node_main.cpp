@@ -1,0 +1,260 @@
+// The TESLA node on the emulated Cortex-M4 board: the sketch's boot and gateway handling
+// (hello, OTA into the inactive slot, trial boot with self-test, rollback) over the same
+// portable core, with the board layer of board.h instead of the Arduino shims.
+//
+// Besides the gateway protocol (docs/serial-protocol.md) it takes test commands, lines that
+// start with '#' and that the gateway never sends:
+//   #V,<offset>,<v>,...   put raw values (ug/m3, oldest first) into the window at offset
+//   #I                    calibrate the window -> #O,<int16 output>,<value>,<ticks>,<sum of q>
+//   #C,<n>                run a loop of 2n instructions -> #C,<n>,<ticks> (counter check)
+//   #M                    -> #M,<arena used>,<arena size>,<model bytes>,<heap used>
+//   #P                    calibrate the window once with a per-op profiler attached ->
+//                         #P,<op>,<calls>,<ticks> per op type, then #P,end
+//   #D                    after #I: every graph output as #D,<index>,<bytes>,<CRC-32 of bytes>
+//                         (with a probe model whose outputs are its intermediate tensors, this
+//                         finds the first op that computes differently from LiteRT)
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <new>
+
+#include "board.h"
+#include "model_runner.h"
+#include "src/checksums.h"
+#include "src/line_protocol.h"
+#include "src/model_constants.h"
+#include "src/ota_receiver.h"
+#include "src/release_key.h"
+#include "src/slots.h"
+
+extern const unsigned char kModelData[];
+extern const unsigned int kModelDataSize;
+extern const unsigned char kModelDescriptor[];
+
+namespace {
+
+constexpr char kNodeId[] = "node-m4";
+constexpr char kFirmwareVersion[] = "1.0.0";
+constexpr uint32_t kSlotBase = tesla::board::kSlotRegionBase;
+constexpr uint32_t kSlotBytes = 0xF000;  // 60 KB per slot, as the sketch
+constexpr float kSelfTestLevel = 20.0f;
+
+tesla::board::Uart gateway;
+tesla::board::SlotFlash flash;
+tesla::board::CryptoVerifier verifier;
+tesla::SlotManager slots(flash, kSlotBase, kSlotBytes);
+const tesla::ReceiverProfile kProfile{tesla::model::kModelName, tesla::model::kWindowLength,
+                                      tesla::model::kArenaBytes, kReleasePublicKey};
+alignas(tesla::OtaReceiver) uint8_t receiver_storage[sizeof(tesla::OtaReceiver)];
+tesla::OtaReceiver* receiver = nullptr;
+
+#ifdef TESLA_PROBE_ARENA_BYTES  // probe builds keep every intermediate tensor alive
+alignas(16) uint8_t arena[TESLA_PROBE_ARENA_BYTES];
+#else
+alignas(16) uint8_t arena[tesla::model::kArenaBytes];
+#endif
+tesla::ModelRunner runner(arena, sizeof(arena));
+tesla::ImageDescriptor active;
+
+float input_window[tesla::model::kWindowLength];
+tesla::LineReader gateway_lines;
+char out[tesla::kMaxLineBytes + 1];
+
+void send(size_t length) {
+  if (length > 0) gateway.write(reinterpret_cast<const uint8_t*>(out), length);
+}
+
+void send_text(const char* text) { gateway.write_text(text); }
+
+// Sums SysTick ticks per op type (TFLite Micro tags each op's Invoke with its name). Attached
+// only for #P, so #I measures the interpreter exactly as the node runs it.
+class OpProfiler : public tflite::MicroProfilerInterface {
+ public:
+  uint32_t BeginEvent(const char* tag) override {
+    tag_ = tag;
+    start_ = tesla::board::ticks();
+    return 0;
+  }
+  void EndEvent(uint32_t) override {
+    uint64_t elapsed = tesla::board::ticks() - start_;
+    size_t i = 0;
+    while (i < count_ && strcmp(tags_[i], tag_) != 0) ++i;
+    if (i == count_) {
+      if (count_ == kMaxTags) return;
+      tags_[count_++] = tag_;
+    }
+    ticks_[i] += elapsed;
+    ++calls_[i];
+  }
+  void report() {
+    for (size_t i = 0; i < count_; ++i) {
+      snprintf(out, sizeof(out), "#P,%s,%lu,%lu\n", tags_[i], (unsigned long)calls_[i],
+               (unsigned long)ticks_[i]);
+      send_text(out);
+    }
+    send_text("#P,end\n");
+  }
+
+ private:
+  static constexpr size_t kMaxTags = 24;
+  const char* tags_[kMaxTags] = {};
+  uint64_t ticks_[kMaxTags] = {};
+  uint32_t calls_[kMaxTags] = {};
+  size_t count_ = 0;
+  const char* tag_ = nullptr;
+  uint64_t start_ = 0;
+};
+
+void send_hello() {
+  send(tesla::encode_hello(kNodeId, kFirmwareVersion, active.model_name, &active.model_version,
+                           out, sizeof(out)));
+}
+
+void send_status(tesla::OtaStatus code) {
+  send(tesla::encode_ota_status({uint8_t(code), 0}, out, sizeof(out)));
+}
+
+bool load_and_test(int slot) {
+  if (!slots.descriptor(slot, &active)) return false;
+  if (!runner.load(slots.image(slot))) return false;
+  for (uint32_t i = 0; i < tesla::model::kWindowLength; ++i) input_window[i] = kSelfTestLevel;
+  float value = runner.invoke(input_window);
+  return isfinite(value) && value >= 0.0f && value < 1000.0f;
+}
+
+void boot_model() {
+  if (!slots.load()) {
+    slots.install_factory(kModelDescriptor, kModelData, kModelDataSize);
+  }
+  int slot = slots.select_boot();
+  bool trial = slots.is_trial(slot);
+  if (load_and_test(slot)) {
+    if (trial) slots.confirm(slot);
+  } else if (trial) {
+    slots.reject(slot);
+    tesla::board::reboot();
+  } else {
+    tesla::board::panic("no working model");
+  }
+}
+
+// 2 instructions per iteration (subs, bne): the reference for the instruction counter.
+void counted_loop(uint32_t n) {
+  __asm volatile(
+      "1: subs %0, %0, #1\n"
+      "   bne 1b\n"
+      : "+r"(n)::"cc");
+}
+
+void on_test_line(char* line) {
+  char* fields[64];
+  size_t count = 0;
+  for (char* cursor = strtok(line, ","); cursor != nullptr && count < 64;
+       cursor = strtok(nullptr, ",")) {
+    fields[count++] = cursor;
+  }
+  if (count == 0) return;
+  if (strcmp(fields[0], "#V") == 0 && count >= 2) {
+    uint32_t offset = uint32_t(strtoul(fields[1], nullptr, 10));
+    for (size_t i = 2; i < count && offset < tesla::model::kWindowLength; ++i, ++offset) {
+      input_window[offset] = strtof(fields[i], nullptr);
+    }
+  } else if (strcmp(fields[0], "#I") == 0) {
+    int16_t raw = 0;
+    int32_t sum = 0;
+    uint64_t start = tesla::board::ticks();
+    float value = runner.invoke(input_window, &raw, &sum);
+    uint64_t elapsed = tesla::board::ticks() - start;
+    char text[24];
+    tesla::format_value(value, text, sizeof(text));
+    snprintf(out, sizeof(out), "#O,%d,%s,%lu,%ld\n", int(raw), text, (unsigned long)elapsed,
+             long(sum));
+    send_text(out);
+  } else if (strcmp(fields[0], "#C") == 0 && count == 2) {
+    uint32_t n = uint32_t(strtoul(fields[1], nullptr, 10));
+    uint64_t start = tesla::board::ticks();
+    if (n > 0) counted_loop(n);
+    uint64_t elapsed = tesla::board::ticks() - start;
+    snprintf(out, sizeof(out), "#C,%lu,%lu\n", (unsigned long)n, (unsigned long)elapsed);
+    send_text(out);
+  } else if (strcmp(fields[0], "#P") == 0) {
+    OpProfiler profiler;
+    const uint8_t* image = slots.image(slots.active());
+    if (runner.load(image, &profiler)) {
+      runner.invoke(input_window);
+      profiler.report();
+    }
+    runner.load(image);  // the interpreter without the profiler again
+  } else if (strcmp(fields[0], "#D") == 0) {
+    tflite::MicroInterpreter* interpreter = runner.interpreter();
+    for (size_t i = 0; i < interpreter->outputs_size(); ++i) {
+      const TfLiteTensor* tensor = interpreter->output(i);
+      uint32_t crc = tesla::crc32(tensor->data.uint8, tensor->bytes);
+      snprintf(out, sizeof(out), "#D,%u,%u,%08lX\n", unsigned(i), unsigned(tensor->bytes),
+               (unsigned long)crc);
+      send_text(out);
+      if (count == 2 && size_t(strtoul(fields[1], nullptr, 10)) == i) {
+        for (size_t b = 0; b < tensor->bytes; b += 2) {
+          snprintf(out, sizeof(out), "%d,", int(int16_t(tensor->data.uint8[b] | (tensor->data.uint8[b + 1] << 8))));
+          send_text(out);
+        }
+        send_text("\n");
+      }
+    }
+  } else if (strcmp(fields[0], "#M") == 0) {
+    snprintf(out, sizeof(out), "#M,%lu,%lu,%lu,%lu\n", (unsigned long)runner.arena_used(),
+             (unsigned long)sizeof(arena), (unsigned long)active.image_size,
+             (unsigned long)tesla::board::heap_used());
+    send_text(out);
+  }
+}
+
+void on_gateway_line() {
+  char* line = gateway_lines.line();
+  if (line[0] == '#') {
+    on_test_line(line);
+    return;
+  }
+  tesla::LineView view;
+  if (tesla::parse_line(line, gateway_lines.length(), &view) != tesla::LineReject::kNone) {
+    return;
+  }
+  if (view.type == 'Q') {
+    send_hello();
+  } else if (view.type == 'O') {
+    tesla::OtaAnswer answer{};
+    if (receiver->handle(view.fields, view.count, &answer)) {
+      send(tesla::encode_ota_status(answer, out, sizeof(out)));
+    } else if (receiver->stage_verified()) {
+      tesla::board::reboot();
+    } else {
+      send_status(tesla::OtaStatus::kFlashError);
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  tesla::board::start_ticks();
+  gateway.begin();
+  boot_model();
+  receiver = new (receiver_storage)
+      tesla::OtaReceiver(kProfile, verifier, slots, active.model_version);
+  switch (slots.take_outcome()) {
+    case tesla::SlotManager::Outcome::kConfirmed: send_status(tesla::OtaStatus::kActive); break;
+    case tesla::SlotManager::Outcome::kRolledBack:
+      send_status(tesla::OtaStatus::kRolledBack);
+      break;
+    default: break;
+  }
+  send_hello();
+  while (true) {
+    int byte;
+    while ((byte = gateway.read()) >= 0) {
+      if (gateway_lines.feed(uint8_t(byte))) on_gateway_line();
+    }
+  }
+}

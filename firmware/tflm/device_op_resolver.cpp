@@ -1,0 +1,245 @@
+#include "device_op_resolver.h"
+
+#include <math.h>
+
+#include <limits>
+
+#include "tensorflow/lite/kernels/internal/common.h"
+#include "tensorflow/lite/kernels/internal/quantization_util.h"
+#include "tensorflow/lite/kernels/internal/reference/integer_ops/fully_connected.h"
+#include "tensorflow/lite/kernels/internal/reference/transpose.h"
+#include "tensorflow/lite/kernels/kernel_util.h"
+#include "tensorflow/lite/micro/kernels/fully_connected.h"
+#include "tensorflow/lite/micro/kernels/kernel_util.h"
+#include "tensorflow/lite/micro/micro_context.h"
+
+namespace tesla {
+namespace {
+
+// Library's TRANSPOSE, kept for the types it handles and for its Prepare (type-agnostic checks).
+TfLiteRegistration library_transpose;
+
+TfLiteStatus transpose_eval(TfLiteContext* context, TfLiteNode* node) {
+  const TfLiteEvalTensor* input = tflite::micro::GetEvalInput(context, node, 0);
+  if (input->type != kTfLiteInt16) return library_transpose.invoke(context, node);
+  const TfLiteEvalTensor* perm = tflite::micro::GetEvalInput(context, node, 1);
+  TfLiteEvalTensor* output = tflite::micro::GetEvalOutput(context, node, 0);
+  tflite::TransposeParams params;
+  params.perm_count = static_cast<int8_t>(perm->dims->data[0]);
+  for (int i = 0; i < params.perm_count; ++i) params.perm[i] = perm->data.i32[i];
+  tflite::reference_ops::Transpose(params, tflite::micro::GetTensorShape(input),
+                                   tflite::micro::GetTensorData<int16_t>(input),
+                                   tflite::micro::GetTensorShape(output),
+                                   tflite::micro::GetTensorData<int16_t>(output));
+  return kTfLiteOk;
+}
+
+// Library's RSQRT, kept for float32 and int8.
+TfLiteRegistration library_rsqrt;
+
+// int16 RSQRT (symmetric, zero points 0): y = 1/sqrt(x * s_in) / s_out, computed per element
+// in integers like the library's int8 path: 1/sqrt(x) as a quantized multiplier and exponent
+// (GetInvSqrtQuantizedMultiplierExp), then rescaled by 1/(sqrt(s_in) * s_out).
+struct Int16Rsqrt {
+  int32_t multiplier;
+  int shift;
+};
+
+TfLiteStatus rsqrt_prepare(TfLiteContext* context, TfLiteNode* node) {
+  tflite::MicroContext* micro_context = tflite::GetMicroContext(context);
+  TfLiteTensor* input = micro_context->AllocateTempInputTensor(node, 0);
+  TfLiteTensor* output = micro_context->AllocateTempOutputTensor(node, 0);
+  TF_LITE_ENSURE(context, input != nullptr && output != nullptr);
+  if (input->type != kTfLiteInt16) {
+    micro_context->DeallocateTempTfLiteTensor(input);
+    micro_context->DeallocateTempTfLiteTensor(output);
+    return library_rsqrt.prepare(context, node);
+  }
+  TF_LITE_ENSURE_TYPES_EQ(context, output->type, kTfLiteInt16);
+  TF_LITE_ENSURE_EQ(context, input->params.zero_point, 0);
+  TF_LITE_ENSURE_EQ(context, output->params.zero_point, 0);
+  auto* data = static_cast<Int16Rsqrt*>(
+      context->AllocatePersistentBuffer(context, sizeof(Int16Rsqrt)));
+  TF_LITE_ENSURE(context, data != nullptr);
+  const double scale = 1.0 / (static_cast<double>(sqrtf(input->params.scale)) *
+                              static_cast<double>(output->params.scale));
+  tflite::QuantizeMultiplier(scale, &data->multiplier, &data->shift);
+  node->user_data = data;
+  micro_context->DeallocateTempTfLiteTensor(input);
+  micro_context->DeallocateTempTfLiteTensor(output);
+  return kTfLiteOk;
+}
+
+TfLiteStatus rsqrt_eval(TfLiteContext* context, TfLiteNode* node) {
+  const TfLiteEvalTensor* input = tflite::micro::GetEvalInput(context, node, 0);
+  if (input->type != kTfLiteInt16) return library_rsqrt.invoke(context, node);
+  const auto* data = static_cast<const Int16Rsqrt*>(node->user_data);
+  TfLiteEvalTensor* output = tflite::micro::GetEvalOutput(context, node, 0);
+  const int16_t* in = tflite::micro::GetTensorData<int16_t>(input);
+  int16_t* out = tflite::micro::GetTensorData<int16_t>(output);
+  constexpr int32_t kMax = std::numeric_limits<int16_t>::max();
+  constexpr int32_t kMin = std::numeric_limits<int16_t>::min();
+  constexpr int kKeepInteger = 20;  // headroom so 1/sqrt(x) stays an integer before rescaling
+  const int count = tflite::micro::GetTensorShape(input).FlatSize();
+  for (int i = 0; i < count; ++i) {
+    const int32_t x = in[i];
+    TF_LITE_ENSURE_MSG(context, x >= 0, "Rsqrt is only defined for positive values");
+    if (x == 0) {
+      out[i] = kMax;  // the largest representable value stands for 1/sqrt(0)
+      continue;
+    }
+    int32_t inv_multiplier;
+    int inv_shift;
+    tflite::GetInvSqrtQuantizedMultiplierExp(x, tflite::kReverseShift, &inv_multiplier,
+                                             &inv_shift);
+    const int32_t inv_sqrt =
+        tflite::MultiplyByQuantizedMultiplier(int32_t{1}, inv_multiplier, inv_shift + kKeepInteger);
+    int32_t y = tflite::MultiplyByQuantizedMultiplier(inv_sqrt, data->multiplier,
+                                                      data->shift - kKeepInteger);
+    out[i] = static_cast<int16_t>(y > kMax ? kMax : (y < kMin ? kMin : y));
+  }
+  return kTfLiteOk;
+}
+
+// Library's FULLY_CONNECTED (CMSIS-NN), kept for everything but int16 with per-channel weights.
+TfLiteRegistration library_fully_connected;
+
+// int16 FULLY_CONNECTED with per-channel int8 weights: the converter quantises dense layers per
+// output channel, but this library's kernel applies the first channel's scale to all of them
+// (silently wrong outputs). These nodes get one multiplier per channel and the library's
+// reference FullyConnectedPerChannel; the rest keep the library's kernel and its own data.
+struct FullyConnectedNode {
+  void* library_data;
+  bool per_channel;
+  tflite::OpDataFullyConnected op;
+  int32_t* multipliers;
+  int* shifts;
+};
+
+void* fully_connected_init(TfLiteContext* context, const char* buffer, size_t length) {
+  auto* node_data = static_cast<FullyConnectedNode*>(
+      context->AllocatePersistentBuffer(context, sizeof(FullyConnectedNode)));
+  if (node_data == nullptr) return nullptr;
+  node_data->library_data = library_fully_connected.init(context, buffer, length);
+  node_data->per_channel = false;
+  return node_data;
+}
+
+bool int16_per_channel(const TfLiteTensor* input, const TfLiteTensor* filter) {
+  if (input->type != kTfLiteInt16 || filter->type != kTfLiteInt8) return false;
+  if (filter->quantization.type != kTfLiteAffineQuantization) return false;
+  const auto* q = static_cast<const TfLiteAffineQuantization*>(filter->quantization.params);
+  return q != nullptr && q->scale != nullptr && q->scale->size > 1;
+}
+
+TfLiteStatus fully_connected_prepare(TfLiteContext* context, TfLiteNode* node) {
+  auto* node_data = static_cast<FullyConnectedNode*>(node->user_data);
+  tflite::MicroContext* micro_context = tflite::GetMicroContext(context);
+  TfLiteTensor* input = micro_context->AllocateTempInputTensor(node, 0);
+  TfLiteTensor* filter = micro_context->AllocateTempInputTensor(node, 1);
+  TfLiteTensor* bias = micro_context->AllocateTempInputTensor(node, 2);
+  TfLiteTensor* output = micro_context->AllocateTempOutputTensor(node, 0);
+  TF_LITE_ENSURE(context, input != nullptr && filter != nullptr && output != nullptr);
+  node_data->per_channel = int16_per_channel(input, filter);
+  TfLiteStatus status = kTfLiteOk;
+  if (node_data->per_channel) {
+    const auto* params = static_cast<const TfLiteFullyConnectedParams*>(node->builtin_data);
+    status = tflite::CalculateOpDataFullyConnected(context, params->activation, input->type,
+                                                   input, filter, bias, output, &node_data->op);
+    const auto* q = static_cast<const TfLiteAffineQuantization*>(filter->quantization.params);
+    const int channels = q->scale->size;
+    TF_LITE_ENSURE_EQ(context, channels, filter->dims->data[0]);
+    node_data->multipliers = static_cast<int32_t*>(
+        context->AllocatePersistentBuffer(context, channels * sizeof(int32_t)));
+    node_data->shifts =
+        static_cast<int*>(context->AllocatePersistentBuffer(context, channels * sizeof(int)));
+    TF_LITE_ENSURE(context, node_data->multipliers != nullptr && node_data->shifts != nullptr);
+    for (int c = 0; c < channels; ++c) {
+      const double scale = static_cast<double>(input->params.scale) *
+                           static_cast<double>(q->scale->data[c]) /
+                           static_cast<double>(output->params.scale);
+      tflite::QuantizeMultiplier(scale, &node_data->multipliers[c], &node_data->shifts[c]);
+    }
+  }
+  micro_context->DeallocateTempTfLiteTensor(input);
+  micro_context->DeallocateTempTfLiteTensor(filter);
+  if (bias != nullptr) micro_context->DeallocateTempTfLiteTensor(bias);
+  micro_context->DeallocateTempTfLiteTensor(output);
+  if (node_data->per_channel || status != kTfLiteOk) return status;
+  node->user_data = node_data->library_data;  // the library's kernel sees only its own data
+  status = library_fully_connected.prepare(context, node);
+  node->user_data = node_data;
+  return status;
+}
+
+TfLiteStatus fully_connected_eval(TfLiteContext* context, TfLiteNode* node) {
+  auto* node_data = static_cast<FullyConnectedNode*>(node->user_data);
+  if (!node_data->per_channel) {
+    node->user_data = node_data->library_data;
+    TfLiteStatus status = library_fully_connected.invoke(context, node);
+    node->user_data = node_data;
+    return status;
+  }
+  const TfLiteEvalTensor* input = tflite::micro::GetEvalInput(context, node, 0);
+  const TfLiteEvalTensor* filter = tflite::micro::GetEvalInput(context, node, 1);
+  const TfLiteEvalTensor* bias = tflite::micro::GetEvalInput(context, node, 2);
+  TfLiteEvalTensor* output = tflite::micro::GetEvalOutput(context, node, 0);
+  // The library's reference kernel wants a 2-D output: batches x channels.
+  const tflite::RuntimeShape output_shape = tflite::micro::GetTensorShape(output);
+  const int channels = output_shape.Dims(output_shape.DimensionsCount() - 1);
+  const int32_t flat_dims[2] = {output_shape.FlatSize() / channels, channels};
+  const tflite::RuntimeShape flat_output(2, flat_dims);
+  tflite::reference_integer_ops::FullyConnectedPerChannel(
+      tflite::FullyConnectedParamsQuantized(node_data->op), node_data->multipliers,
+      node_data->shifts, tflite::micro::GetTensorShape(input),
+      tflite::micro::GetTensorData<int16_t>(input), tflite::micro::GetTensorShape(filter),
+      tflite::micro::GetTensorData<int8_t>(filter), tflite::micro::GetTensorShape(bias),
+      tflite::micro::GetOptionalTensorData<int64_t>(bias), flat_output,
+      tflite::micro::GetTensorData<int16_t>(output));
+  return kTfLiteOk;
+}
+
+}  // namespace
+
+DeviceOpResolver::DeviceOpResolver() {
+#define TESLA_REGISTER_OP(op, method) library_ops_.Add##method();
+  TESLA_MODEL_OPS(TESLA_REGISTER_OP)
+#undef TESLA_REGISTER_OP
+  // Copies of the library's registrations as the resolver holds them (builtin_code set).
+  const TfLiteRegistration* transpose = library_ops_.FindOp(tflite::BuiltinOperator_TRANSPOSE);
+  library_transpose = transpose != nullptr ? *transpose : tflite::Register_TRANSPOSE();
+  transpose_ = library_transpose;
+  transpose_.invoke = transpose_eval;
+  const TfLiteRegistration* rsqrt = library_ops_.FindOp(tflite::BuiltinOperator_RSQRT);
+  library_rsqrt = rsqrt != nullptr ? *rsqrt : tflite::ops::micro::Register_RSQRT();
+  rsqrt_ = library_rsqrt;
+  rsqrt_.prepare = rsqrt_prepare;
+  rsqrt_.invoke = rsqrt_eval;
+  const TfLiteRegistration* fully_connected =
+      library_ops_.FindOp(tflite::BuiltinOperator_FULLY_CONNECTED);
+  library_fully_connected =
+      fully_connected != nullptr ? *fully_connected : tflite::Register_FULLY_CONNECTED();
+  fully_connected_ = library_fully_connected;
+  fully_connected_.init = fully_connected_init;
+  fully_connected_.prepare = fully_connected_prepare;
+  fully_connected_.invoke = fully_connected_eval;
+}
+
+const TfLiteRegistration* DeviceOpResolver::FindOp(tflite::BuiltinOperator op) const {
+  const TfLiteRegistration* found = library_ops_.FindOp(op);
+  if (found != nullptr && op == tflite::BuiltinOperator_TRANSPOSE) return &transpose_;
+  if (found != nullptr && op == tflite::BuiltinOperator_RSQRT) return &rsqrt_;
+  if (found != nullptr && op == tflite::BuiltinOperator_FULLY_CONNECTED) return &fully_connected_;
+  return found;
+}
+
+const TfLiteRegistration* DeviceOpResolver::FindOp(const char* op) const {
+  return library_ops_.FindOp(op);
+}
+
+tflite::TfLiteBridgeBuiltinParseFunction DeviceOpResolver::GetOpDataParser(
+    tflite::BuiltinOperator op) const {
+  return library_ops_.GetOpDataParser(op);
+}
+
+}  // namespace tesla

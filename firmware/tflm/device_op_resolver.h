@@ -1,0 +1,38 @@
+// The op resolver the node builds from the manifest (TESLA_MODEL_OPS in the generated
+// model_constants.h), shared by the sketch and the emulated board.
+//
+// The Arduino_TensorFlowLite library (2.4.0-ALPHA, synced Dec 2023) has no int16 TRANSPOSE and
+// no int16 RSQRT (both kernels take float32 and int8 only), so the int8 device graphs, whose
+// activations are int16, fail on the board ("Type INT16 is currently not supported by
+// Transpose", then "Current data type INT16 is not supported." from RSQRT). The Python
+// tflite-micro the exporter checks against is newer and has both. This resolver therefore
+// answers TRANSPOSE and RSQRT with kernels of our own for int16 (TRANSPOSE moves elements with
+// the library's reference_ops::Transpose; RSQRT follows the library's integer int8 recipe) and
+// hands every other type to the library's kernels; all other ops are the library's.
+#pragma once
+
+#include "src/model_constants.h"
+#include "tensorflow/lite/micro/compatibility.h"
+#include "tensorflow/lite/micro/micro_mutable_op_resolver.h"
+#include "tensorflow/lite/micro/micro_op_resolver.h"
+
+namespace tesla {
+
+class DeviceOpResolver : public tflite::MicroOpResolver {
+ public:
+  DeviceOpResolver();
+  const TfLiteRegistration* FindOp(tflite::BuiltinOperator op) const override;
+  const TfLiteRegistration* FindOp(const char* op) const override;
+  tflite::TfLiteBridgeBuiltinParseFunction GetOpDataParser(
+      tflite::BuiltinOperator op) const override;
+
+ private:
+  tflite::MicroMutableOpResolver<model::kOpCount> library_ops_;
+  TfLiteRegistration transpose_;
+  TfLiteRegistration rsqrt_;
+  TfLiteRegistration fully_connected_;
+
+  TF_LITE_REMOVE_VIRTUAL_DELETE
+};
+
+}  // namespace tesla

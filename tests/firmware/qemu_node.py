@@ -1,0 +1,186 @@
+"""The node firmware built for the emulated Cortex-M4F board and driven over its UART.
+
+`make -C firmware m4` builds it (objects cached under firmware/build/m4, so only the first build
+compiles TFLite Micro); qemu-system-arm runs it on mps2-an386 with UART0 on stdio and
+``-icount shift=0`` (one instruction = 1 ns of virtual time, so the board's 25 MHz SysTick
+advances once every 40 instructions). Every run has a deadline and is killed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import select
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import tty
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+ROOT = Path(__file__).resolve().parents[2]
+FIRMWARE = ROOT / "firmware"
+INSTRUCTIONS_PER_TICK = 40  # 25 MHz SysTick under -icount shift=0 (1 ns per instruction)
+VALUES_PER_LINE = 24  # '#V' lines stay under the node's 512-byte line limit
+MAX_LINE_BYTES = 511  # firmware/src/line_protocol.h kMaxLineBytes, without the LF
+
+
+def library_dirs() -> list[Path]:
+    """Where the Arduino libraries are looked for, in order (as firmware/m4/m4.mk)."""
+    dirs = [Path(p) for p in os.environ.get("ARDUINO_LIBRARIES", "").split() if p]
+    dirs += [Path.home() / "Arduino" / "libraries", ROOT.parent / "shared/vendor/arduino-libraries"]
+    return dirs
+
+
+def missing_prerequisite() -> str | None:
+    """Why the emulated node cannot be built or run here, or None."""
+    for tool in ("arm-none-eabi-g++", "qemu-system-arm", "make"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (scripts/install-system-deps.sh installs it)"
+    for library, marker in (("Arduino_TensorFlowLite", "src/TensorFlowLite.h"),
+                            ("Crypto", "Ed25519.h")):  # fmt: skip
+        if not any((d / library / marker).is_file() for d in library_dirs()):
+            searched = ", ".join(str(d) for d in library_dirs())
+            return f"the Arduino library {library} is in none of: {searched}"
+    return None
+
+
+def build(model: str, kernels: str = "cmsis-nn") -> Path:
+    """Builds (or finds up to date) the firmware for one model directory under models/."""
+    elf = FIRMWARE / "build" / "m4" / model / f"node-{kernels}.elf"
+    subprocess.run(
+        ["make", "-C", str(FIRMWARE), "-j2", f"PYTHON={sys.executable}", f"KERNELS={kernels}",
+         f"M4_MODELS={model}", str(elf.relative_to(FIRMWARE))],
+        check=True, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    return elf
+
+
+class EmulatedNode:
+    """One qemu process: lines in on stdin, lines out of stdout (read by a thread)."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self._process = process
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self._process.stdout is not None
+        for raw in self._process.stdout:
+            self._lines.put(raw.decode("ascii", "replace").rstrip("\r\n"))
+
+    def send(self, line: str) -> None:
+        assert self._process.stdin is not None
+        self._process.stdin.write(line.encode("ascii") + b"\n")
+        self._process.stdin.flush()
+
+    def expect(self, prefix: str, timeout: float = 60.0) -> str:
+        """The next line that starts with `prefix`; fails on a panic or after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no {prefix!r} line from the emulated node in {timeout} s")
+            try:
+                line = self._lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line.startswith("!panic"):
+                raise RuntimeError(f"the emulated node panicked: {line}")
+            if line.startswith(prefix):
+                return line
+
+    def calibrate(self, window: npt.NDArray[np.float32]) -> tuple[int, int, int]:
+        """(int16 output, SysTick ticks of Invoke, sum of the quantised inputs)."""
+        for offset in range(0, len(window), VALUES_PER_LINE):
+            # %.9g round-trips a float32 exactly (the node parses it with strtof).
+            values = ",".join(f"{v:.9g}" for v in window[offset : offset + VALUES_PER_LINE])
+            line = f"#V,{offset},{values}"
+            assert len(line) <= MAX_LINE_BYTES, "the node would drop this line"
+            self.send(line)
+        self.send("#I")
+        fields = self.expect("#O,").split(",")
+        return int(fields[1]), int(fields[3]), int(fields[4])
+
+    def profile(self, window: npt.NDArray[np.float32]) -> dict[str, tuple[int, int]]:
+        """{op: (calls, instructions)} of one inference with a per-op profiler attached."""
+        self.calibrate(window)
+        self.send("#P")
+        ops = {}
+        while (line := self.expect("#P,")) != "#P,end":
+            _, op, calls, ticks = line.split(",")
+            ops[op] = (int(calls), int(ticks) * INSTRUCTIONS_PER_TICK)
+        return ops
+
+    def count_loop(self, iterations: int) -> int:
+        self.send(f"#C,{iterations}")
+        return int(self.expect("#C,").split(",")[2])
+
+
+def _wait_for_boot_hello(pty: Path, timeout_s: float = 60.0) -> None:
+    """Reads the node's boot output (its unsolicited hello) off the pty, so the gateway that
+    opens it next starts from a quiet line, as with a board that was already running."""
+    fd = os.open(pty, os.O_RDWR | os.O_NOCTTY)
+    try:
+        tty.setraw(fd)
+        seen = b""
+        deadline = time.monotonic() + timeout_s
+        while b"\nH," not in b"\n" + seen or not seen.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no hello from the emulated node on {pty}: {seen[-200:]!r}")
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if ready:
+                seen += os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def node_on_pty(elf: Path, link: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """qemu with UART0 on a pty of its own, reachable at ``link`` (as udev's by-id path would
+    be); the gateway opens that path. No -icount: this run is about behaviour, not counts."""
+    process = subprocess.Popen(
+        ["qemu-system-arm", "-M", "mps2-an386", "-display", "none", "-monitor", "none",
+         "-serial", "pty", "-kernel", str(elf)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        announced = process.stdout.readline().decode("ascii", "replace")
+        if "/dev/pts/" not in announced:
+            raise RuntimeError(f"qemu did not announce its pty: {announced!r}")
+        pty = announced.split("redirected to ", 1)[1].split()[0]
+        _wait_for_boot_hello(Path(pty))
+        link.unlink(missing_ok=True)
+        link.symlink_to(pty)
+        yield process
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+        if process.stdout is not None:
+            process.stdout.close()
+        link.unlink(missing_ok=True)
+
+
+@contextmanager
+def emulated_node(elf: Path) -> Iterator[EmulatedNode]:
+    process = subprocess.Popen(
+        ["qemu-system-arm", "-M", "mps2-an386", "-display", "none", "-monitor", "none",
+         "-serial", "stdio", "-icount", "shift=0", "-kernel", str(elf)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        yield EmulatedNode(process)
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                stream.close()
