@@ -32,13 +32,13 @@ from gateway.ingest_log import IngestLog, JournaledQueue
 from gateway.instance_lock import AlreadyRunningError, InstanceLock
 from gateway.memory import release_free_heap
 from gateway.model_watch import ModelSet, ReloadOutcome
-from gateway.monitoring import ModelInfo, Monitor, SensorDocument
+from gateway.monitor.monitor import ModelInfo, Monitor, SensorDocument
+from gateway.monitor.references import ReferenceConfig
 from gateway.ota.config import OtaConfig
 from gateway.ota.service import OtaService
-from gateway.outbox import OutboxError
-from gateway.publisher import OUTBOX_FILENAME, Publisher, PublisherError
+from gateway.publish.outbox import OutboxError
+from gateway.publish.publisher import OUTBOX_FILENAME, Publisher, PublisherError
 from gateway.readings import Reading
-from gateway.references import ReferenceConfig
 from gateway.rejects import RejectCounter
 from gateway.sd_notify import SdNotifier
 from gateway.set_aside import SetAsideLog

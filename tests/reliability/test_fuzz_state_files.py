@@ -22,8 +22,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from gateway.manifest import load_manifest
-from gateway.outbox import Outbox, OutboxMessage
-from gateway.pairs import PairRow, PairsWriter
+from gateway.monitor.pairs import PairRow, PairsWriter
+from gateway.publish.outbox import Outbox, OutboxMessage
 from gateway.readings import Reading
 from gateway.set_aside import SetAsideLog
 from gateway.state import StateStore

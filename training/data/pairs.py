@@ -1,6 +1,6 @@
 """Loader for the raw/reference pairs a gateway records beside a reference station.
 
-Layout (written by ``gateway.pairs``)::
+Layout (written by ``gateway.monitor.pairs``)::
 
     <state_dir>/pairs/<feature>/pairs-YYYYMMDD.csv       first file of a UTC day
     <state_dir>/pairs/<feature>/pairs-YYYYMMDD-<n>.csv   further files of that day (size rotation)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.pairs import HEADER, PairRow, PairsWriter, format_row
+from gateway.monitor.pairs import HEADER, PairRow, PairsWriter, format_row
 
 DAY = datetime(2020, 1, 10, 12, 34, tzinfo=UTC).timestamp()
 

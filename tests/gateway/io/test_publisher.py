@@ -16,7 +16,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from gateway.calibrated import CalibratedReading, Quality
-from gateway.publisher import Publisher, PublisherConfig, PublisherError, reading_payload
+from gateway.publish.publisher import Publisher, PublisherConfig, PublisherError, reading_payload
 from tests.gateway.io.helpers import broker_config, collecting, eventually
 from tests.support.mosquitto import Mosquitto
 
@@ -99,7 +99,7 @@ def test_last_will_says_offline_when_the_gateway_dies(mosquitto: Mosquitto, tmp_
     script = f"""
 import asyncio, sys
 from pathlib import Path
-from gateway.publisher import Publisher, PublisherConfig
+from gateway.publish.publisher import Publisher, PublisherConfig
 config = PublisherConfig.model_validate_json(sys.argv[1])
 async def main():
     async with Publisher(config, gateway_id="gwdie", state_dir=Path({str(tmp_path)!r})) as p:

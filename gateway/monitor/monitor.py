@@ -11,7 +11,7 @@ monitor -> publisher) and never reaches back. The service calls it on the event 
   periodic health publication).
 
 It returns :class:`SensorDocument` s for the health and drift topics (docs/mqtt.md), appends the
-pairs to the dataset (:mod:`gateway.pairs`) and logs drift events.
+pairs to the dataset (:mod:`gateway.monitor.pairs`) and logs drift events.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from typing import Literal
 import structlog
 
 from gateway.calibrated import CalibratedReading
-from gateway.drift import (
+from gateway.manifest import InputRange
+from gateway.monitor.drift import (
     DriftChange,
     DriftConfig,
     DriftDetector,
@@ -35,11 +36,10 @@ from gateway.drift import (
     RollingError,
     drift_threshold,
 )
-from gateway.health import HealthConfig, HealthFlag, SensorHealth
-from gateway.manifest import InputRange
-from gateway.pairs import PAIRS_DIRNAME, PairsConfig, PairsWriter
+from gateway.monitor.health import HealthConfig, HealthFlag, SensorHealth
+from gateway.monitor.pairs import PAIRS_DIRNAME, PairsConfig, PairsWriter
+from gateway.monitor.references import Pair, ReferenceConfig, ReferencePairing
 from gateway.readings import Reading
-from gateway.references import Pair, ReferenceConfig, ReferencePairing
 from gateway.sequence import SequenceTracker
 from gateway.window_store import AddOutcome
 

@@ -25,7 +25,6 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.calibrated import CalibratedReading
-from gateway.discovery import discovery_message
 from gateway.errors import GatewayError
 from gateway.mqtt_connection import (
     MqttBrokerConfig,
@@ -35,7 +34,8 @@ from gateway.mqtt_connection import (
     Will,
     check_plain_topic,
 )
-from gateway.outbox import Outbox, OutboxMessage, QueuedMessage
+from gateway.publish.discovery import discovery_message
+from gateway.publish.outbox import Outbox, OutboxMessage, QueuedMessage
 from gateway.readings import SENSOR_ID_PATTERN
 from gateway.set_aside import SetAsideLog
 
@@ -196,7 +196,7 @@ class Publisher:
             set_aside=set_aside,
             memory_fallback=True,
         )
-        self._log = structlog.get_logger("gateway.publisher").bind(prefix=self.topic_prefix)
+        self._log = structlog.get_logger("gateway.publish.publisher").bind(prefix=self.topic_prefix)
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._known: dict[tuple[str, str], None] = {}  # (sensor, feature), insertion-ordered
