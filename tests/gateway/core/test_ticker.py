@@ -11,7 +11,6 @@ from gateway.calibrated import CalibratedReading, Quality
 from gateway.model_watch import ModelSet
 from gateway.readings import Reading
 from gateway.ticker import Ticker
-from gateway.window_store import WindowStore
 from tests.support.models import ModelFactory
 
 P = 60
@@ -31,7 +30,7 @@ class Clock:
 def make_ticker(models: dict[str, Path], clock: Clock) -> Ticker:
     model_set = ModelSet(models)
     model_set.refresh()
-    return Ticker(WindowStore(), model_set, grace_s=5.0, clock=clock)
+    return Ticker(model_set, grace_s=5.0, clock=clock)
 
 
 def values(sensor: str, period: int, **fields: float) -> Reading:
@@ -56,7 +55,7 @@ def test_warm_up_then_calibrated_in_one_batch(model_factory: ModelFactory) -> No
     assert {r.raw for r in warm if r.sensor_id == "a"} == {float(v) for v in series["a"][:7]}
     ok = [r for r in published if r.quality == (Quality.OK,)]
     assert len(ok) == 6
-    assert ticker.stats.last_batch == {"pm10": 3}  # one invoke for all three sensors
+    assert ticker.counters.last_batch == {"pm10": 3}  # one invoke for all three sensors
     for reading in ok:
         period = int(reading.period_start // P) - T0 // P
         window = series[reading.sensor_id][period - 7 : period + 1].astype(np.float32)
@@ -122,7 +121,7 @@ def test_two_models_and_a_missing_channel(model_factory: ModelFactory) -> None:
     calibrated = last["full", "pm2_5"].calibrated
     assert calibrated is not None
     np.testing.assert_allclose(calibrated, expected, rtol=1e-4, atol=1e-3)
-    assert ticker.stats.calibrated > 0 and ticker.stats.flagged["missing_channel"] > 0
+    assert ticker.counters.calibrated > 0 and ticker.counters.flagged["missing_channel"] > 0
 
 
 def test_new_model_geometry_resets_windows(model_factory: ModelFactory, tmp_path: Path) -> None:

@@ -16,7 +16,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from gateway.calibrated import CalibratedReading, Quality
-from gateway.publish.publisher import Publisher, PublisherConfig, PublisherError, reading_payload
+from gateway.publish.errors import PublisherError
+from gateway.publish.payloads import reading_payload
+from gateway.publish.publisher import Publisher, PublisherConfig
 from tests.gateway.io.helpers import broker_config, collecting, eventually
 from tests.support.mosquitto import Mosquitto
 
@@ -343,7 +345,7 @@ def test_the_window_slides_one_acknowledgement_at_a_time(tmp_path: Path) -> None
 
     async def scenario() -> None:
         publisher.submit([reading(n) for n in range(10)])
-        drain = asyncio.create_task(publisher._drain(connection))  # type: ignore[arg-type]
+        drain = asyncio.create_task(publisher._delivery.drain(connection))  # type: ignore[arg-type]
         await eventually(sent_count(4))
         await asyncio.sleep(0.05)
         assert len(connection.sent) == 4  # the window is full: nothing more goes out
