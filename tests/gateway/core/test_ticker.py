@@ -11,6 +11,7 @@ from gateway.calibrated import CalibratedReading, Quality
 from gateway.model_watch import ModelSet
 from gateway.readings import Reading
 from gateway.ticker import Ticker
+from gateway.window_store import ModelWindows
 from tests.support.models import ModelFactory
 
 P = 60
@@ -138,3 +139,28 @@ def test_new_model_geometry_resets_windows(model_factory: ModelFactory, tmp_path
     assert ticker.sync_models() == ["pm10"]
     assert ticker.store["pm10"].geometry.window_length == 6
     assert len(ticker.store["pm10"].sensor_ids) == 0
+
+
+def test_the_ticker_is_the_windows_one_door(model_factory: ModelFactory) -> None:
+    # Snapshots, restored windows, admission's view and eviction, and the stats all go through
+    # the ticker, which builds its own window store.
+    model = model_factory.get()
+    ticker = make_ticker({"pm10": model.path}, Clock(T0))
+    for period in range(3):
+        for sensor in ("a", "b"):
+            ticker.ingest(values(sensor, period, pm10=10.0 + period))
+    assert ticker.sensor_windows == 2
+    assert set(ticker.last_seen()) == {"a", "b"}
+    (feature, state), *others = ticker.snapshot()
+    assert feature == "pm10" and not others
+
+    restored = make_ticker({"pm10": model.path}, Clock(T0))
+    restored.install(feature, ModelWindows.from_state(state))
+    assert restored.last_seen() == ticker.last_seen()
+    assert restored.remove_sensors(["a"]) == 1
+    stats = restored.stats()
+    windows = stats["windows"]
+    assert isinstance(windows, dict) and windows["pm10"]["sensors"] == 1
+    assert stats["readings_in"] == 0
+    assert stats["ticker"] == restored.counters.as_dict()
+    assert ticker.stats()["readings_in"] == 6
