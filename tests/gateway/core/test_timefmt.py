@@ -17,8 +17,8 @@ def test_utc_with_a_z_and_fractions_kept() -> None:
 
 
 def test_the_readings_and_the_monitor_documents_share_it() -> None:
-    assert payloads.iso8601 is iso8601
-    assert monitor.iso8601 is iso8601
+    assert vars(payloads)["iso8601"] is iso8601
+    assert vars(monitor)["iso8601"] is iso8601
 
 
 def test_the_calibrator_stands_without_the_window_store() -> None:
