@@ -69,9 +69,10 @@ from typing import Any
 import numpy as np
 
 from gateway.demo.broker import PrivateBroker
+from gateway.geometry import WindowGeometry
 from gateway.manifest import load_manifest
 from gateway.state import StateStore
-from gateway.window_store import NO_PERIOD, WindowGeometry, WindowState
+from gateway.window_store import NO_PERIOD, WindowState
 
 __all__ = ["run_end_to_end"]
 

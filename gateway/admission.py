@@ -13,19 +13,28 @@ window starts idle from the end of its newest period.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 
 from gateway.config import SensorPolicy
 from gateway.readings import Reading, RejectReason
 from gateway.rejects import RejectCounter
-from gateway.window_store import WindowStore
 
-__all__ = ["AdmissionStats", "SensorAdmission"]
+__all__ = ["AdmissionStats", "SensorAdmission", "SensorWindows"]
 
 _log = structlog.get_logger(__name__)
+
+
+class SensorWindows(Protocol):
+    """What admission needs of the windows (the Ticker, which owns them, or a bare store)."""
+
+    def last_seen(self) -> dict[str, float]: ...
+
+    def remove_sensors(self, sensor_ids: Iterable[str]) -> int: ...
+
 
 _SWEEP_EVERY_S = 60.0  # when full, look for idle sensors at most this often (a flood is cheap)
 _LOGGED_IDS = 20  # sensor ids named in one eviction log line
@@ -55,7 +64,7 @@ class SensorAdmission:
     def __init__(
         self,
         policy: SensorPolicy,
-        store: WindowStore,
+        store: SensorWindows,
         rejects: RejectCounter,
         *,
         clock: Callable[[], float] = time.time,

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.errors import GatewayError, ModelIntegrityError, ModelLoadError
+from gateway.geometry import WindowGeometry
 from gateway.manifest import Manifest, load_manifest, verify_model_files
 from gateway.model_trust import ModelTrust
 from gateway.runtime import (
@@ -25,7 +26,6 @@ from gateway.runtime import (
     RuntimeName,
     select_runtime,
 )
-from gateway.window_store import WindowGeometry
 
 __all__ = ["CalibrationError", "Calibrator"]
 

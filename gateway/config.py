@@ -25,16 +25,16 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gateway.config_errors import input_hint, redacted_message
-from gateway.drift import DriftConfig
 from gateway.errors import ConfigError
-from gateway.health import HealthConfig
 from gateway.logging import LogFormat, LogLevel
 from gateway.model_trust import ModelTrust, SignaturePolicy
+from gateway.monitor.drift import DriftConfig
+from gateway.monitor.health import HealthConfig
+from gateway.monitor.pairs import PairsConfig
+from gateway.monitor.references import ReferenceConfig
 from gateway.ota.config import OtaConfig
-from gateway.pairs import PairsConfig
-from gateway.publisher import PublisherConfig
+from gateway.publish.publisher import PublisherConfig
 from gateway.readings import SENSOR_ID_PATTERN
-from gateway.references import ReferenceConfig
 from gateway.runtime import DEFAULT_RUNTIME_PREFERENCE, RuntimeName
 from gateway.sources.mqtt_source import MqttSourceConfig
 from gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig

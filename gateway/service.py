@@ -32,13 +32,14 @@ from gateway.ingest_log import IngestLog, JournaledQueue
 from gateway.instance_lock import AlreadyRunningError, InstanceLock
 from gateway.memory import release_free_heap
 from gateway.model_watch import ModelSet, ReloadOutcome
-from gateway.monitoring import ModelInfo, Monitor, SensorDocument
+from gateway.monitor.monitor import ModelInfo, Monitor, SensorDocument
+from gateway.monitor.references import ReferenceConfig
 from gateway.ota.config import OtaConfig
 from gateway.ota.service import OtaService
-from gateway.outbox import OutboxError
-from gateway.publisher import OUTBOX_FILENAME, Publisher, PublisherError
+from gateway.publish.errors import PublisherError
+from gateway.publish.outbox import OutboxError
+from gateway.publish.publisher import OUTBOX_FILENAME, Publisher
 from gateway.readings import Reading
-from gateway.references import ReferenceConfig
 from gateway.rejects import RejectCounter
 from gateway.sd_notify import SdNotifier
 from gateway.set_aside import SetAsideLog
@@ -46,7 +47,7 @@ from gateway.sources.mqtt_source import MqttSource, MqttSourceConfig
 from gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig, SerialSource
 from gateway.state import StateStore
 from gateway.ticker import Ticker
-from gateway.window_store import WindowState, WindowStore
+from gateway.window_store import WindowState
 
 __all__ = ["AlreadyRunningError", "GatewayService", "read_pid_file", "write_json_atomic"]
 
@@ -123,11 +124,15 @@ class GatewayService:
             num_threads=config.runtime.num_threads,
             trust=config.model_trust(),
         )
-        self.store = WindowStore(clock_sanity=ClockSanity(self.rejects))
         self.set_aside = SetAsideLog(clock=clock)  # state files that could not be read
         self.state = StateStore(config.state_dir, clock=clock, set_aside=self.set_aside)
         self._instance = InstanceLock(config.state_dir, config.pid_file)
-        self.ticker = Ticker(self.store, self.models, grace_s=config.tick.grace_s, clock=clock)
+        self.ticker = Ticker(
+            self.models,
+            grace_s=config.tick.grace_s,
+            clock_sanity=ClockSanity(self.rejects),
+            clock=clock,
+        )
         self.publisher: Publisher | None = None
         self.ingest_log = IngestLog(
             config.state_dir / "ingest-log",
@@ -147,7 +152,7 @@ class GatewayService:
         self._reload: asyncio.Event | None = None
         self._tick_wanted: asyncio.Event | None = None
         self._mqtt_sources: dict[str, MqttSource] = {}
-        self.admission = SensorAdmission(config.sensors, self.store, self.rejects, clock=clock)
+        self.admission = SensorAdmission(config.sensors, self.ticker, self.rejects, clock=clock)
         self._serial_source: SerialSource | None = None
         self.ota: OtaService | None = None
         self.reference_rejects = RejectCounter()
@@ -229,7 +234,7 @@ class GatewayService:
                 continue
             restored = self.state.restore(feature, calibrator.geometry)
             if restored is not None:
-                self.store.install(feature, restored)
+                self.ticker.install(feature, restored)
         self.admission.adopt_windows()  # restored windows count toward sensors.max_sensors
 
     def _replay_ingest_log(self) -> None:
@@ -241,7 +246,7 @@ class GatewayService:
     def _save_windows_and_checkpoint(self) -> None:
         """Save every window, then record in the ingest log what the snapshots now cover."""
         queued = self._queue.qsize() if self._queue is not None else 0
-        if self._write_snapshots_after_outbox(self.state.snapshot(self.store)):
+        if self._write_snapshots_after_outbox(self.ticker.snapshot()):
             self.ingest_log.checkpoint_now(queued)
         self.ingest_log.close()
 
@@ -311,7 +316,7 @@ class GatewayService:
             await _cancel_and_wait([tick_task])
             await self._tick_once(publisher)
             await _cancel_and_wait(helpers)
-            self.state.save_all(self.store)
+            self.state.write_snapshots(self.ticker.snapshot())
             await _cancel_and_wait([publisher_task])  # delivers within shutdown_flush_s
             self._publisher_final = publisher.stats()  # after the flush: what is left queued
 
@@ -436,12 +441,7 @@ class GatewayService:
         if not documents:
             return
         try:
-            publisher.submit_documents(
-                [
-                    (publisher.sensor_topic(d.sensor_id, d.feature, d.kind), d.document)
-                    for d in documents
-                ]
-            )
+            publisher.submit_documents(documents)
         except (OutboxError, PublisherError) as exc:
             self._publish_failures += len(documents)
             _log.error("publish_submit_failed", documents=len(documents), error=str(exc))
@@ -475,7 +475,7 @@ class GatewayService:
             await asyncio.sleep(self.config.state.save_interval_s)
             self.admission.evict_idle()  # before the snapshot, so evicted windows leave it too
             async with self._tick_lock:  # on the loop: a consistent copy, no tick half done
-                snapshots = self.state.snapshot(self.store)
+                snapshots = self.ticker.snapshot()
                 queued = self._queue.qsize() if self._queue is not None else 0
                 checkpoint = self.ingest_log.mark(queued)  # what the snapshots cover
             if await asyncio.to_thread(
@@ -522,21 +522,17 @@ class GatewayService:
     # -- reporting --------------------------------------------------------------------------
 
     def _stats(self) -> dict[str, object]:
+        ticker = self.ticker.stats()
+        sources = {name: source.stats() for name, source in self._mqtt_sources.items()}
         return {
             "gateway_id": self.config.gateway_id,
             "version": __version__,
             "uptime_s": round(self._clock() - self._started_at, 1),
-            "readings_in": self.ticker.stats.readings_in,
+            "readings_in": ticker["readings_in"],
             "rejected": self.rejects.snapshot(),
             "admission": self.admission.snapshot(),
-            "windows": {
-                feature: {
-                    "sensors": len(windows.sensor_ids),
-                    "outcomes": {o.value: n for o, n in windows.counts.items()},
-                }
-                for feature, windows in self.store.items()
-            },
-            "ticker": self.ticker.stats.as_dict(),
+            "windows": ticker["windows"],
+            "ticker": ticker["ticker"],
             "models": self.models.stats(),
             "degraded": self.models.missing(),  # features with no model: nothing calibrated
             "state": {
@@ -546,15 +542,9 @@ class GatewayService:
             },
             "ingest_log": self.ingest_log.stats.as_dict(),
             "publish_failures": self._publish_failures,
-            "mqtt_sources_connected": {
-                name: source.connected for name, source in self._mqtt_sources.items()
-            },
-            "mqtt_other_shard": {
-                name: source.other_shard for name, source in self._mqtt_sources.items()
-            },
-            "mqtt_inbox": {
-                name: source.inbox_stats() for name, source in self._mqtt_sources.items()
-            },
+            "mqtt_sources_connected": {name: s.connected for name, s in sources.items()},
+            "mqtt_other_shard": {name: s.other_shard for name, s in sources.items()},
+            "mqtt_inbox": {name: s.inbox for name, s in sources.items()},
             "references_connected": {
                 name: source.connected for name, source in self._reference_sources.items()
             },
@@ -563,14 +553,14 @@ class GatewayService:
         }
 
     def _status_line(self) -> str:
-        stats = self.ticker.stats
+        stats = self.ticker.counters
         missing = self.models.missing()
         phase = (
             f"{self._phase}, degraded (no model: {', '.join(missing)})" if missing else self._phase
         )
         line = (
             f"{phase}: {stats.readings_in} readings, {stats.published} published, "
-            f"{sum(len(w.sensor_ids) for _, w in self.store.items())} sensor windows"
+            f"{self.ticker.sensor_windows} sensor windows"
         )
         degraded = [*self._instance.problems]
         if self.set_aside.count:

@@ -25,15 +25,10 @@ import numpy as np
 import structlog
 
 from gateway.errors import GatewayError
+from gateway.geometry import WindowGeometry
 from gateway.readings import SENSOR_ID_PATTERN
 from gateway.set_aside import SetAsideLog
-from gateway.window_store import (
-    ModelWindows,
-    WindowGeometry,
-    WindowState,
-    WindowStore,
-    WindowStoreError,
-)
+from gateway.window_store import ModelWindows, WindowState, WindowStore, WindowStoreError
 
 __all__ = ["FORMAT_VERSION", "StateStats", "StateStore"]
 

@@ -13,17 +13,28 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import structlog
 
 from gateway.calibrated import CalibratedReading, Quality
 from gateway.calibrator import CalibrationError, Calibrator
+from gateway.geometry import WindowGeometry
 from gateway.model_watch import ModelSet
 from gateway.readings import Reading
-from gateway.window_store import AddOutcome, ReadyWindows, WindowGeometry, WindowStore
+from gateway.window_store import (
+    AddOutcome,
+    ModelWindows,
+    ReadyWindows,
+    WindowState,
+    WindowStore,
+)
+
+if TYPE_CHECKING:
+    from gateway.clock_sanity import ClockSanity
 
 __all__ = ["TickBatch", "Ticker", "TickerStats"]
 
@@ -72,21 +83,26 @@ class TickBatch:
 
 
 class Ticker:
-    """Owns the window store on the event loop; calibrates off it."""
+    """Owns the window store on the event loop; calibrates off it.
+
+    Everything else reaches the windows through the ticker: ingest, restored windows
+    (:meth:`install`), snapshots (:meth:`snapshot`), admission's view and eviction
+    (:meth:`last_seen`, :meth:`remove_sensors`) and the stats (:meth:`stats`).
+    """
 
     def __init__(
         self,
-        store: WindowStore,
         models: ModelSet,
         *,
         grace_s: float,
+        clock_sanity: ClockSanity | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.store = store
+        self.store = WindowStore(clock_sanity=clock_sanity)
         self.models = models
         self.grace_s = grace_s
-        self.stats = TickerStats()
+        self.counters = TickerStats()
         self._clock = clock
         self._monotonic = monotonic
         self.sync_models()
@@ -110,9 +126,44 @@ class Ticker:
 
     def ingest(self, reading: Reading) -> dict[str, AddOutcome]:
         """Add a reading to every model's windows (``arrival`` = now); the outcome per feature."""
-        self.stats.readings_in += 1
-        self.stats.last_ingest_monotonic = self._monotonic()
+        self.counters.readings_in += 1
+        self.counters.last_ingest_monotonic = self._monotonic()
         return self.store.add(reading, self._clock())
+
+    def install(self, feature: str, windows: ModelWindows) -> None:
+        """Adopt windows restored from a snapshot (their geometry already checked)."""
+        self.store.install(feature, windows)
+
+    def snapshot(self) -> list[tuple[str, WindowState]]:
+        """A copy of every model's restorable state, to be written off the loop."""
+        return [(feature, windows.export_state()) for feature, windows in self.store.items()]
+
+    def last_seen(self) -> dict[str, float]:
+        """Per sensor, the end of the newest period it had a reading in (for admission)."""
+        return self.store.last_seen()
+
+    def remove_sensors(self, sensor_ids: Iterable[str]) -> int:
+        """Forget these sensors' windows (admission's eviction); how many windows went."""
+        return self.store.remove_sensors(sensor_ids)
+
+    @property
+    def sensor_windows(self) -> int:
+        """Windows held, over every model."""
+        return sum(len(windows.sensor_ids) for _, windows in self.store.items())
+
+    def stats(self) -> dict[str, object]:
+        """The ticker's part of the stats topic: readings in, windows per model, tick counters."""
+        return {
+            "readings_in": self.counters.readings_in,
+            "windows": {
+                feature: {
+                    "sensors": len(windows.sensor_ids),
+                    "outcomes": {o.value: n for o, n in windows.counts.items()},
+                }
+                for feature, windows in self.store.items()
+            },
+            "ticker": self.counters.as_dict(),
+        }
 
     @property
     def has_closed_periods(self) -> bool:
@@ -139,14 +190,14 @@ class Ticker:
     async def tick(self) -> list[CalibratedReading]:
         """Collect on the loop, invoke in a worker thread, count, return the readings."""
         batches = self.collect()
-        self.stats.ticks += 1
-        self.stats.last_tick_monotonic = self._monotonic()
+        self.counters.ticks += 1
+        self.counters.last_tick_monotonic = self._monotonic()
         if not batches:
             return []
         readings = await asyncio.to_thread(self.calibrate, batches)
-        self.stats.published += len(readings)
+        self.counters.published += len(readings)
         for batch in batches:
-            self.stats.sensors_ready[batch.feature] = len(
+            self.counters.sensors_ready[batch.feature] = len(
                 {
                     r.sensor_id
                     for r in readings
@@ -155,10 +206,10 @@ class Ticker:
             )
         for item in readings:
             if item.calibrated is not None:
-                self.stats.calibrated += 1
+                self.counters.calibrated += 1
             for flag in item.quality:
                 if flag is not Quality.OK:
-                    self.stats.flagged[flag.value] = self.stats.flagged.get(flag.value, 0) + 1
+                    self.counters.flagged[flag.value] = self.counters.flagged.get(flag.value, 0) + 1
         return readings
 
     def _calibrate_batch(self, batch: TickBatch) -> list[CalibratedReading]:
@@ -175,12 +226,12 @@ class Ticker:
                 values[valid] = calibrator.calibrate(rows)
             except CalibrationError as exc:
                 failed = True
-                self.stats.inference_errors += 1
+                self.counters.inference_errors += 1
                 _log.error("inference_failed", feature=batch.feature, error=str(exc))
             elapsed = time.perf_counter() - started
-            self.stats.last_inference_s = elapsed
-            self.stats.total_inference_s += elapsed
-            self.stats.last_batch[batch.feature] = int(valid.sum())
+            self.counters.last_inference_s = elapsed
+            self.counters.total_inference_s += elapsed
+            self.counters.last_batch[batch.feature] = int(valid.sum())
         domain = _outside_domain(calibrator, ready)
         period_seconds = (
             calibrator.geometry.period_seconds

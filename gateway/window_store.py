@@ -27,9 +27,9 @@ import numpy.typing as npt
 
 from gateway.calibrated import Quality
 from gateway.errors import GatewayError
-from gateway.manifest import Manifest
+from gateway.geometry import WindowGeometry
 from gateway.readings import Reading
-from gateway.series import GapPolicy, gap_fill, period_index, window_is_valid
+from gateway.series import gap_fill, period_index, window_is_valid
 
 if TYPE_CHECKING:
     from gateway.clock_sanity import ClockSanity
@@ -39,7 +39,6 @@ __all__ = [
     "AddOutcome",
     "ModelWindows",
     "ReadyWindows",
-    "WindowGeometry",
     "WindowState",
     "WindowStore",
     "WindowStoreError",
@@ -83,29 +82,6 @@ class AddOutcome(enum.StrEnum):
     IRRELEVANT = "irrelevant"  # carries none of the model's input channels
     HELD = "held"  # for a period the gateway clock has not reached: waits (gateway.clock_sanity)
     CLOCK_OUTLIER = "clock_outlier"  # a held reading the sensor's next reading contradicted
-
-
-@dataclass(frozen=True, slots=True)
-class WindowGeometry:
-    """What a model needs from its windows: N, the period, the channels and the gap rule."""
-
-    window_length: int
-    period_seconds: int
-    channels: tuple[str, ...]
-    gap_policy: GapPolicy
-
-    def __post_init__(self) -> None:
-        if self.window_length < 1 or self.period_seconds < 1 or not self.channels:
-            raise WindowStoreError(f"invalid window geometry {self}")
-
-    @classmethod
-    def from_manifest(cls, manifest: Manifest) -> WindowGeometry:
-        return cls(
-            window_length=manifest.window_length,
-            period_seconds=manifest.period_seconds,
-            channels=manifest.channel_names,
-            gap_policy=manifest.gap_policy,
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -27,7 +28,7 @@ from gateway.rejects import RejectCounter
 from gateway.sharding import ShardConfig
 from gateway.sources.payloads import PayloadRules, decode_payload
 
-__all__ = ["MqttSource", "MqttSourceConfig"]
+__all__ = ["MqttSource", "MqttSourceConfig", "MqttSourceStats"]
 
 SOURCE_NAME = "mqtt"
 
@@ -124,6 +125,15 @@ class MqttSourceConfig(BaseModel):
         )
 
 
+@dataclass(frozen=True, slots=True)
+class MqttSourceStats:
+    """A snapshot of one subscription: connected, readings of other shards, inbox hand-off."""
+
+    connected: bool
+    other_shard: int
+    inbox: dict[str, int]
+
+
 class MqttSource:
     """Subscribes to the sensor topics and feeds validated readings into the gateway's queue."""
 
@@ -142,11 +152,22 @@ class MqttSource:
         self._connection: MqttConnection | None = None
         self._started = asyncio.Event()
         self._inbox_stats: dict[str, int] = {}
-        self.other_shard = 0  # readings left to the gateways of other shards (not rejects)
+        self._other_shard = 0  # readings left to the gateways of other shards (not rejects)
 
     @property
     def connected(self) -> bool:
         return self._connection is not None and self._connection.connected
+
+    @property
+    def other_shard(self) -> int:
+        """Readings left to the gateways of other shards (not rejects)."""
+        return self._other_shard
+
+    def stats(self) -> MqttSourceStats:
+        """This source's part of the stats topic."""
+        return MqttSourceStats(
+            connected=self.connected, other_shard=self._other_shard, inbox=self.inbox_stats()
+        )
 
     def inbox_stats(self) -> dict[str, int]:
         """The connection's receive hand-off (:meth:`MqttConnection.inbox_stats`); the last
@@ -206,7 +227,7 @@ class MqttSource:
                 and shard is not None
                 and not shard.owns(topic_sensor_id)
             ):
-                self.other_shard += 1
+                self._other_shard += 1
                 return []  # another gateway's sensor: not even parsed
             decoded = decode_payload(
                 message.payload,
@@ -224,7 +245,7 @@ class MqttSource:
         if shard is None:
             return list(decoded.readings)
         owned = [reading for reading in decoded.readings if shard.owns(reading.sensor_id)]
-        self.other_shard += len(decoded.readings) - len(owned)
+        self._other_shard += len(decoded.readings) - len(owned)
         return owned
 
     def _topic_sensor_id(self, topic: str) -> str | None:

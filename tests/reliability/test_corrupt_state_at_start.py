@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.publisher import OUTBOX_FILENAME
+from gateway.publish.publisher import OUTBOX_FILENAME
 from tests.reliability.harness import (
     PERIOD_S,
     Collector,

@@ -21,13 +21,14 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from gateway.geometry import WindowGeometry
 from gateway.manifest import load_manifest
-from gateway.outbox import Outbox, OutboxMessage
-from gateway.pairs import PairRow, PairsWriter
+from gateway.monitor.pairs import PairRow, PairsWriter
+from gateway.publish.outbox import Outbox, OutboxMessage
 from gateway.readings import Reading
 from gateway.set_aside import SetAsideLog
 from gateway.state import StateStore
-from gateway.window_store import WindowGeometry, WindowStore
+from gateway.window_store import WindowStore
 from tests.reliability.harness import DEFAULT_MODEL, report
 
 pytestmark = pytest.mark.reliability

@@ -1,6 +1,6 @@
 """Loader for the raw/reference pairs a gateway records beside a reference station.
 
-Layout (written by ``gateway.pairs``)::
+Layout (written by ``gateway.monitor.pairs``)::
 
     <state_dir>/pairs/<feature>/pairs-YYYYMMDD.csv       first file of a UTC day
     <state_dir>/pairs/<feature>/pairs-YYYYMMDD-<n>.csv   further files of that day (size rotation)
@@ -17,7 +17,6 @@ calibrations beside the tidy frame so a retraining report can quote what the gat
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from types import MappingProxyType
 import numpy as np
 import pandas as pd
 
+from gateway.monitor.pairs import pairs_file_part
 from training.data._files import parse_timestamps, read_csv
 from training.data.frame import (
     COVARIATES,
@@ -53,7 +53,6 @@ PAIRS_ATTRIBUTION = "raw/reference pairs recorded by a tesla-gateway"
 PAIRS_COLUMNS: tuple[str, ...] = (*REQUIRED_COLUMNS, "calibrated", "model_version", *COVARIATES)
 RECORDED_COLUMNS: tuple[str, ...] = ("calibrated", "model_version")
 TRUNCATED_LINE = "pairs:truncated_line"
-_FILE_NAME = re.compile(r"^pairs-(\d{8})(?:-(\d+))?\.csv$")
 _FEATURE_BY_NAME: Mapping[str, Feature] = MappingProxyType({name: name for name in FEATURES})
 
 
@@ -100,9 +99,9 @@ def pairs_files(directory: Path) -> list[Path]:
     """The directory's pairs files in write order: by day, then by rotation part."""
     found: list[tuple[str, int, Path]] = []
     for path in directory.iterdir():
-        match = _FILE_NAME.match(path.name)
-        if match is not None and path.is_file():
-            found.append((match.group(1), int(match.group(2) or 0), path))
+        day_part = pairs_file_part(path.name)
+        if day_part is not None and path.is_file():
+            found.append((*day_part, path))
     return [path for _, _, path in sorted(found)]
 
 

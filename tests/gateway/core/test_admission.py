@@ -8,10 +8,11 @@ from structlog.testing import capture_logs
 
 from gateway.admission import SensorAdmission
 from gateway.config import SensorPolicy
+from gateway.geometry import WindowGeometry
 from gateway.readings import Reading, RejectReason
 from gateway.rejects import RejectCounter
 from gateway.series import GapPolicy
-from gateway.window_store import ModelWindows, WindowGeometry, WindowStore
+from gateway.window_store import ModelWindows, WindowStore
 
 P = 60
 T0 = 1_700_000_040  # a period boundary

@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from gateway.clock_sanity import ClockSanity
+from gateway.geometry import WindowGeometry
 from gateway.readings import Reading, RejectReason
 from gateway.rejects import RejectCounter
 from gateway.series import GapPolicy
-from gateway.window_store import AddOutcome, WindowGeometry, WindowStore
+from gateway.window_store import AddOutcome, WindowStore
 
 P = 60
 T0 = 1_700_000_040  # a period boundary

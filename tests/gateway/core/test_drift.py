@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gateway.drift import (
+from gateway.monitor.drift import (
     DriftChange,
     DriftConfig,
     DriftDetector,

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.geometry import WindowGeometry
 from gateway.ingest_log import (
     FIELD_CODES,
     IngestLog,
@@ -25,7 +26,7 @@ from gateway.ingest_log import (
 from gateway.readings import FIELD_LIMITS, SENSOR_ID_PATTERN, Reading
 from gateway.series import GapPolicy
 from gateway.state import StateStore
-from gateway.window_store import WindowGeometry, WindowStore
+from gateway.window_store import WindowStore
 
 P = 60
 T0 = 1_700_000_040

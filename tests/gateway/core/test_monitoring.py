@@ -9,13 +9,13 @@ import numpy as np
 from structlog.testing import capture_logs
 
 from gateway.calibrated import CalibratedReading, Quality
-from gateway.drift import DriftConfig
-from gateway.health import HealthConfig
 from gateway.manifest import InputRange
-from gateway.monitoring import ModelInfo, Monitor, SensorDocument
-from gateway.pairs import HEADER, PairsConfig
+from gateway.monitor.drift import DriftConfig
+from gateway.monitor.health import HealthConfig
+from gateway.monitor.monitor import ModelInfo, Monitor, SensorDocument
+from gateway.monitor.pairs import HEADER, PairsConfig
+from gateway.monitor.references import ReferenceConfig
 from gateway.readings import Reading
-from gateway.references import ReferenceConfig
 from gateway.sources.mqtt_source import MqttSourceConfig
 from gateway.window_store import AddOutcome
 

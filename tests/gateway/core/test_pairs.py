@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.pairs import HEADER, PairRow, PairsWriter, format_row
+from gateway.monitor.pairs import (
+    HEADER,
+    PairRow,
+    PairsWriter,
+    format_row,
+    pairs_file_name,
+    pairs_file_part,
+)
 
 DAY = datetime(2020, 1, 10, 12, 34, tzinfo=UTC).timestamp()
 
@@ -112,3 +119,11 @@ def test_write_failure_is_counted_logged_once_and_recovers(tmp_path: Path) -> No
     events = [entry["event"] for entry in logs]
     assert events == ["pairs_write_failed", "pairs_write_recovered"]
     assert len(lines(target / "pairs-20200110.csv")) == 2
+
+
+@pytest.mark.parametrize("part", [0, 1, 12])
+def test_the_file_name_rule_reads_back_what_it_writes(part: int) -> None:
+    """One rule names and recognises pairs files (training's loader imports it)."""
+    assert pairs_file_part(pairs_file_name("20261123", part)) == ("20261123", part)
+    assert pairs_file_part("pairs-20261123.csv.tmp") is None
+    assert pairs_file_part("notes.csv") is None

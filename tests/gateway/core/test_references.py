@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from gateway.calibrated import CalibratedReading, Quality
+from gateway.monitor.references import ReferenceConfig, ReferenceGrid, ReferencePairing
 from gateway.readings import Reading
-from gateway.references import ReferenceConfig, ReferenceGrid, ReferencePairing
 from gateway.sources.mqtt_source import MqttSourceConfig
 
 P = 60

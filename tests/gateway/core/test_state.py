@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import structlog
 
+from gateway.geometry import WindowGeometry
 from gateway.readings import Reading
 from gateway.series import GapPolicy
 from gateway.state import StateStore
-from gateway.window_store import AddOutcome, ModelWindows, WindowGeometry, WindowStore
+from gateway.window_store import AddOutcome, ModelWindows, WindowStore
 
 P = 60
 T0 = 1_700_000_040  # a period boundary

@@ -11,7 +11,7 @@ from gateway.calibrated import CalibratedReading, Quality
 from gateway.model_watch import ModelSet
 from gateway.readings import Reading
 from gateway.ticker import Ticker
-from gateway.window_store import WindowStore
+from gateway.window_store import ModelWindows
 from tests.support.models import ModelFactory
 
 P = 60
@@ -31,7 +31,7 @@ class Clock:
 def make_ticker(models: dict[str, Path], clock: Clock) -> Ticker:
     model_set = ModelSet(models)
     model_set.refresh()
-    return Ticker(WindowStore(), model_set, grace_s=5.0, clock=clock)
+    return Ticker(model_set, grace_s=5.0, clock=clock)
 
 
 def values(sensor: str, period: int, **fields: float) -> Reading:
@@ -56,7 +56,7 @@ def test_warm_up_then_calibrated_in_one_batch(model_factory: ModelFactory) -> No
     assert {r.raw for r in warm if r.sensor_id == "a"} == {float(v) for v in series["a"][:7]}
     ok = [r for r in published if r.quality == (Quality.OK,)]
     assert len(ok) == 6
-    assert ticker.stats.last_batch == {"pm10": 3}  # one invoke for all three sensors
+    assert ticker.counters.last_batch == {"pm10": 3}  # one invoke for all three sensors
     for reading in ok:
         period = int(reading.period_start // P) - T0 // P
         window = series[reading.sensor_id][period - 7 : period + 1].astype(np.float32)
@@ -122,7 +122,7 @@ def test_two_models_and_a_missing_channel(model_factory: ModelFactory) -> None:
     calibrated = last["full", "pm2_5"].calibrated
     assert calibrated is not None
     np.testing.assert_allclose(calibrated, expected, rtol=1e-4, atol=1e-3)
-    assert ticker.stats.calibrated > 0 and ticker.stats.flagged["missing_channel"] > 0
+    assert ticker.counters.calibrated > 0 and ticker.counters.flagged["missing_channel"] > 0
 
 
 def test_new_model_geometry_resets_windows(model_factory: ModelFactory, tmp_path: Path) -> None:
@@ -139,3 +139,28 @@ def test_new_model_geometry_resets_windows(model_factory: ModelFactory, tmp_path
     assert ticker.sync_models() == ["pm10"]
     assert ticker.store["pm10"].geometry.window_length == 6
     assert len(ticker.store["pm10"].sensor_ids) == 0
+
+
+def test_the_ticker_is_the_windows_one_door(model_factory: ModelFactory) -> None:
+    # Snapshots, restored windows, admission's view and eviction, and the stats all go through
+    # the ticker, which builds its own window store.
+    model = model_factory.get()
+    ticker = make_ticker({"pm10": model.path}, Clock(T0))
+    for period in range(3):
+        for sensor in ("a", "b"):
+            ticker.ingest(values(sensor, period, pm10=10.0 + period))
+    assert ticker.sensor_windows == 2
+    assert set(ticker.last_seen()) == {"a", "b"}
+    (feature, state), *others = ticker.snapshot()
+    assert feature == "pm10" and not others
+
+    restored = make_ticker({"pm10": model.path}, Clock(T0))
+    restored.install(feature, ModelWindows.from_state(state))
+    assert restored.last_seen() == ticker.last_seen()
+    assert restored.remove_sensors(["a"]) == 1
+    stats = restored.stats()
+    windows = stats["windows"]
+    assert isinstance(windows, dict) and windows["pm10"]["sensors"] == 1
+    assert stats["readings_in"] == 0
+    assert stats["ticker"] == restored.counters.as_dict()
+    assert ticker.stats()["readings_in"] == 6

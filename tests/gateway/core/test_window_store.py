@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.calibrated import Quality
+from gateway.geometry import WindowGeometry
 from gateway.readings import Reading
 from gateway.series import (
     GapPolicy,
@@ -17,12 +18,7 @@ from gateway.series import (
     sliding_windows,
     valid_window_ends,
 )
-from gateway.window_store import (
-    AddOutcome,
-    ModelWindows,
-    WindowGeometry,
-    WindowStore,
-)
+from gateway.window_store import AddOutcome, ModelWindows, WindowStore
 
 P = 60
 T0 = 1_700_000_000 - 1_700_000_000 % P  # a period boundary

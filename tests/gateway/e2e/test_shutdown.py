@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.outbox import Outbox
-from gateway.publisher import OUTBOX_FILENAME
+from gateway.publish.outbox import Outbox
+from gateway.publish.publisher import OUTBOX_FILENAME
 from tests.gateway.e2e.harness import (
     MODEL,
     WAIT_S,

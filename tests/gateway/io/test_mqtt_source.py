@@ -13,7 +13,8 @@ from structlog.testing import capture_logs
 
 from gateway.readings import Reading, RejectReason
 from gateway.rejects import RejectCounter
-from gateway.sources.mqtt_source import MqttSource, MqttSourceConfig
+from gateway.sharding import shard_of
+from gateway.sources.mqtt_source import MqttSource, MqttSourceConfig, MqttSourceStats
 from tests.gateway.io.helpers import broker_config, eventually, publish_raw
 from tests.support.mosquitto import Mosquitto
 
@@ -187,3 +188,36 @@ def test_slow_consumer_backpressure_keeps_every_reading(mosquitto: Mosquitto) ->
 
     readings = asyncio.run(scenario())
     assert [r.values["pm10"] for r in readings] == [float(n) for n in range(50)]
+
+
+def test_a_sharded_source_reports_what_it_left_to_other_shards(mosquitto: Mosquitto) -> None:
+    # Shard 0 of 2: the readings of the other shard's sensors are counted in the source's own
+    # stats snapshot (read-only: nothing outside the source can reset the count).
+    ids = [f"s{n}" for n in range(12)]
+    mine = [sensor for sensor in ids if shard_of(sensor, 2) == 0]
+    assert 0 < len(mine) < len(ids)
+
+    async def scenario() -> tuple[list[Reading], MqttSourceStats, MqttSource]:
+        queue: asyncio.Queue[Reading] = asyncio.Queue()
+        config = MqttSourceConfig.model_validate(
+            {"broker": broker_config(mosquitto), "shard": {"index": 0, "count": 2}}
+        )
+        source = MqttSource(config, gateway_id="gw-shard0")
+        now = time.time()
+        async with running(source, queue, RejectCounter()):
+            await asyncio.to_thread(
+                publish_raw,
+                mosquitto,
+                [(f"sensors/{s}/raw", json.dumps({"ts": now, "pm10": 1.0}).encode()) for s in ids],
+            )
+            readings = await take(queue, len(mine))
+            await eventually(lambda: source.stats().other_shard == len(ids) - len(mine))
+            return readings, source.stats(), source
+
+    readings, stats, source = asyncio.run(scenario())
+    assert sorted(r.sensor_id for r in readings) == sorted(mine)
+    assert stats.connected
+    assert stats.other_shard == source.other_shard == len(ids) - len(mine)
+    assert isinstance(stats.inbox, dict)
+    with pytest.raises(AttributeError):
+        source.other_shard = 0  # type: ignore[misc]

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from gateway.outbox import Outbox, OutboxError, OutboxMessage
+from gateway.publish.outbox import Outbox, OutboxError, OutboxMessage
 from gateway.set_aside import SetAsideLog
 
 

@@ -16,7 +16,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from gateway.calibrated import CalibratedReading, Quality
-from gateway.publisher import Publisher, PublisherConfig, PublisherError, reading_payload
+from gateway.monitor.monitor import SensorDocument
+from gateway.publish.errors import PublisherError
+from gateway.publish.payloads import reading_payload
+from gateway.publish.publisher import Publisher, PublisherConfig
 from tests.gateway.io.helpers import broker_config, collecting, eventually
 from tests.support.mosquitto import Mosquitto
 
@@ -99,7 +102,7 @@ def test_last_will_says_offline_when_the_gateway_dies(mosquitto: Mosquitto, tmp_
     script = f"""
 import asyncio, sys
 from pathlib import Path
-from gateway.publisher import Publisher, PublisherConfig
+from gateway.publish.publisher import Publisher, PublisherConfig
 config = PublisherConfig.model_validate_json(sys.argv[1])
 async def main():
     async with Publisher(config, gateway_id="gwdie", state_dir=Path({str(tmp_path)!r})) as p:
@@ -343,7 +346,7 @@ def test_the_window_slides_one_acknowledgement_at_a_time(tmp_path: Path) -> None
 
     async def scenario() -> None:
         publisher.submit([reading(n) for n in range(10)])
-        drain = asyncio.create_task(publisher._drain(connection))  # type: ignore[arg-type]
+        drain = asyncio.create_task(publisher._delivery.drain(connection))  # type: ignore[arg-type]
         await eventually(sent_count(4))
         await asyncio.sleep(0.05)
         assert len(connection.sent) == 4  # the window is full: nothing more goes out
@@ -361,3 +364,37 @@ def test_the_window_slides_one_acknowledgement_at_a_time(tmp_path: Path) -> None
     asyncio.run(scenario())
     assert [topic for topic, _ in connection.sent] == ["tesla/gw9/s1/pm10"] * 10
     publisher._outbox.close()
+
+
+def test_monitor_documents_go_on_the_topics_the_publisher_resolves(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    # The service hands the monitor's documents over as they are; the publisher's topic scheme
+    # puts each on <prefix>/<sensor>/<feature>/<kind>, retained, with the document as JSON.
+    health = SensorDocument("health", "s1", "pm10", {"ts": "2023-11-14T22:13:20Z", "ok": True})
+    drift = SensorDocument("drift", "s2", "pm2_5", {"drift": True, "threshold": 2.5})
+
+    async def scenario() -> None:
+        cfg = config(mosquitto, topic_prefix="site/b")
+        async with Publisher(cfg, gateway_id="gw10", state_dir=tmp_path) as publisher:
+            publisher.submit_documents([health, drift])
+            await asyncio.wait_for(publisher.wait_idle(), 10)
+
+    asyncio.run(scenario())
+    with collecting(mosquitto, ["site/b/#"]) as live:  # after: what the broker retained
+        live.wait_for(lambda m: len([x for x in m if x.topic.count("/") == 4]) == 2)
+        documents = {m.topic: m for m in live.messages if m.topic.count("/") == 4}
+    assert documents["site/b/s1/pm10/health"].payload == (
+        b'{"ts": "2023-11-14T22:13:20Z", "ok": true}'
+    )
+    assert documents["site/b/s2/pm2_5/drift"].payload == b'{"drift": true, "threshold": 2.5}'
+    assert all(m.retain for m in documents.values())
+
+
+def test_a_document_whose_ids_cannot_be_a_topic_is_refused(tmp_path: Path) -> None:
+    settings = PublisherConfig.model_validate({"broker": {"host": "127.0.0.1", "port": 1}})
+    publisher = Publisher(settings, gateway_id="gw11", state_dir=tmp_path)
+    with pytest.raises(PublisherError, match="cannot be a topic"):
+        publisher.submit_documents([SensorDocument("health", "s/+", "pm10", {})])
+    assert publisher.queued == 0
+    asyncio.run(publisher.aclose())

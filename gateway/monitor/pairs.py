@@ -47,6 +47,7 @@ __all__ = [
     "PairsWriter",
     "format_row",
     "pairs_file_name",
+    "pairs_file_part",
 ]
 
 PAIRS_DIRNAME = "pairs"
@@ -130,6 +131,12 @@ def format_row(row: PairRow) -> str:
 def pairs_file_name(day: str, part: int) -> str:
     """``pairs-YYYYMMDD.csv`` for part 0, ``pairs-YYYYMMDD-<part>.csv`` after that."""
     return f"pairs-{day}.csv" if part == 0 else f"pairs-{day}-{part}.csv"
+
+
+def pairs_file_part(name: str) -> tuple[str, int] | None:
+    """``(day, part)`` of a name :func:`pairs_file_name` made; None for any other file."""
+    match = _PART.match(name)
+    return None if match is None else (match.group(1), int(match.group(2) or 0))
 
 
 class PairsWriter:
@@ -220,9 +227,9 @@ class PairsWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         parts = [0]
         for path in self.directory.iterdir():
-            match = _PART.match(path.name)
-            if match and match.group(1) == day:
-                parts.append(int(match.group(2) or 0))
+            found = pairs_file_part(path.name)
+            if found is not None and found[0] == day:
+                parts.append(found[1])
         self._open_part(day, max(parts))
 
     def _open_part(self, day: str, part: int) -> None:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gateway.calibrated import CalibratedReading
 from gateway.manifest import Feature
-from gateway.pairs import PairRow
+from gateway.monitor.pairs import PairRow
 from gateway.readings import SENSOR_ID_PATTERN, Reading
 from gateway.series import period_index
 from gateway.sources.mqtt_source import MqttSourceConfig

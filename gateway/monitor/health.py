@@ -134,7 +134,9 @@ class HealthFlag(enum.StrEnum):
     OUT_OF_DOMAIN = "out_of_domain"  # the sensor left the model's training domain
     MISSING_CHANNEL = "missing_channel"  # the sensor lacks an input channel of the model
     OFFLINE = "offline"
-    DRIFT = "drift"  # set from the reference comparison (gateway.drift), never by this module
+    DRIFT = (
+        "drift"  # set from the reference comparison (gateway.monitor.drift), never by this module
+    )
 
 
 @dataclass(frozen=True, slots=True)

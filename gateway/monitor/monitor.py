@@ -11,7 +11,7 @@ monitor -> publisher) and never reaches back. The service calls it on the event 
   periodic health publication).
 
 It returns :class:`SensorDocument` s for the health and drift topics (docs/mqtt.md), appends the
-pairs to the dataset (:mod:`gateway.pairs`) and logs drift events.
+pairs to the dataset (:mod:`gateway.monitor.pairs`) and logs drift events.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
 import structlog
 
 from gateway.calibrated import CalibratedReading
-from gateway.drift import (
+from gateway.manifest import InputRange
+from gateway.monitor.drift import (
     DriftChange,
     DriftConfig,
     DriftDetector,
@@ -35,12 +35,12 @@ from gateway.drift import (
     RollingError,
     drift_threshold,
 )
-from gateway.health import HealthConfig, HealthFlag, SensorHealth
-from gateway.manifest import InputRange
-from gateway.pairs import PAIRS_DIRNAME, PairsConfig, PairsWriter
+from gateway.monitor.health import HealthConfig, HealthFlag, SensorHealth
+from gateway.monitor.pairs import PAIRS_DIRNAME, PairsConfig, PairsWriter
+from gateway.monitor.references import Pair, ReferenceConfig, ReferencePairing
 from gateway.readings import Reading
-from gateway.references import Pair, ReferenceConfig, ReferencePairing
 from gateway.sequence import SequenceTracker
+from gateway.timefmt import iso8601
 from gateway.window_store import AddOutcome
 
 __all__ = ["ModelInfo", "Monitor", "SensorDocument"]
@@ -79,10 +79,6 @@ class _Tracked:
     detector: DriftDetector
     model_version: int | None = None
     threshold: float | None = None
-
-
-def _iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).isoformat().replace("+00:00", "Z")
 
 
 def _figure(value: float | None) -> float | None:
@@ -255,13 +251,13 @@ class Monitor:
         period_seconds = info.period_seconds if info is not None else None
         last = report.last_period
         document: dict[str, object] = {
-            "ts": _iso(now),
+            "ts": iso8601(now),
             "sensor": sensor_id,
             "feature": feature,
             "ok": not flags,
             "flags": [flag.value for flag in flags],
             "last_period_start": (
-                None if last is None or period_seconds is None else _iso(last * period_seconds)
+                None if last is None or period_seconds is None else iso8601(last * period_seconds)
             ),
             **report.figures(),
             "readings_missing": self.sequences.missing_for(sensor_id),
@@ -363,13 +359,13 @@ class Monitor:
     ) -> dict[str, object]:
         threshold = tracked.threshold
         return {
-            "ts": _iso(now),
+            "ts": iso8601(now),
             "sensor": reading.sensor_id,
             "feature": reading.feature,
             "reference": tracked.reference,
             "drift": tracked.detector.active,
             "change": change.value,
-            "period_start": _iso(reading.period_start),
+            "period_start": iso8601(reading.period_start),
             **figures.as_dict(),
             "threshold": _figure(threshold),
             "clear_below": _figure(

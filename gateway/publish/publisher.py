@@ -1,20 +1,17 @@
-"""Calibrated readings out over MQTT, with store-and-forward (topics: docs/mqtt.md).
+"""Calibrated readings, health/drift documents and stats out over MQTT, store-and-forward.
 
-``submit`` never waits for the network: messages go into the persisted :class:`Outbox` and a
-delivery task sends them in order whenever the broker is connected, keeping up to ``in_flight``
-messages awaiting PUBACK and deleting each from the outbox only once acknowledged. The
-availability topic is ``online`` while connected and ``offline`` (the retained last will, or an
-explicit message on clean shutdown) otherwise.
+The composition of the publish package: ``submit`` never waits for the network: messages
+(:mod:`gateway.publish.payloads`, on the topics of :mod:`gateway.publish.topics`) go into the
+persisted :class:`Outbox` and the :class:`Delivery` window sends them in order whenever the broker
+is connected, deleting each from the outbox only once acknowledged. The availability topic is
+``online`` while connected and ``offline`` (the retained last will, or an explicit message on
+clean shutdown) otherwise.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import json
-import math
-from collections import deque
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,45 +22,28 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.calibrated import CalibratedReading
-from gateway.discovery import discovery_message
-from gateway.errors import GatewayError
+from gateway.monitor.monitor import SensorDocument
 from gateway.mqtt_connection import (
     MqttBrokerConfig,
     MqttConnection,
     MqttNotConnectedError,
-    MqttPublishError,
     Will,
     check_plain_topic,
 )
-from gateway.outbox import Outbox, OutboxMessage, QueuedMessage
+from gateway.publish.delivery import Delivery
+from gateway.publish.discovery import discovery_message
+from gateway.publish.errors import PublisherError
+from gateway.publish.outbox import Outbox, OutboxMessage
+from gateway.publish.payloads import batch_payloads, document_payload, reading_message
+from gateway.publish.topics import TopicScheme
 from gateway.readings import SENSOR_ID_PATTERN
 from gateway.set_aside import SetAsideLog
+from gateway.timefmt import iso8601
 
-__all__ = [
-    "OUTBOX_FILENAME",
-    "Publisher",
-    "PublisherConfig",
-    "PublisherError",
-    "iso8601",
-    "reading_payload",
-]
+__all__ = ["OUTBOX_FILENAME", "Publisher", "PublisherConfig"]
 
 OUTBOX_FILENAME = "outbox.sqlite3"
-DISPLAY_UNIT = "µg/m³"
 _NOT_CONNECTED_RETRY_S = 0.05
-
-
-def _retrieve(future: asyncio.Future[None]) -> None:
-    """Mark an abandoned publish's outcome as seen (asyncio logs unretrieved exceptions)."""
-    if not future.cancelled():
-        future.exception()
-
-
-_UNIT_ALIASES = {"ug/m3": DISPLAY_UNIT, "µg/m3": DISPLAY_UNIT, DISPLAY_UNIT: DISPLAY_UNIT}
-
-
-class PublisherError(GatewayError):
-    """A calibrated reading cannot be turned into a valid topic (a bug upstream)."""
 
 
 class PublisherConfig(BaseModel):
@@ -135,36 +115,10 @@ class PublisherConfig(BaseModel):
         return self
 
 
-@functools.lru_cache(maxsize=4096)  # a tick's readings share their period's two timestamps
-def iso8601(timestamp: float) -> str:
-    """UTC ISO-8601 with a 'Z', as every timestamp on our topics."""
-    text = datetime.fromtimestamp(timestamp, UTC).isoformat()
-    return text.replace("+00:00", "Z")
-
-
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
-
-
 def _mark_retrieved(future: asyncio.Future[Any]) -> None:
     """Outcomes reach serve()'s caller through the shield; after a cancel, aclose() sees them."""
     if not future.cancelled():
         future.exception()
-
-
-def reading_payload(reading: CalibratedReading) -> dict[str, object]:
-    """The JSON document of a calibrated topic (docs/mqtt.md)."""
-    return {
-        "ts": iso8601(reading.period_start + reading.period_seconds),
-        "period_start": iso8601(reading.period_start),
-        "period_s": reading.period_seconds,
-        "raw": _finite(reading.raw),
-        "calibrated": _finite(reading.calibrated),
-        "unit": _UNIT_ALIASES.get(reading.unit, reading.unit),
-        "model": reading.model_name,
-        "model_version": reading.model_version,
-        "quality": [quality.value for quality in reading.quality],
-    }
 
 
 class Publisher:
@@ -189,6 +143,7 @@ class Publisher:
         self._config = config
         self._gateway_id = gateway_id
         self.topic_prefix = config.topic_prefix or f"tesla/{gateway_id}"
+        self.topics = TopicScheme(self.topic_prefix)
         self._client_id = config.client_id or f"tesla-gateway-{gateway_id}-out"
         self._outbox = Outbox.open(  # a disk that refuses it: in memory, reported in stats
             state_dir / OUTBOX_FILENAME,
@@ -196,37 +151,20 @@ class Publisher:
             set_aside=set_aside,
             memory_fallback=True,
         )
-        self._log = structlog.get_logger("gateway.publisher").bind(prefix=self.topic_prefix)
-        self._wake = asyncio.Event()
-        self._idle = asyncio.Event()
+        self._log = structlog.get_logger("gateway.publish.publisher").bind(prefix=self.topic_prefix)
+        self._delivery = Delivery(
+            self._outbox,
+            in_flight=config.in_flight,
+            before_send=self._announce,
+            log=self._log,
+        )
         self._known: dict[tuple[str, str], None] = {}  # (sensor, feature), insertion-ordered
         self._announced: set[tuple[str, str]] = set()
         self._stats: dict[str, object] | None = None
-        self._published = 0
         self._dropped = 0
-        self._refused = 0
         self._connection: MqttConnection | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closed_counts: tuple[int, int] | None = None  # (queued, dropped_total) at close
-
-    # -- topics ----------------------------------------------------------------------------
-
-    @property
-    def status_topic(self) -> str:
-        return f"{self.topic_prefix}/status"
-
-    @property
-    def stats_topic(self) -> str:
-        return f"{self.topic_prefix}/stats"
-
-    def state_topic(self, sensor_id: str, feature: str) -> str:
-        return f"{self.topic_prefix}/{sensor_id}/{feature}"
-
-    def sensor_topic(self, sensor_id: str, feature: str, kind: Literal["health", "drift"]) -> str:
-        """``<prefix>/<sensor>/<feature>/health`` or ``.../drift`` (docs/mqtt.md)."""
-        if not SENSOR_ID_PATTERN.fullmatch(sensor_id) or not SENSOR_ID_PATTERN.fullmatch(feature):
-            raise PublisherError(f"sensor {sensor_id!r} / feature {feature!r} cannot be a topic")
-        return f"{self.state_topic(sensor_id, feature)}/{kind}"
 
     # -- the non-blocking side -------------------------------------------------------------
 
@@ -236,19 +174,13 @@ class Publisher:
             raise PublisherError("the publisher is closed; readings can no longer be queued")
         messages: list[OutboxMessage] = []
         for reading in readings:
-            if not SENSOR_ID_PATTERN.fullmatch(
-                reading.sensor_id
-            ) or not SENSOR_ID_PATTERN.fullmatch(reading.feature):
-                raise PublisherError(
-                    f"sensor {reading.sensor_id!r} / feature {reading.feature!r} cannot be a topic"
-                )
+            self.topics.check_ids(reading.sensor_id, reading.feature)
         if self._config.per_sensor_topics:
             for reading in readings:
-                payload = json.dumps(reading_payload(reading), ensure_ascii=False).encode("utf-8")
                 messages.append(
                     OutboxMessage(
-                        topic=self.state_topic(reading.sensor_id, reading.feature),
-                        payload=payload,
+                        topic=self.topics.state(reading.sensor_id, reading.feature),
+                        payload=reading_message(reading),
                         qos=self._config.qos,
                         retain=self._config.retain,
                     )
@@ -258,43 +190,32 @@ class Publisher:
             messages.extend(self._batch_messages(readings))
         self._enqueue(messages)
 
-    def batch_topic(self, feature: str) -> str:
-        """``<prefix>/_batch/<feature>``: a sensor id cannot start with '_', so no clash."""
-        return f"{self.topic_prefix}/_batch/{feature}"
-
     def _batch_messages(self, readings: Sequence[CalibratedReading]) -> list[OutboxMessage]:
         """Each feature's readings as JSON arrays of the per-sensor documents plus 'sensor'."""
-        by_feature: dict[str, list[dict[str, object]]] = {}
-        for reading in readings:
-            document = {"sensor": reading.sensor_id, **reading_payload(reading)}
-            by_feature.setdefault(reading.feature, []).append(document)
-        size = self._config.batch_max_readings
         return [
             OutboxMessage(
-                topic=self.batch_topic(feature),
-                payload=json.dumps(documents[start : start + size], ensure_ascii=False).encode(),
+                topic=self.topics.batch(feature),
+                payload=payload,
                 qos=self._config.qos,
                 retain=False,
             )
-            for feature, documents in by_feature.items()
-            for start in range(0, len(documents), size)
+            for feature, payload in batch_payloads(readings, self._config.batch_max_readings)
         ]
 
-    def submit_documents(self, documents: Sequence[tuple[str, Mapping[str, object]]]) -> None:
-        """Queue retained JSON documents (health, drift: docs/mqtt.md) behind the readings.
-
-        Each topic must lie under this publisher's prefix (build it with :meth:`sensor_topic`).
-        """
+    def submit_documents(self, documents: Sequence[SensorDocument]) -> None:
+        """Queue the monitor's retained documents (health, drift: docs/mqtt.md) behind the
+        readings, each on ``<prefix>/<sensor>/<feature>/<kind>``."""
         if self._closed_counts is not None:
             raise PublisherError("the publisher is closed; documents can no longer be queued")
-        messages: list[OutboxMessage] = []
-        for topic, document in documents:
-            if not topic.startswith(self.topic_prefix + "/"):
-                raise PublisherError(f"topic {topic!r} is not under {self.topic_prefix!r}")
-            payload = json.dumps(document, ensure_ascii=False, default=str).encode("utf-8")
-            messages.append(
-                OutboxMessage(topic=topic, payload=payload, qos=self._config.qos, retain=True)
+        messages = [
+            OutboxMessage(
+                topic=self.topics.sensor(d.sensor_id, d.feature, d.kind),
+                payload=document_payload(d.document),
+                qos=self._config.qos,
+                retain=True,
             )
+            for d in documents
+        ]
         self._enqueue(messages)
 
     def _enqueue(self, messages: Sequence[OutboxMessage]) -> None:
@@ -308,8 +229,7 @@ class Publisher:
                 bound=self._config.outbox_max_messages,
             )
         if messages:
-            self._idle.clear()
-            self._wake.set()
+            self._delivery.notify()
 
     def submit_stats(self, stats: Mapping[str, object]) -> None:
         """Replace the snapshot published on the stats topic every ``stats_interval_s``."""
@@ -321,13 +241,14 @@ class Publisher:
             len(self._outbox),
             self._outbox.dropped_total,
         )
+        delivered = self._delivery.stats()
         return {
             "connected": self.connected,
             "queued": queued,
-            "published": self._published,
+            "published": delivered.published,
             "dropped": self._dropped,
             "dropped_total": dropped_total,
-            "refused": self._refused,
+            "refused": delivered.refused,
             "outbox": self._outbox.stats(),
         }
 
@@ -351,7 +272,7 @@ class Publisher:
             self._config.broker,
             client_id=self._client_id,
             clean_start=True,
-            will=Will(self.status_topic, b"offline", qos=1, retain=True),
+            will=Will(self.topics.status, b"offline", qos=1, retain=True),
             max_in_flight=self._config.in_flight,
             name="publisher",
         )
@@ -389,9 +310,7 @@ class Publisher:
 
     async def wait_idle(self) -> None:
         """Return once everything queued so far has been acknowledged by the broker."""
-        while len(self._outbox):
-            self._idle.clear()
-            await self._idle.wait()
+        await self._delivery.wait_idle()
 
     async def aclose(self) -> None:
         """Deliver what can be delivered within ``shutdown_flush_s``, say offline, disconnect."""
@@ -410,7 +329,7 @@ class Publisher:
                 if connection.connected:
                     with contextlib.suppress(MqttNotConnectedError, TimeoutError):
                         await asyncio.wait_for(
-                            connection.publish(self.status_topic, b"offline", retain=True), 2.0
+                            connection.publish(self.topics.status, b"offline", retain=True), 2.0
                         )
                 await connection.close()
         finally:
@@ -425,125 +344,14 @@ class Publisher:
         while True:
             await connection.wait_connected()
             try:
-                await self._publish_or_log(connection, self.status_topic, b"online")
+                await self._delivery.publish_or_log(connection, self.topics.status, b"online")
                 self._announced.clear()
-                await self._drain(connection)
+                await self._delivery.drain(connection)
             except MqttNotConnectedError:
                 self._log.info("publisher_waiting_for_broker", queued=len(self._outbox))
                 # paho can refuse a publish a moment before its disconnect reaches the loop;
                 # yield to it (and back off) rather than spin on a connection already gone.
                 await asyncio.sleep(_NOT_CONNECTED_RETRY_S)
-
-    async def _drain(self, connection: MqttConnection) -> None:
-        """Send the outbox in order until the connection is lost (then raise).
-
-        A sliding window: up to ``in_flight`` messages await their PUBACK, and each
-        acknowledgement lets the next message go, so the link never idles while messages are
-        queued. (Sending ``in_flight`` and waiting for all of them left it idle for a round
-        trip every 32 messages: p99 0.6-2.3 s at 10,000 per-sensor messages a second.)
-        """
-        pending: deque[tuple[QueuedMessage, asyncio.Future[None]]] = deque()
-        sent_up_to = 0  # outbox id of the last message handed to the broker on this connection
-        try:
-            while True:
-                window = min(self._config.in_flight, connection.server_receive_maximum)
-                room = window - len(pending)
-                batch = self._outbox.peek_after(sent_up_to, room) if room > 0 else []
-                if batch:
-                    await self._announce(connection)
-                    pending.extend(zip(batch, self._start(connection, batch), strict=True))
-                    sent_up_to = batch[-1].id
-                    continue
-                if not pending:
-                    self._idle.set()
-                    self._wake.clear()
-                    if not len(self._outbox):
-                        await self._wait_for_work(connection)
-                    continue
-                # Nothing more to send now: wait for the oldest acknowledgement or, if the
-                # window has room, for new messages (no await since the peek: none missed).
-                self._wake.clear()
-                await self._wait_for_progress(pending[0][1], room > 0)
-                self._settle_acknowledged(pending)
-        finally:
-            for _, future in pending:  # resolved later by the connection; nobody awaits them
-                future.add_done_callback(_retrieve)
-
-    @staticmethod
-    def _start(
-        connection: MqttConnection, batch: list[QueuedMessage]
-    ) -> list[asyncio.Future[None]]:
-        """Hand a batch to the broker in one write (QoS 1), or one by one at another QoS."""
-        if all(message.qos == 1 for message in batch):
-            return connection.start_publish_many([(m.topic, m.payload, m.retain) for m in batch])
-        futures: list[asyncio.Future[None]] = []
-        for message in batch:
-            try:
-                futures.append(
-                    connection.start_publish(
-                        message.topic, message.payload, qos=message.qos, retain=message.retain
-                    )
-                )
-            except MqttPublishError as exc:  # refused before sending: settled as refused
-                refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                refused.set_exception(exc)
-                futures.append(refused)
-        return futures
-
-    async def _wait_for_progress(self, oldest: asyncio.Future[None], or_new_work: bool) -> None:
-        if not or_new_work:
-            await asyncio.wait({oldest})
-            return
-        wake: asyncio.Future[Any] = asyncio.ensure_future(self._wake.wait())
-        waiting: set[asyncio.Future[Any]] = {oldest, wake}
-        try:
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            wake.cancel()
-
-    def _settle_acknowledged(
-        self, pending: deque[tuple[QueuedMessage, asyncio.Future[None]]]
-    ) -> None:
-        """Settle the acknowledged messages at the front of the window (all resolved ones once
-        the connection is lost, so that no acknowledged message is sent again)."""
-        settled: list[tuple[QueuedMessage, asyncio.Future[None]]] = []
-        while pending and pending[0][1].done():
-            settled.append(pending.popleft())
-        if any(isinstance(f.exception(), MqttNotConnectedError) for _, f in settled):
-            settled += [entry for entry in pending if entry[1].done()]
-        if settled:
-            self._settle([m for m, _ in settled], [f.exception() for _, f in settled])
-
-    def _settle(self, batch: list[QueuedMessage], results: list[BaseException | None]) -> None:
-        done: list[int] = []
-        lost = False
-        for message, result in zip(batch, results, strict=True):
-            if result is None:
-                done.append(message.id)
-                self._published += 1
-            elif isinstance(result, MqttPublishError):
-                # The broker will never take it (e.g. ACL): retrying would block the queue.
-                done.append(message.id)
-                self._refused += 1
-                self._log.error("publish_refused", topic=message.topic, error=str(result))
-            elif isinstance(result, MqttNotConnectedError):
-                lost = True
-            else:
-                raise result
-        self._outbox.remove(done)
-        if lost:
-            raise MqttNotConnectedError("connection lost during delivery; will resume in order")
-
-    async def _wait_for_work(self, connection: MqttConnection) -> None:
-        wake = asyncio.create_task(self._wake.wait())
-        lost = asyncio.create_task(connection.wait_disconnected())
-        try:
-            await asyncio.wait({wake, lost}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            wake.cancel()
-            lost.cancel()
-        if not connection.connected:
-            raise MqttNotConnectedError("connection lost while idle")
 
     async def _announce(self, connection: MqttConnection) -> None:
         if not self._config.discovery:
@@ -555,19 +363,11 @@ class Publisher:
                 gateway_id=self._gateway_id,
                 sensor_id=sensor_id,
                 feature=feature,
-                state_topic=self.state_topic(sensor_id, feature),
-                availability_topic=self.status_topic,
+                state_topic=self.topics.state(sensor_id, feature),
+                availability_topic=self.topics.status,
             )
-            await self._publish_or_log(connection, topic, payload)
+            await self._delivery.publish_or_log(connection, topic, payload)
             self._announced.add((sensor_id, feature))
-
-    async def _publish_or_log(self, connection: MqttConnection, topic: str, payload: bytes) -> None:
-        """Retained QoS 1 publish whose refusal by the broker (an ACL) must not stop delivery."""
-        try:
-            await connection.publish(topic, payload, qos=1, retain=True)
-        except MqttPublishError as exc:
-            self._refused += 1
-            self._log.error("publish_refused", topic=topic, error=str(exc))
 
     async def _stats_forever(self, connection: MqttConnection) -> None:
         while True:
@@ -580,9 +380,9 @@ class Publisher:
         if connection is None or not connection.connected:
             return False
         document = {**(self._stats or {}), "publisher": self.stats(), "ts": iso8601(_now())}
-        payload = json.dumps(document, ensure_ascii=False, default=str).encode("utf-8")
+        payload = document_payload(document)
         try:
-            await connection.publish(self.stats_topic, payload, qos=1, retain=True)
+            await connection.publish(self.topics.stats, payload, qos=1, retain=True)
         except MqttNotConnectedError:
             return False
         return True

@@ -1,0 +1,1 @@
+"""Per-sensor health, reference pairs (and their file format), rolling error and drift."""
