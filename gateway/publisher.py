@@ -27,14 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gateway.calibrated import CalibratedReading
 from gateway.discovery import discovery_message
 from gateway.errors import GatewayError
-from gateway.mqtt_connection import (
-    MqttBrokerConfig,
-    MqttConnection,
-    MqttNotConnectedError,
-    MqttPublishError,
-    Will,
-    check_plain_topic,
-)
+from gateway.mqtt.config import MqttBrokerConfig, Will
+from gateway.mqtt.connection import MqttConnection
+from gateway.mqtt.errors import MqttNotConnectedError, MqttPublishError
+from gateway.mqtt.topics import PublishTopic
 from gateway.outbox import Outbox, OutboxMessage, QueuedMessage
 from gateway.readings import SENSOR_ID_PATTERN
 from gateway.set_aside import SetAsideLog
@@ -126,7 +122,7 @@ class PublisherConfig(BaseModel):
     @field_validator("topic_prefix", "discovery_prefix")
     @classmethod
     def _plain_topic(cls, value: str | None) -> str | None:
-        return check_plain_topic(value)
+        return None if value is None else PublishTopic(value)
 
     @model_validator(mode="after")
     def _publishes_readings(self) -> Self:

@@ -15,13 +15,9 @@ from pydantic import ValidationError
 from structlog.testing import capture_logs
 
 from gateway.errors import ConfigError
-from gateway.mqtt_connection import (
-    InboundMessage,
-    MqttBrokerConfig,
-    MqttConnection,
-    MqttNotConnectedError,
-    MqttPublishError,
-)
+from gateway.mqtt.config import MqttBrokerConfig
+from gateway.mqtt.connection import InboundMessage, MqttConnection
+from gateway.mqtt.errors import MqttNotConnectedError, MqttPublishError
 from tests.gateway.io.helpers import broker_config, collecting, eventually
 from tests.support.mosquitto import Mosquitto, make_test_pki
 
