@@ -202,7 +202,7 @@ class Publisher:
         self._dropped = 0
         self._refused = 0
         self._connection: MqttConnection | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: asyncio.Task[None] | None = None  # delivery and stats, in a TaskGroup
         self._closed_counts: tuple[int, int] | None = None  # (queued, dropped_total) at close
 
     # -- topics ----------------------------------------------------------------------------
@@ -353,11 +353,17 @@ class Publisher:
         )
         await connection.__aenter__()
         self._connection = connection
-        self._tasks = [
-            asyncio.create_task(self._deliver_forever(connection), name="publisher-deliver"),
-            asyncio.create_task(self._stats_forever(connection), name="publisher-stats"),
-        ]
+        self._runner = asyncio.create_task(self._run_tasks(connection), name="publisher")
         return self
+
+    async def _run_tasks(self, connection: MqttConnection) -> None:
+        """The publisher's tasks in one group: delivery and the periodic stats line."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._deliver_forever(connection), name="publisher-deliver")
+                group.create_task(self._stats_forever(connection), name="publisher-stats")
+        except BaseExceptionGroup as failed:  # the error itself, not a group of one, to serve()
+            raise failed.exceptions[0] from None
 
     async def __aexit__(
         self,
@@ -374,12 +380,12 @@ class Publisher:
 
     async def serve(self) -> None:
         """Wait while delivering; raises if a background task fails."""
-        connection = self._connection
-        if connection is None:
+        connection, runner = self._connection, self._runner
+        if connection is None or runner is None:
             raise PublisherError("Publisher.serve() needs 'async with publisher' first")
         # Shielded: cancelling serve() (a shutdown) must not cancel delivery, or aclose() could
         # not flush the outbox; aclose() stops the tasks itself once it has flushed.
-        watched = asyncio.gather(connection.serve(), *self._tasks)
+        watched = asyncio.gather(connection.serve(), runner)
         watched.add_done_callback(_mark_retrieved)
         await asyncio.shield(watched)
 
@@ -396,12 +402,11 @@ class Publisher:
             if connection is not None and connection.connected and len(self._outbox):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wait_idle(), self._config.shutdown_flush_s)
-            tasks, self._tasks = self._tasks, []
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
+            runner, self._runner = self._runner, None
+            if runner is not None:
+                runner.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                    await runner
             if connection is not None:
                 if connection.connected:
                     with contextlib.suppress(MqttNotConnectedError, TimeoutError):

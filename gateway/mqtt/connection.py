@@ -191,11 +191,13 @@ class MqttConnection:
         runner, self._runner = self._runner, None
         if runner is not None:
             runner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await runner
+            await asyncio.wait({runner})
         attempt = self._attempt
         if attempt is not None:
             await self._teardown(attempt)
+        error = None if runner is None or runner.cancelled() else runner.exception()
+        if error is not None:  # a task failed (serve() raised it too): raised after the teardown
+            raise error
 
     async def _run(self) -> None:
         """The connection's tasks: the supervisor and, for a subscriber, the dispatcher."""

@@ -18,7 +18,7 @@ from gateway.errors import ConfigError
 from gateway.mqtt.config import ClientKind, MqttBrokerConfig
 from gateway.mqtt.connection import InboundMessage, MqttConnection
 from gateway.mqtt.errors import MqttNotConnectedError, MqttPublishError
-from tests.gateway.io.helpers import broker_config, collecting, eventually
+from tests.gateway.io.helpers import broker_config, collecting, eventually, publish_raw
 from tests.support.mosquitto import Mosquitto, make_test_pki
 
 
@@ -257,6 +257,37 @@ def test_refused_connection_is_not_connected_and_publish_raises(
         asyncio.run(scenario())
     finally:
         broker.stop()
+
+
+def test_a_failing_handler_stops_the_connection_and_serve_raises_its_error(
+    mosquitto: Mosquitto, client_kind: ClientKind
+) -> None:
+    """The supervisor and the dispatcher run as one group: when the handler fails, serve() and
+    close() raise its error and the supervisor stops too (it used to go on reconnecting with
+    nobody handling the messages), and close() still disconnects."""
+
+    async def on_message(_message: InboundMessage) -> None:
+        raise RuntimeError("handler broke")
+
+    async def scenario() -> None:
+        connection = MqttConnection(
+            broker_config(mosquitto, client=client_kind),
+            client_id="failing",
+            clean_start=True,
+            on_message=on_message,
+        )
+        with pytest.raises(RuntimeError, match="handler broke"):
+            async with connection:
+                await connection.subscribe(["fail/x"])
+                await asyncio.wait_for(connection.wait_connected(), 10)
+                await asyncio.to_thread(publish_raw, mosquitto, [("fail/x", b"1")])
+                with pytest.raises(RuntimeError, match="handler broke"):
+                    await asyncio.wait_for(connection.serve(), 10)
+                running = {task.get_name() for task in asyncio.all_tasks() if not task.done()}
+                assert "mqtt-supervisor" not in running
+        assert not connection.connected
+
+    asyncio.run(scenario())
 
 
 def test_outage_fails_loudly_then_reconnects(mosquitto: Mosquitto, client_kind: ClientKind) -> None:
