@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Annotated
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from gateway.ingest_log import commit_queued
 from gateway.mqtt.config import DEFAULT_MAX_INBOX, MqttBrokerConfig
@@ -37,8 +38,9 @@ class MqttSourceConfig(BaseModel):
     broker: MqttBrokerConfig = Field(
         default_factory=MqttBrokerConfig, description="Broker the sensors publish to."
     )
-    topics: list[TopicFilter] = Field(
-        default_factory=lambda: [TopicFilter("sensors/+/raw")],
+    topics: list[Annotated[str, AfterValidator(TopicFilter)]] = Field(
+        default_factory=lambda: ["sensors/+/raw"],
+        validate_default=True,
         min_length=1,
         description="Topic filters to subscribe to (MQTT wildcards allowed).",
     )

@@ -52,7 +52,7 @@ def test_publisher_and_ota_configs_refuse_a_bad_prefix(topic: str) -> None:
     with pytest.raises(ValidationError, match="without wildcards"):
         PublisherConfig(topic_prefix=topic)
     with pytest.raises(ValidationError, match="without wildcards"):
-        OtaConfig(status_topic_prefix=topic)
+        OtaConfig.model_validate({"status_topic_prefix": topic})
 
 
 def test_checked_topics_serialise_as_plain_strings() -> None:
