@@ -34,6 +34,7 @@ from gateway.mqtt.topics import PublishTopic
 from gateway.outbox import Outbox, OutboxMessage, QueuedMessage
 from gateway.readings import SENSOR_ID_PATTERN
 from gateway.set_aside import SetAsideLog
+from gateway.task_group import run_task_group
 
 __all__ = [
     "OUTBOX_FILENAME",
@@ -353,17 +354,12 @@ class Publisher:
         )
         await connection.__aenter__()
         self._connection = connection
-        self._runner = asyncio.create_task(self._run_tasks(connection), name="publisher")
+        tasks = {
+            "publisher-deliver": self._deliver_forever(connection),
+            "publisher-stats": self._stats_forever(connection),
+        }
+        self._runner = asyncio.create_task(run_task_group(tasks), name="publisher")
         return self
-
-    async def _run_tasks(self, connection: MqttConnection) -> None:
-        """The publisher's tasks in one group: delivery and the periodic stats line."""
-        try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._deliver_forever(connection), name="publisher-deliver")
-                group.create_task(self._stats_forever(connection), name="publisher-stats")
-        except BaseExceptionGroup as failed:  # the error itself, not a group of one, to serve()
-            raise failed.exceptions[0] from None
 
     async def __aexit__(
         self,

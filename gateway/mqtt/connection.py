@@ -59,6 +59,7 @@ from gateway.mqtt.errors import (
 )
 from gateway.mqtt.fast_path import LeanClient, contract_problems, paho_version
 from gateway.mqtt.plain_client import PlainClient
+from gateway.task_group import run_task_group
 
 __all__ = ["InboundMessage", "MessageHandler", "MqttConnection"]
 
@@ -175,7 +176,10 @@ class MqttConnection:
 
     async def __aenter__(self) -> Self:
         self._loop = asyncio.get_running_loop()
-        self._runner = asyncio.create_task(self._run(), name="mqtt-connection")
+        tasks = {"mqtt-supervisor": self._supervise()}
+        if self._on_message is not None:
+            tasks["mqtt-dispatch"] = self._dispatch()
+        self._runner = asyncio.create_task(run_task_group(tasks), name="mqtt-connection")
         return self
 
     async def __aexit__(
@@ -198,16 +202,6 @@ class MqttConnection:
         error = None if runner is None or runner.cancelled() else runner.exception()
         if error is not None:  # a task failed (serve() raised it too): raised after the teardown
             raise error
-
-    async def _run(self) -> None:
-        """The connection's tasks: the supervisor and, for a subscriber, the dispatcher."""
-        try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._supervise(), name="mqtt-supervisor")
-                if self._on_message is not None:
-                    group.create_task(self._dispatch(), name="mqtt-dispatch")
-        except BaseExceptionGroup as failed:  # the error itself, not a group of one, to serve()
-            raise failed.exceptions[0] from None
 
     # -- state -----------------------------------------------------------------------------
 
