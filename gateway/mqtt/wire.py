@@ -26,10 +26,18 @@ __all__ = [
 PUBLISH, PUBACK = 3, 4  # packet types (the high nibble of the first byte)
 UINT16 = struct.Struct("!H")
 _PUBACK_PACKET = struct.Struct("!BBH")  # fixed header, remaining length 2, packet id
+_ONE_BYTE = [bytes([n]) for n in range(128)]  # remaining lengths below 128
+_PUBLISH_FIRST_BYTE = {
+    (qos, retain): bytes([(PUBLISH << 4) | (qos << 1) | int(retain)])
+    for qos in (0, 1, 2)
+    for retain in (False, True)
+}
 
 
 def remaining_length(length: int) -> bytes:
     """The fixed header's variable-length size: 7 bits a byte, high bit set while more follow."""
+    if length < 128:
+        return _ONE_BYTE[length]
     out = bytearray()
     while True:
         byte, length = length % 128, length // 128
@@ -53,19 +61,19 @@ def publish_packet(
     retain: bool = False,
     v5: bool = False,
 ) -> bytes:
-    """One PUBLISH packet (``packet_id`` only at QoS 1; MQTT 5 with an empty property list)."""
-    body_length = 2 + len(topic) + (2 if qos else 0) + (1 if v5 else 0) + len(payload)
-    return b"".join(
-        (
-            bytes([(PUBLISH << 4) | (qos << 1) | int(retain)]),
-            remaining_length(body_length),
-            UINT16.pack(len(topic)),
-            topic,
-            UINT16.pack(packet_id) if qos else b"",
-            b"\x00" if v5 else b"",
-            payload,
-        )
-    )
+    """One PUBLISH packet (``packet_id`` only at QoS 1; MQTT 5 with an empty property list).
+
+    Built by concatenation with precomputed first bytes: this is the publisher's
+    and the load generator's hot loop.
+    """
+    properties = b"\x00" if v5 else b""
+    if qos:
+        size = 4 + len(topic) + len(properties) + len(payload)
+        head = _PUBLISH_FIRST_BYTE[qos, retain] + remaining_length(size) + UINT16.pack(len(topic))
+        return head + topic + UINT16.pack(packet_id) + properties + payload
+    size = 2 + len(topic) + len(properties) + len(payload)
+    head = _PUBLISH_FIRST_BYTE[0, retain] + remaining_length(size) + UINT16.pack(len(topic))
+    return head + topic + properties + payload
 
 
 def puback_packets(packet_ids: Iterable[int]) -> bytes:
