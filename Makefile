@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 $(LEGACY_STAMP): pyproject.toml
 	test -x $(LEGACY_VENV)/bin/python || $(PYTHON) -m venv $(LEGACY_VENV)
 	$(LEGACY_VENV)/bin/python -m pip install --quiet "tflite-runtime==2.14.*" "numpy<2" \
-		"pydantic>=2.8,<3" "structlog>=24.1" "paho-mqtt>=2.1,<3" "pyserial==3.5" "pynacl>=1.5"
+		"pydantic>=2.8,<3" "structlog>=24.1" "paho-mqtt>=2.2,<2.3" "pyserial==3.5" "pynacl>=1.5"
 	touch $@
 
 $(SYSTEM_STAMP): scripts/install-system-deps.sh

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gateway.ingest_log import IngestLog, JournaledQueue, commit_queued, encode_record
-from gateway.mqtt_connection import InboundMessage
+from gateway.mqtt.connection import InboundMessage
 from gateway.readings import Reading
 from gateway.rejects import RejectCounter
 from gateway.sources.mqtt_source import MqttSource, MqttSourceConfig

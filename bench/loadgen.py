@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.mqtt_wire import WirePublisher, publish_packet
+from bench.mqtt_wire import WirePublisher
+from gateway.mqtt.wire import publish_packet
 
 __all__ = ["main"]
 

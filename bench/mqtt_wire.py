@@ -6,20 +6,30 @@ paho reads every packet with several one-byte ``recv`` calls and sends each publ
 here a publisher packs many PUBLISH packets into one ``sendall`` and a subscriber reads 1 MiB at
 a time, stamping every packet in a read with the time the read returned. Only what the benchmark
 needs: CONNECT (clean session, no keep-alive), PUBLISH QoS 0/1, PUBACK, SUBSCRIBE, DISCONNECT.
-Loopback only.
+Loopback only. The packets themselves are encoded and decoded by the gateway's own codec
+(:mod:`gateway.mqtt.wire`), so the benchmark speaks exactly what the gateway speaks.
 """
 
 from __future__ import annotations
 
 import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["Inbound", "WireError", "WirePublisher", "WireSubscriber", "publish_packet"]
+from gateway.mqtt.wire import (
+    PUBACK,
+    PUBLISH,
+    UINT16,
+    encode_string,
+    publish_fields,
+    remaining_length,
+    split_packets,
+)
 
-_CONNECT, _CONNACK, _PUBLISH, _PUBACK, _SUBSCRIBE, _SUBACK = 1, 2, 3, 4, 8, 9
+__all__ = ["Inbound", "WireError", "WirePublisher", "WireSubscriber"]
+
+_CONNECT, _CONNACK, _SUBSCRIBE, _SUBACK = 1, 2, 8, 9
 _DISCONNECT = b"\xe0\x00"
 _READ_SIZE = 1 << 20
 
@@ -28,32 +38,12 @@ class WireError(RuntimeError):
     """The broker refused or closed the connection."""
 
 
-def _remaining_length(length: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, length = length % 128, length // 128
-        out.append(byte | (0x80 if length else 0))
-        if not length:
-            return bytes(out)
-
-
-def _string(text: str | bytes) -> bytes:
-    data = text.encode() if isinstance(text, str) else text
-    return struct.pack("!H", len(data)) + data
-
-
-def publish_packet(topic: bytes, payload: bytes, packet_id: int = 0, qos: int = 1) -> bytes:
-    """One PUBLISH packet (``packet_id`` only for QoS 1)."""
-    body = _string(topic) + (struct.pack("!H", packet_id) if qos else b"") + payload
-    return bytes([0x30 | (qos << 1)]) + _remaining_length(len(body)) + body
-
-
 def _connect(host: str, port: int, client_id: str) -> socket.socket:
     sock = socket.create_connection((host, port), timeout=10)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    variable = _string("MQTT") + bytes([4, 0x02]) + struct.pack("!H", 0)  # clean, no keep-alive
-    body = variable + _string(client_id)
-    sock.sendall(bytes([_CONNECT << 4]) + _remaining_length(len(body)) + body)
+    variable = encode_string("MQTT") + bytes([4, 0x02]) + UINT16.pack(0)  # clean, no keep-alive
+    body = variable + encode_string(client_id)
+    sock.sendall(bytes([_CONNECT << 4]) + remaining_length(len(body)) + body)
     connack = _read_exact(sock, 4)
     if connack[0] >> 4 != _CONNACK or connack[3] != 0:
         raise WireError(f"broker refused the connection: {connack!r}")
@@ -69,28 +59,6 @@ def _read_exact(sock: socket.socket, size: int) -> bytes:
             raise WireError("broker closed the connection")
         data += chunk
     return data
-
-
-def _split(buffer: bytearray) -> tuple[list[tuple[int, bytes]], int]:
-    """Complete packets at the start of ``buffer`` as (first byte, body); bytes consumed."""
-    packets: list[tuple[int, bytes]] = []
-    pos, end = 0, len(buffer)
-    while pos + 2 <= end:
-        length, multiplier, cursor = 0, 1, pos + 1
-        while cursor < end:
-            byte = buffer[cursor]
-            length += (byte & 0x7F) * multiplier
-            multiplier *= 128
-            cursor += 1
-            if not byte & 0x80:
-                break
-        else:
-            break
-        if cursor + length > end:
-            break
-        packets.append((buffer[pos], bytes(buffer[cursor : cursor + length])))
-        pos = cursor + length
-    return packets, pos
 
 
 class WirePublisher:
@@ -144,9 +112,9 @@ class WirePublisher:
             if not chunk:
                 return
             buffer += chunk
-            packets, used = _split(buffer)
+            packets, used = split_packets(buffer)
             del buffer[:used]
-            self.acked += sum(1 for first, _ in packets if first >> 4 == _PUBACK)
+            self.acked += sum(1 for first, _ in packets if first >> 4 == PUBACK)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +132,8 @@ class WireSubscriber:
 
     def __init__(self, host: str, port: int, client_id: str, topic_filter: str) -> None:
         self._sock = _connect(host, port, client_id)
-        body = struct.pack("!H", 1) + _string(topic_filter) + b"\x00"
-        self._sock.sendall(bytes([(_SUBSCRIBE << 4) | 0x02]) + _remaining_length(len(body)) + body)
+        body = UINT16.pack(1) + encode_string(topic_filter) + b"\x00"
+        self._sock.sendall(bytes([(_SUBSCRIBE << 4) | 0x02]) + remaining_length(len(body)) + body)
         self._buffer = bytearray()
         self._subscribed = False
 
@@ -184,16 +152,18 @@ class WireSubscriber:
         if not chunk:
             raise WireError("broker closed the connection")
         self._buffer += chunk
-        packets, used = _split(self._buffer)
+        packets, used = split_packets(self._buffer)
         del self._buffer[:used]
         out: list[Inbound] = []
         for first, body in packets:
             kind = first >> 4
             if kind == _SUBACK:
                 self._subscribed = True
-            elif kind == _PUBLISH:
-                (topic_length,) = struct.unpack_from("!H", body)
-                start = 2 + topic_length + (2 if (first >> 1) & 0x03 else 0)
+            elif kind == PUBLISH:
+                fields = publish_fields(body, (first >> 1) & 0x03, v5=False)
+                if fields is None:
+                    continue  # not sent by the gateway (an empty topic)
+                topic_length, _, start = fields
                 topic = body[2 : 2 + topic_length].decode()
                 out.append(Inbound(arrival, topic, body[start:], bool(first & 0x01)))
         return out

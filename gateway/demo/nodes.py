@@ -26,7 +26,9 @@ from typing import Self
 
 from gateway.demo import DemoError
 from gateway.demo.replay_slice import SliceRow
-from gateway.mqtt_connection import MqttBrokerConfig, MqttConnection, MqttError
+from gateway.mqtt.config import MqttBrokerConfig
+from gateway.mqtt.connection import MqttConnection
+from gateway.mqtt.errors import MqttError
 from gateway.readings import ReadingRejectedError
 from gateway.sources.line_protocol import (
     HelloRequest,

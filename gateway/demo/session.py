@@ -33,7 +33,9 @@ from gateway.demo.view import LiveView, format_time
 from gateway.errors import GatewayError
 from gateway.logging import configure_logging
 from gateway.manifest import Manifest, load_manifest
-from gateway.mqtt_connection import InboundMessage, MqttBrokerConfig, MqttConnection, MqttError
+from gateway.mqtt.config import MqttBrokerConfig
+from gateway.mqtt.connection import InboundMessage, MqttConnection
+from gateway.mqtt.errors import MqttError
 
 __all__ = ["DemoOptions", "DemoOutcome", "run_demo"]
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gateway.mqtt_connection import MqttBrokerConfig, check_plain_topic
+from gateway.mqtt.config import MqttBrokerConfig
+from gateway.mqtt.topics import PublishTopic
 from gateway.ota.protocol import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
 from gateway.ota.release import ROLLOUT_NAME
 
@@ -75,4 +76,4 @@ class OtaConfig(BaseModel):
     @field_validator("releases_topic_prefix", "status_topic_prefix")
     @classmethod
     def _plain_topic(cls, value: str | None) -> str | None:
-        return check_plain_topic(value)
+        return None if value is None else PublishTopic(value)

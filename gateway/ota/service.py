@@ -23,12 +23,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
-from gateway.mqtt_connection import (
-    InboundMessage,
-    MqttBrokerConfig,
-    MqttConnection,
-    MqttError,
-)
+from gateway.mqtt.config import MqttBrokerConfig
+from gateway.mqtt.connection import InboundMessage, MqttConnection
+from gateway.mqtt.errors import MqttError
 from gateway.ota.config import OtaConfig
 from gateway.ota.errors import (
     IncompatibleReleaseError,

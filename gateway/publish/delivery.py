@@ -16,11 +16,8 @@ from typing import Any
 
 from structlog.typing import FilteringBoundLogger
 
-from gateway.mqtt_connection import (
-    MqttConnection,
-    MqttNotConnectedError,
-    MqttPublishError,
-)
+from gateway.mqtt.connection import MqttConnection
+from gateway.mqtt.errors import MqttNotConnectedError, MqttPublishError
 from gateway.publish.outbox import Outbox, QueuedMessage
 
 __all__ = ["Delivery", "DeliveryStats"]

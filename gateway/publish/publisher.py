@@ -23,13 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gateway.calibrated import CalibratedReading
 from gateway.monitor.monitor import SensorDocument
-from gateway.mqtt_connection import (
-    MqttBrokerConfig,
-    MqttConnection,
-    MqttNotConnectedError,
-    Will,
-    check_plain_topic,
-)
+from gateway.mqtt.config import MqttBrokerConfig, Will
+from gateway.mqtt.connection import MqttConnection
+from gateway.mqtt.errors import MqttNotConnectedError
+from gateway.mqtt.topics import PublishTopic
 from gateway.publish.delivery import Delivery
 from gateway.publish.discovery import discovery_message
 from gateway.publish.errors import PublisherError
@@ -38,6 +35,7 @@ from gateway.publish.payloads import batch_payloads, document_payload, reading_m
 from gateway.publish.topics import TopicScheme
 from gateway.readings import SENSOR_ID_PATTERN
 from gateway.set_aside import SetAsideLog
+from gateway.task_group import run_task_group
 from gateway.timefmt import iso8601
 
 __all__ = ["OUTBOX_FILENAME", "Publisher", "PublisherConfig"]
@@ -106,7 +104,7 @@ class PublisherConfig(BaseModel):
     @field_validator("topic_prefix", "discovery_prefix")
     @classmethod
     def _plain_topic(cls, value: str | None) -> str | None:
-        return check_plain_topic(value)
+        return None if value is None else PublishTopic(value)
 
     @model_validator(mode="after")
     def _publishes_readings(self) -> Self:
@@ -163,7 +161,7 @@ class Publisher:
         self._stats: dict[str, object] | None = None
         self._dropped = 0
         self._connection: MqttConnection | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: asyncio.Task[None] | None = None  # delivery and stats, in a TaskGroup
         self._closed_counts: tuple[int, int] | None = None  # (queued, dropped_total) at close
 
     # -- the non-blocking side -------------------------------------------------------------
@@ -278,10 +276,11 @@ class Publisher:
         )
         await connection.__aenter__()
         self._connection = connection
-        self._tasks = [
-            asyncio.create_task(self._deliver_forever(connection), name="publisher-deliver"),
-            asyncio.create_task(self._stats_forever(connection), name="publisher-stats"),
-        ]
+        tasks = {
+            "publisher-deliver": self._deliver_forever(connection),
+            "publisher-stats": self._stats_forever(connection),
+        }
+        self._runner = asyncio.create_task(run_task_group(tasks), name="publisher")
         return self
 
     async def __aexit__(
@@ -299,12 +298,12 @@ class Publisher:
 
     async def serve(self) -> None:
         """Wait while delivering; raises if a background task fails."""
-        connection = self._connection
-        if connection is None:
+        connection, runner = self._connection, self._runner
+        if connection is None or runner is None:
             raise PublisherError("Publisher.serve() needs 'async with publisher' first")
         # Shielded: cancelling serve() (a shutdown) must not cancel delivery, or aclose() could
         # not flush the outbox; aclose() stops the tasks itself once it has flushed.
-        watched = asyncio.gather(connection.serve(), *self._tasks)
+        watched = asyncio.gather(connection.serve(), runner)
         watched.add_done_callback(_mark_retrieved)
         await asyncio.shield(watched)
 
@@ -319,12 +318,11 @@ class Publisher:
             if connection is not None and connection.connected and len(self._outbox):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wait_idle(), self._config.shutdown_flush_s)
-            tasks, self._tasks = self._tasks, []
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
+            runner, self._runner = self._runner, None
+            if runner is not None:
+                runner.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                    await runner
             if connection is not None:
                 if connection.connected:
                     with contextlib.suppress(MqttNotConnectedError, TimeoutError):

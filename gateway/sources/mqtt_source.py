@@ -12,17 +12,15 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from gateway.ingest_log import commit_queued
-from gateway.mqtt_connection import (
-    DEFAULT_MAX_INBOX,
-    InboundMessage,
-    MqttBrokerConfig,
-    MqttConnection,
-)
+from gateway.mqtt.config import DEFAULT_MAX_INBOX, MqttBrokerConfig
+from gateway.mqtt.connection import InboundMessage, MqttConnection
+from gateway.mqtt.topics import TopicFilter
 from gateway.readings import SENSOR_ID_PATTERN, Reading, ReadingRejectedError, RejectReason
 from gateway.rejects import RejectCounter
 from gateway.sharding import ShardConfig
@@ -41,8 +39,9 @@ class MqttSourceConfig(BaseModel):
     broker: MqttBrokerConfig = Field(
         default_factory=MqttBrokerConfig, description="Broker the sensors publish to."
     )
-    topics: list[str] = Field(
+    topics: list[Annotated[str, AfterValidator(TopicFilter)]] = Field(
         default_factory=lambda: ["sensors/+/raw"],
+        validate_default=True,
         min_length=1,
         description="Topic filters to subscribe to (MQTT wildcards allowed).",
     )
@@ -101,19 +100,6 @@ class MqttSourceConfig(BaseModel):
             "(several gateways on one topic space; docs/deployment.md). Omit: all sensors."
         ),
     )
-
-    @field_validator("topics")
-    @classmethod
-    def _valid_filters(cls, value: list[str]) -> list[str]:
-        for topic in value:
-            levels = topic.split("/")
-            if not topic or any(
-                ("#" in level and (level != "#" or index != len(levels) - 1))
-                or ("+" in level and level != "+")
-                for index, level in enumerate(levels)
-            ):
-                raise ValueError(f"{topic!r} is not a valid MQTT topic filter")
-        return value
 
     def payload_rules(self) -> PayloadRules:
         return PayloadRules(

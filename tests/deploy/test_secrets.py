@@ -12,7 +12,8 @@ from structlog.testing import capture_logs
 
 from gateway.config import load_config
 from gateway.errors import ConfigError
-from gateway.mqtt_connection import MqttBrokerConfig, MqttConnection
+from gateway.mqtt.config import MqttBrokerConfig
+from gateway.mqtt.connection import MqttConnection
 from tests.support.mosquitto import Mosquitto
 
 RIGHT = "Pw-correct-4f9a2e"

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from gateway.config import load_config
 from gateway.errors import ConfigError, GatewayError
-from gateway.mqtt_connection import InboundMessage
+from gateway.mqtt.connection import InboundMessage
 from gateway.readings import FIELD_LIMITS, ReadingRejectedError
 from gateway.rejects import RejectCounter
 from gateway.sources.line_protocol import LineSplitter, decode_line, encode_reading

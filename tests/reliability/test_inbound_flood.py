@@ -23,6 +23,7 @@ import pytest
 from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from gateway.mqtt.wire import encode_string, publish_packet, remaining_length
 from tests.reliability.harness import (
     WAIT_S,
     Daemon,
@@ -40,33 +41,16 @@ SHORT_GROWTH_KIB = 25 * 1024  # short form: growth over the idle daemon (unbound
 BLOCK = 5_000  # PUBLISH packets per write
 
 
-def _remaining_length(length: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, length = length % 128, length // 128
-        out.append(byte | (0x80 if length else 0))
-        if not length:
-            return bytes(out)
-
-
-def _packet(kind: int, body: bytes) -> bytes:
-    return bytes([kind]) + _remaining_length(len(body)) + body
-
-
-def _string(text: str) -> bytes:
-    raw = text.encode()
-    return len(raw).to_bytes(2, "big") + raw
-
-
 def flood_qos0(port: int, count: int, sensors: int, timestamp: float) -> None:
     """One MQTT 3.1.1 client publishing ``count`` QoS 0 readings as fast as the socket takes
     them (what a misbehaving or malicious client does), then disconnecting."""
-    connect = _packet(0x10, _string("MQTT") + bytes([4, 0x02, 0, 60]) + _string("flood"))
+    body = encode_string("MQTT") + bytes([4, 0x02, 0, 60]) + encode_string("flood")
+    connect = b"\x10" + remaining_length(len(body)) + body
     packets = [
-        _packet(
-            0x30,
-            _string(f"sensors/f{n % sensors}/raw")
-            + json.dumps({"ts": timestamp, "pm10": float(n % 500)}).encode(),
+        publish_packet(
+            f"sensors/f{n % sensors}/raw".encode(),
+            json.dumps({"ts": timestamp, "pm10": float(n % 500)}).encode(),
+            qos=0,
         )
         for n in range(min(count, BLOCK * 2))
     ]

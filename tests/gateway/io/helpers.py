@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from gateway.mqtt_connection import MqttBrokerConfig
+from gateway.mqtt.config import MqttBrokerConfig
 from tests.support.mosquitto import Mosquitto
 
 

@@ -15,22 +15,28 @@ from pydantic import ValidationError
 from structlog.testing import capture_logs
 
 from gateway.errors import ConfigError
-from gateway.mqtt_connection import (
-    InboundMessage,
-    MqttBrokerConfig,
-    MqttConnection,
-    MqttNotConnectedError,
-    MqttPublishError,
-)
-from tests.gateway.io.helpers import broker_config, collecting, eventually
+from gateway.mqtt.config import ClientKind, MqttBrokerConfig
+from gateway.mqtt.connection import InboundMessage, MqttConnection
+from gateway.mqtt.errors import MqttNotConnectedError, MqttPublishError
+from tests.gateway.io.helpers import broker_config, collecting, eventually, publish_raw
 from tests.support.mosquitto import Mosquitto, make_test_pki
 
 
-def test_publish_completes_on_puback_and_reaches_subscribers(mosquitto: Mosquitto) -> None:
+@pytest.fixture(params=["fast", "plain"])
+def client_kind(request: pytest.FixtureRequest) -> ClientKind:
+    """Every connection test runs on both paho clients: the plain fallback must behave the same."""
+    kind: ClientKind = request.param
+    return kind
+
+
+def test_publish_completes_on_puback_and_reaches_subscribers(
+    mosquitto: Mosquitto, client_kind: ClientKind
+) -> None:
     async def scenario() -> None:
         async with MqttConnection(
-            broker_config(mosquitto), client_id="pub", clean_start=True
+            broker_config(mosquitto, client=client_kind), client_id="pub", clean_start=True
         ) as connection:
+            assert connection.client_kind == client_kind
             await asyncio.wait_for(connection.wait_connected(), 10)
             for n in range(20):
                 await connection.publish("t/x", str(n).encode(), qos=1)
@@ -42,14 +48,16 @@ def test_publish_completes_on_puback_and_reaches_subscribers(mosquitto: Mosquitt
 
 
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
-def test_subscribe_and_receive_in_order(mosquitto: Mosquitto, protocol: str) -> None:
+def test_subscribe_and_receive_in_order(
+    mosquitto: Mosquitto, protocol: str, client_kind: ClientKind
+) -> None:
     received: list[InboundMessage] = []
 
     async def on_message(message: InboundMessage) -> None:
         received.append(message)
 
     async def scenario() -> None:
-        config = broker_config(mosquitto, protocol=protocol)
+        config = broker_config(mosquitto, client=client_kind, protocol=protocol)
         async with (
             MqttConnection(config, client_id="sub", clean_start=True, on_message=on_message) as sub,
             MqttConnection(config, client_id="pub", clean_start=True) as pub,
@@ -68,7 +76,7 @@ def test_subscribe_and_receive_in_order(mosquitto: Mosquitto, protocol: str) -> 
 
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
 def test_publish_many_in_one_write_arrives_intact_and_in_order(
-    mosquitto: Mosquitto, protocol: str
+    mosquitto: Mosquitto, protocol: str, client_kind: ClientKind
 ) -> None:
     # The packets are encoded by the gateway, not paho: payload sizes either side of the 1-,
     # 2- and 3-byte remaining-length encodings, retain on every other one (an empty retained
@@ -80,7 +88,7 @@ def test_publish_many_in_one_write_arrives_intact_and_in_order(
     ]
 
     async def scenario() -> list[BaseException | None]:
-        config = broker_config(mosquitto, protocol=protocol)
+        config = broker_config(mosquitto, client=client_kind, protocol=protocol)
         async with MqttConnection(config, client_id=prefix, clean_start=True) as connection:
             await asyncio.wait_for(connection.wait_connected(), 10)
             futures = connection.start_publish_many([*messages, (f"{prefix}/+", b"x", False)])
@@ -100,7 +108,9 @@ def test_publish_many_in_one_write_arrives_intact_and_in_order(
         assert all(m.retain for m in later.messages)
 
 
-def test_a_persistent_sessions_queue_is_acknowledged_as_it_arrives(mosquitto: Mosquitto) -> None:
+def test_a_persistent_sessions_queue_is_acknowledged_as_it_arrives(
+    mosquitto: Mosquitto, client_kind: ClientKind
+) -> None:
     """The broker sends a persistent session's queue right after CONNACK, before the connection
     is reported up; those messages must be acknowledged too, or each holds one of the broker's
     20 in-flight slots and delivery stops (found by the long broker-restart test)."""
@@ -109,7 +119,7 @@ def test_a_persistent_sessions_queue_is_acknowledged_as_it_arrives(mosquitto: Mo
     async def on_message(message: InboundMessage) -> None:
         received.append(message)
 
-    config = broker_config(mosquitto)
+    config = broker_config(mosquitto, client=client_kind)
 
     def subscriber() -> MqttConnection:  # the same persistent session each time
         return MqttConnection(
@@ -136,7 +146,9 @@ def test_a_persistent_sessions_queue_is_acknowledged_as_it_arrives(mosquitto: Mo
     assert [m.payload for m in received] == [str(n).encode() for n in range(200)]
 
 
-def test_acknowledgements_flow_so_the_broker_keeps_sending(mosquitto: Mosquitto) -> None:
+def test_acknowledgements_flow_so_the_broker_keeps_sending(
+    mosquitto: Mosquitto, client_kind: ClientKind
+) -> None:
     """mosquitto sends a 3.1.1 client at most 20 unacknowledged QoS 1 messages: all 500 arrive
     only if the batched PUBACKs reach it."""
     received: list[InboundMessage] = []
@@ -145,7 +157,7 @@ def test_acknowledgements_flow_so_the_broker_keeps_sending(mosquitto: Mosquitto)
         received.append(message)
 
     async def scenario() -> None:
-        config = broker_config(mosquitto, protocol="3.1.1")
+        config = broker_config(mosquitto, client=client_kind, protocol="3.1.1")
         async with (
             MqttConnection(config, client_id="sub", clean_start=True, on_message=on_message) as sub,
             MqttConnection(config, client_id="pub", clean_start=True) as pub,
@@ -162,7 +174,9 @@ def test_acknowledgements_flow_so_the_broker_keeps_sending(mosquitto: Mosquitto)
     assert [int(m.payload) for m in received] == list(range(500))
 
 
-def test_lean_and_paho_receive_paths_keep_order_and_fields(mosquitto: Mosquitto) -> None:
+def test_lean_and_paho_receive_paths_keep_order_and_fields(
+    mosquitto: Mosquitto, client_kind: ClientKind
+) -> None:
     """QoS 0/1 without properties take the lean decoder; QoS 2 and MQTT 5 properties take
     paho's own path: both deliver every message, in order, with topic, payload, QoS and retain."""
     received: list[InboundMessage] = []
@@ -187,7 +201,7 @@ def test_lean_and_paho_receive_paths_keep_order_and_fields(mosquitto: Mosquitto)
     ]
 
     async def scenario() -> None:
-        config = broker_config(mosquitto, protocol="5")
+        config = broker_config(mosquitto, client=client_kind, protocol="5")
         async with MqttConnection(
             config, client_id="sub", clean_start=True, on_message=on_message
         ) as sub:
@@ -213,13 +227,15 @@ def test_lean_and_paho_receive_paths_keep_order_and_fields(mosquitto: Mosquitto)
     ]
 
 
-def test_refused_connection_is_not_connected_and_publish_raises(tmp_path: Path) -> None:
+def test_refused_connection_is_not_connected_and_publish_raises(
+    tmp_path: Path, client_kind: ClientKind
+) -> None:
     broker = Mosquitto(tmp_path / "auth", users={"gateway": "right"})
     broker.start()
     try:
 
         async def scenario() -> None:
-            config = broker_config(broker, username="gateway", password="wrong")
+            config = broker_config(broker, client=client_kind, username="gateway", password="wrong")
             with capture_logs() as logs:
                 async with MqttConnection(config, client_id="c", clean_start=True) as connection:
                     await eventually(
@@ -231,7 +247,9 @@ def test_refused_connection_is_not_connected_and_publish_raises(tmp_path: Path) 
                     await connection.publish("t", b"x")
             password_file = tmp_path / "secret"
             password_file.write_text("right\n", encoding="utf-8")
-            config = broker_config(broker, username="gateway", password_file=password_file)
+            config = broker_config(
+                broker, client=client_kind, username="gateway", password_file=password_file
+            )
             async with MqttConnection(config, client_id="c", clean_start=True) as connection:
                 await asyncio.wait_for(connection.wait_connected(), 10)
                 await connection.publish("t", b"x")
@@ -241,10 +259,41 @@ def test_refused_connection_is_not_connected_and_publish_raises(tmp_path: Path) 
         broker.stop()
 
 
-def test_outage_fails_loudly_then_reconnects(mosquitto: Mosquitto) -> None:
+def test_a_failing_handler_stops_the_connection_and_serve_raises_its_error(
+    mosquitto: Mosquitto, client_kind: ClientKind
+) -> None:
+    """The supervisor and the dispatcher run as one group: when the handler fails, serve() and
+    close() raise its error and the supervisor stops too (it used to go on reconnecting with
+    nobody handling the messages), and close() still disconnects."""
+
+    async def on_message(_message: InboundMessage) -> None:
+        raise RuntimeError("handler broke")
+
+    async def scenario() -> None:
+        connection = MqttConnection(
+            broker_config(mosquitto, client=client_kind),
+            client_id="failing",
+            clean_start=True,
+            on_message=on_message,
+        )
+        with pytest.raises(RuntimeError, match="handler broke"):
+            async with connection:
+                await connection.subscribe(["fail/x"])
+                await asyncio.wait_for(connection.wait_connected(), 10)
+                await asyncio.to_thread(publish_raw, mosquitto, [("fail/x", b"1")])
+                with pytest.raises(RuntimeError, match="handler broke"):
+                    await asyncio.wait_for(connection.serve(), 10)
+                running = {task.get_name() for task in asyncio.all_tasks() if not task.done()}
+                assert "mqtt-supervisor" not in running
+        assert not connection.connected
+
+    asyncio.run(scenario())
+
+
+def test_outage_fails_loudly_then_reconnects(mosquitto: Mosquitto, client_kind: ClientKind) -> None:
     async def scenario() -> None:
         async with MqttConnection(
-            broker_config(mosquitto), client_id="pub", clean_start=True
+            broker_config(mosquitto, client=client_kind), client_id="pub", clean_start=True
         ) as connection:
             await asyncio.wait_for(connection.wait_connected(), 10)
             first_generation = connection.generation
@@ -277,8 +326,12 @@ def test_config_rejects_inconsistent_credentials(tmp_path: Path) -> None:
     )
 
 
-def test_unreadable_tls_files_are_a_config_error(mosquitto: Mosquitto, tmp_path: Path) -> None:
-    config = broker_config(mosquitto, tls={"ca_file": str(tmp_path / "missing-ca.pem")})
+def test_unreadable_tls_files_are_a_config_error(
+    mosquitto: Mosquitto, tmp_path: Path, client_kind: ClientKind
+) -> None:
+    config = broker_config(
+        mosquitto, client=client_kind, tls={"ca_file": str(tmp_path / "missing-ca.pem")}
+    )
 
     async def scenario() -> None:
         async with MqttConnection(config, client_id="c", clean_start=True) as connection:
@@ -288,7 +341,7 @@ def test_unreadable_tls_files_are_a_config_error(mosquitto: Mosquitto, tmp_path:
         asyncio.run(scenario())
 
 
-def test_tls_with_ca_and_client_certificate(tmp_path: Path) -> None:
+def test_tls_with_ca_and_client_certificate(tmp_path: Path, client_kind: ClientKind) -> None:
     pki = make_test_pki(tmp_path / "pki")
     broker = Mosquitto(tmp_path / "tls", tls=pki)
     broker.start()
@@ -301,12 +354,14 @@ def test_tls_with_ca_and_client_certificate(tmp_path: Path) -> None:
 
         async def scenario() -> None:
             async with MqttConnection(
-                broker_config(broker, tls=tls), client_id="tls", clean_start=True
+                broker_config(broker, client=client_kind, tls=tls),
+                client_id="tls",
+                clean_start=True,
             ) as connection:
                 await asyncio.wait_for(connection.wait_connected(), 10)
                 await connection.publish("t/tls", b"secret reading")
             # Without a client certificate the broker refuses the handshake: never connected.
-            without_cert = broker_config(broker, tls={"ca_file": str(pki.ca)})
+            without_cert = broker_config(broker, client=client_kind, tls={"ca_file": str(pki.ca)})
             with capture_logs() as logs:
                 async with MqttConnection(
                     without_cert, client_id="anon", clean_start=True
@@ -327,14 +382,16 @@ def _has_length(items: list[InboundMessage], length: int) -> bool:
 
 @pytest.mark.parametrize(("protocol", "expected"), [("5", 20), ("3.1.1", 65_535)])
 def test_the_brokers_receive_maximum_is_known(
-    mosquitto: Mosquitto, protocol: str, expected: int
+    mosquitto: Mosquitto, protocol: str, expected: int, client_kind: ClientKind
 ) -> None:
     """mosquitto announces max_inflight_messages (default 20) in its MQTT 5 CONNACK; the
     publisher never keeps more than that in flight, whatever publisher.in_flight says."""
 
     async def scenario() -> int:
         async with MqttConnection(
-            broker_config(mosquitto, protocol=protocol), client_id="rm", clean_start=True
+            broker_config(mosquitto, client=client_kind, protocol=protocol),
+            client_id="rm",
+            clean_start=True,
         ) as connection:
             await asyncio.wait_for(connection.wait_connected(), 10)
             return connection.server_receive_maximum
@@ -362,7 +419,7 @@ def _stop(client: paho.Client) -> None:
 
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
 def test_a_qos0_flood_is_bounded_by_the_inbox_and_the_excess_is_counted(
-    mosquitto: Mosquitto, protocol: str
+    mosquitto: Mosquitto, protocol: str, client_kind: ClientKind
 ) -> None:
     """Finding 5 (issue 12): a QoS 0 flood faster than the gateway handles messages grew the
     inbox without bound. Here the consumer does not move at all until the flood is over: at
@@ -376,7 +433,7 @@ def test_a_qos0_flood_is_bounded_by_the_inbox_and_the_excess_is_counted(
         received.append(message)
 
     async def scenario() -> dict[str, int]:
-        config = broker_config(mosquitto, protocol=protocol)
+        config = broker_config(mosquitto, client=client_kind, protocol=protocol)
         async with MqttConnection(
             config, client_id="sub", clean_start=True, on_message=on_message, max_inbox=bound
         ) as sub:
@@ -408,7 +465,7 @@ def test_a_qos0_flood_is_bounded_by_the_inbox_and_the_excess_is_counted(
 
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
 def test_qos1_beyond_the_inbox_waits_at_the_broker_and_none_is_lost(
-    mosquitto: Mosquitto, protocol: str
+    mosquitto: Mosquitto, protocol: str, client_kind: ClientKind
 ) -> None:
     """QoS 1 is never dropped at the bound: paho's thread holds the next message back and
     reads no more, so the rest stay unacknowledged at the broker until there is room."""
@@ -421,7 +478,7 @@ def test_qos1_beyond_the_inbox_waits_at_the_broker_and_none_is_lost(
         received.append(message)
 
     async def scenario() -> tuple[dict[str, int], dict[str, int]]:
-        config = broker_config(mosquitto, protocol=protocol)
+        config = broker_config(mosquitto, client=client_kind, protocol=protocol)
         async with MqttConnection(
             config, client_id="sub", clean_start=True, on_message=on_message, max_inbox=bound
         ) as sub:
@@ -445,13 +502,15 @@ def test_qos1_beyond_the_inbox_waits_at_the_broker_and_none_is_lost(
     assert [m.payload for m in received] == [str(n).encode() for n in range(count)]
 
 
-def test_closing_while_a_message_is_held_back_does_not_hang(mosquitto: Mosquitto) -> None:
+def test_closing_while_a_message_is_held_back_does_not_hang(
+    mosquitto: Mosquitto, client_kind: ClientKind
+) -> None:
     async def on_message(_message: InboundMessage) -> None:
         await asyncio.Event().wait()  # never returns: the inbox stays full
 
     async def scenario() -> None:
         sub = MqttConnection(
-            broker_config(mosquitto),
+            broker_config(mosquitto, client=client_kind),
             client_id="sub",
             clean_start=True,
             on_message=on_message,

@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 
 from gateway.manifest import load_manifest
 from gateway.model_watch import ModelSet
-from gateway.mqtt_connection import MqttBrokerConfig
+from gateway.mqtt.config import MqttBrokerConfig
 from gateway.ota.config import OtaConfig
 from gateway.ota.descriptor import ImageDescriptor
 from gateway.ota.service import OtaService

@@ -15,9 +15,11 @@ back (the publisher's outbox does the replaying, in order). A refused CONNACK is
 ``connected`` becomes true only after a successful CONNACK.
 
 Receiving is the gateway's hot path (thousands of readings per second, one message each), so it
-avoids per-message overhead: :class:`_LeanClient` decodes QoS 0/1 PUBLISH packets without paho's
-per-message objects, and messages cross from paho's thread to the event loop in batches (one
-wake-up of the loop per burst, not one ``call_soon_threadsafe`` per message).
+avoids per-message overhead: :class:`~gateway.mqtt.fast_path.LeanClient` decodes QoS 0/1
+PUBLISH packets without paho's per-message objects, and messages cross from paho's thread to
+the event loop in batches (one wake-up of the loop per burst, not one ``call_soon_threadsafe``
+per message). ``client: plain`` in the broker config, or a paho that breaks the fast path's
+contract, uses :class:`~gateway.mqtt.plain_client.PlainClient` (paho's public API) instead.
 
 That hand-off (the inbox) is bounded by ``max_inbox`` messages, counting those the event loop has
 taken but not yet handled, because a publisher can send faster than the gateway can calibrate:
@@ -32,15 +34,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 import structlog
 from paho.mqtt import client as paho
@@ -48,149 +48,20 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from gateway.errors import ConfigError, GatewayError
+from gateway.errors import ConfigError
+from gateway.mqtt.config import DEFAULT_MAX_INBOX, ClientKind, MqttBrokerConfig, Will
+from gateway.mqtt.errors import (
+    MqttConnectError,
+    MqttNotConnectedError,
+    MqttPublishError,
+    MqttSubscribeError,
+)
+from gateway.mqtt.fast_path import LeanClient, contract_problems, paho_version
+from gateway.mqtt.plain_client import PlainClient
+from gateway.task_group import run_task_group
 
-__all__ = [
-    "DEFAULT_MAX_INBOX",
-    "InboundMessage",
-    "MessageHandler",
-    "MqttBrokerConfig",
-    "MqttConnectError",
-    "MqttConnection",
-    "MqttError",
-    "MqttNotConnectedError",
-    "MqttPublishError",
-    "MqttSubscribeError",
-    "MqttTlsConfig",
-    "Will",
-    "check_plain_topic",
-]
-
-DEFAULT_MAX_INBOX = 10_000  # received messages waiting for on_message; ~3 MB of small readings
-
-
-def check_plain_topic(value: str | None) -> str | None:
-    """A configured topic (prefix) to publish on: no wildcards, no empty or edge levels."""
-    if value is not None and (
-        not value
-        or "+" in value
-        or "#" in value
-        or value.startswith("/")
-        or value.endswith("/")
-        or "//" in value
-    ):
-        raise ValueError(
-            f"{value!r} must be a topic without wildcards or empty/leading/trailing levels"
-        )
-    return value
-
-
-class MqttError(GatewayError):
-    """Root of the MQTT connection's errors."""
-
-
-class MqttNotConnectedError(MqttError):
-    """The broker is not connected (now, or the connection dropped before the acknowledgement)."""
-
-
-class MqttConnectError(MqttError):
-    """A connection attempt failed: unreachable broker, TLS failure or refused CONNACK."""
-
-
-class MqttPublishError(MqttError):
-    """The broker acknowledged a publish with a failure reason code (e.g. not authorised)."""
-
-
-class MqttSubscribeError(MqttError):
-    """The broker refused a subscription."""
-
-
-class MqttTlsConfig(BaseModel):
-    """TLS towards the broker; with no ``ca_file`` the system's trust store is used."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    ca_file: Path | None = Field(
-        default=None, description="PEM bundle of the CA(s) that signed the broker certificate."
-    )
-    cert_file: Path | None = Field(
-        default=None, description="PEM client certificate, for brokers that require one."
-    )
-    key_file: Path | None = Field(default=None, description="PEM private key of cert_file.")
-    insecure: bool = Field(
-        default=False,
-        description="Skip the broker host name check. Only for testing: it allows impostors.",
-    )
-
-    @model_validator(mode="after")
-    def _cert_and_key_together(self) -> Self:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file and key_file must be given together")
-        return self
-
-
-class MqttBrokerConfig(BaseModel):
-    """Where the broker is and how to authenticate; shared by the source and the publisher."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    host: str = Field(default="127.0.0.1", min_length=1, description="Broker host name or IP.")
-    port: int = Field(default=1883, ge=1, le=65535, description="Broker port (8883 for TLS).")
-    transport: Literal["tcp"] = Field(default="tcp", description="Transport; only tcp for now.")
-    protocol: Literal["5", "3.1.1"] = Field(default="5", description="MQTT protocol version.")
-    keepalive: int = Field(
-        default=60, ge=5, le=65535, description="Seconds between keep-alive pings."
-    )
-    tls: MqttTlsConfig | None = Field(default=None, description="TLS settings; omit for plain TCP.")
-    username: str | None = Field(default=None, description="User name for authentication.")
-    password: SecretStr | None = Field(
-        default=None, description="Password; prefer password_file so it stays out of the config."
-    )
-    password_file: Path | None = Field(
-        default=None, description="File whose first line is the password (e.g. a systemd secret)."
-    )
-    connect_timeout_s: float = Field(
-        default=10.0, gt=0, description="Seconds to wait for TCP connect and CONNACK."
-    )
-    reconnect_initial_s: float = Field(
-        default=0.5, gt=0, description="First delay before reconnecting; doubles per failure."
-    )
-    reconnect_max_s: float = Field(default=30.0, gt=0, description="Longest reconnect delay.")
-
-    @model_validator(mode="after")
-    def _credentials_consistent(self) -> Self:
-        if self.password is not None and self.password_file is not None:
-            raise ValueError("give either password or password_file, not both")
-        if (self.password is not None or self.password_file is not None) and not self.username:
-            raise ValueError("a password needs a username")
-        if self.reconnect_max_s < self.reconnect_initial_s:
-            raise ValueError("reconnect_max_s must not be smaller than reconnect_initial_s")
-        return self
-
-    def resolve_password(self) -> SecretStr | None:
-        """The password, reading ``password_file`` if configured (at connect, so rotation works)."""
-        if self.password_file is None:
-            return self.password
-        try:
-            text = self.password_file.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(
-                f"mqtt password_file {self.password_file} cannot be read: {exc.strerror}"
-            ) from exc
-        lines = text.splitlines()
-        return SecretStr(lines[0] if lines else "")
-
-
-@dataclass(frozen=True, slots=True)
-class Will:
-    """Last will: what the broker publishes for us if we vanish without a clean DISCONNECT."""
-
-    topic: str
-    payload: bytes
-    qos: int = 1
-    retain: bool = True
+__all__ = ["InboundMessage", "MessageHandler", "MqttConnection"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +81,7 @@ MessageHandler = Callable[[InboundMessage], Awaitable[None]]
 class _Attempt:
     """State of one paho client (one connection attempt); stale callbacks are recognised by it."""
 
-    client: _LeanClient
+    client: LeanClient | PlainClient
     connack: asyncio.Future[bool]
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     # Set (on the loop) when the attempt is given up: a message paho's thread holds back for
@@ -227,211 +98,12 @@ class _Delivery:
     message: InboundMessage
 
 
-_UINT16 = struct.Struct("!H")
-_PUBACK = struct.Struct("!BBH")  # fixed header, remaining length 2, packet id
-_READ_SIZE = 65_536
-# Shared, never modified: what a plain PUBACK (remaining length 2) means.
-_PUBACK_SUCCESS = ReasonCode(PacketTypes.PUBACK)
-_NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
-# MQTT 5 PUBACK reason codes below 0x80 are successes (0x00, 0x10 "no matching subscribers").
-_PUBACK_SUCCESSES = {code: ReasonCode(PacketTypes.PUBACK, identifier=code) for code in (0, 0x10)}
 _COALESCE_BELOW = 16  # messages waiting: fewer than this, and the dispatcher waits _COALESCE_S
 _COALESCE_S = 0.002
 # A held-back message rechecks the room and the connection at least this often (a wake-up the
 # loop's unlocked look at _inbox_waiting can miss costs at most this long).
 _HOLD_POLL_S = 0.05
 _DROP_LOG_INTERVAL_S = 10.0  # QoS 0 drops are logged at most this often
-_PublishCallback = Callable[[str, bytes, int, int, bool], None]
-
-
-def _plain_puback_reason(packet: bytes | bytearray) -> ReasonCode | None:
-    """The success a PUBACK reports when it has no properties, else None (paho decodes it).
-
-    MQTT 5 allows a success PUBACK as the packet id alone (length 2), with a reason code
-    (length 3) or with an empty property list (length 4); mosquitto sends 0x10 "no matching
-    subscribers" as a success too.
-    """
-    if len(packet) == 2:
-        return _PUBACK_SUCCESS
-    if len(packet) == 3 or (len(packet) == 4 and packet[3] == 0):
-        return _PUBACK_SUCCESSES.get(packet[2])
-    return None
-
-
-def _puback_reason(packet: bytes | bytearray) -> ReasonCode:
-    """The reason code of a PUBACK (properties, if any, are not needed here)."""
-    plain = _plain_puback_reason(packet)
-    if plain is not None:
-        return plain
-    try:
-        return ReasonCode(PacketTypes.PUBACK, identifier=packet[2])
-    except (KeyError, ValueError):  # a code MQTT 5 does not define for PUBACK
-        return ReasonCode(PacketTypes.PUBACK, identifier=0x80)
-
-
-def _publish_header(retain: bool, remaining: int) -> bytes:
-    """Fixed header of a QoS 1 PUBLISH: type and flags, then the variable-length size."""
-    header = bytearray([0x32 | int(retain)])
-    while True:
-        byte, remaining = remaining % 128, remaining // 128
-        header.append(byte | (0x80 if remaining else 0))
-        if not remaining:
-            return bytes(header)
-
-
-class _LeanClient(paho.Client):
-    """paho's client with a lean receive path.
-
-    For every message received paho builds an ``MQTTMessage`` (with a ``threading.Condition``)
-    and, under MQTT 5, a ``Properties`` object whose constructor fills several lookup tables:
-    measured with py-spy, 60 % of the daemon's CPU at 6,000 readings/s. Messages at QoS 0 or 1
-    without MQTT 5 properties (what sensors send) are decoded here and handed to
-    ``on_publish_received(topic, payload, qos, mid, retain)`` directly; QoS 2, messages with
-    properties and clients without that callback take paho's own path (``on_message``).
-
-    paho also reads every packet with three or more ``recv`` calls (the first byte, each byte of
-    the length, the rest) and handles one packet per wake-up of its loop. Here the socket is read
-    64 KiB at a time into a buffer that paho's reads are served from, and a wake-up handles every
-    packet already buffered.
-
-    QoS 1 acknowledgements of a batch go out as one write (:meth:`ack_many`), a plain PUBACK
-    received (success, no properties) is read without paho's per-packet objects, and paho's
-    walk over every unacknowledged message after each PUBACK is skipped when none is queued.
-
-    This overrides paho 2.x's ``_handle_publish``, ``_handle_pubackcomp``, ``_update_inflight``,
-    ``_sock_recv`` and ``loop_read`` and uses its ``_in_packet``, ``_protocol``, ``_manual_ack``,
-    ``_packet_queue``, ``_mid_generate``, ``_out_messages``, ``_out_message_mutex``,
-    ``_inflight_messages``, ``_do_on_publish`` and ``_reset_sockets`` (``MqttConnection`` also
-    calls ``_raise_for_invalid_topic``); paho is pinned below 3 and tests/gateway/io exercise
-    every path (TLS included).
-    """
-
-    on_publish_received: _PublishCallback | None = None
-    on_lean_puback: Callable[[int, ReasonCode], None] | None = None
-    _read_buffer = b""
-    _read_position = 0
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._lean_mids: set[int] = set()  # publish_many's packets awaiting PUBACK
-
-    def _sock_recv(self, bufsize: int) -> bytes:
-        if self._read_position >= len(self._read_buffer):
-            data = super()._sock_recv(_READ_SIZE)  # BlockingIOError when nothing is there
-            if not data:
-                return data  # the connection closed
-            self._read_buffer, self._read_position = data, 0
-        start = self._read_position
-        self._read_position = start + bufsize
-        return self._read_buffer[start : start + bufsize]
-
-    def _handle_pubackcomp(self, cmd: Literal["PUBACK", "PUBCOMP"]) -> MQTTErrorCode:
-        packet = self._in_packet["packet"]
-        if cmd != "PUBACK" or len(packet) < 2:
-            return super()._handle_pubackcomp(cmd)  # QoS 2 (PUBCOMP) or malformed
-        (mid,) = _UINT16.unpack_from(packet)
-        with self._out_message_mutex:
-            lean = mid in self._lean_mids
-            self._lean_mids.discard(mid)
-        if lean:  # sent by publish_many: paho holds no state for it
-            if self.on_lean_puback is not None:
-                self.on_lean_puback(mid, _puback_reason(packet))
-            return MQTTErrorCode.MQTT_ERR_SUCCESS
-        reason = _plain_puback_reason(packet)
-        if reason is None:
-            return super()._handle_pubackcomp(cmd)  # a failure, or properties
-        # A plain success: paho's decoder would build a ReasonCode and a Properties per PUBACK.
-        with self._out_message_mutex:
-            if mid in self._out_messages:
-                return self._do_on_publish(mid, reason, _NO_PROPERTIES)
-        return MQTTErrorCode.MQTT_ERR_SUCCESS
-
-    def publish_many(self, messages: Sequence[tuple[bytes, bytes, bool]]) -> list[int]:
-        """QoS 1 PUBLISH packets for ``(topic, payload, retain)``, queued as one write.
-
-        paho's ``publish`` builds an ``MQTTMessage`` with a ``threading.Condition``, takes
-        three locks and wakes its thread once per message. Here the packets are encoded
-        directly (MQTT 5 with an empty property list) and paho's thread is woken once; their
-        PUBACKs go to ``on_lean_puback(mid, reason)``. With the lean PUBACKs this took a
-        publisher from 90 to 37 µs of CPU per message (10,000 messages to a real mosquitto).
-        Topics must already be valid (:meth:`MqttConnection.start_publish_many` makes paho's
-        check). Returns the packet ids, in order.
-        """
-        v5 = self._protocol == paho.MQTTv5
-        parts: list[bytes] = []
-        mids: list[int] = []
-        for topic, payload, retain in messages:
-            mid = self._mid_generate()
-            body_length = 2 + len(topic) + 2 + (1 if v5 else 0) + len(payload)
-            parts += (
-                _publish_header(retain, body_length),
-                _UINT16.pack(len(topic)),
-                topic,
-                _UINT16.pack(mid),
-                b"\x00" if v5 else b"",
-                payload,
-            )
-            mids.append(mid)
-        with self._out_message_mutex:
-            self._lean_mids.update(mids)
-        self._packet_queue(paho.PUBLISH, b"".join(parts), mids[-1] if mids else 0, 1)
-        return mids
-
-    def _update_inflight(self) -> MQTTErrorCode:
-        # paho walks every unacknowledged message after each PUBACK to find queued ones to
-        # send: O(window) per acknowledgement. Queued ones exist only when it holds more
-        # messages than it has in flight.
-        if len(self._out_messages) <= self._inflight_messages:
-            return MQTTErrorCode.MQTT_ERR_SUCCESS
-        return super()._update_inflight()
-
-    def ack_many(self, mids: Sequence[int]) -> None:
-        """PUBACK several QoS 1 messages with one write (``ack`` wakes paho's thread for each)."""
-        packet = b"".join(_PUBACK.pack(paho.PUBACK, 2, mid) for mid in mids)
-        self._packet_queue(paho.PUBACK, packet, 0, 0)
-
-    def close_sockets(self) -> None:
-        """Close the connection's socket and the wake-up socket pair of paho's thread now.
-
-        paho closes them only when the client is garbage collected, and in a reference cycle the
-        sockets may be finalised first (an 'unclosed socket' ResourceWarning).
-        """
-        self._reset_sockets()
-
-    def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:
-        rc = super().loop_read(max_packets)
-        # Packets already in the buffer would not wake the select() in paho's loop.
-        while rc == MQTTErrorCode.MQTT_ERR_SUCCESS and self._read_position < len(self._read_buffer):
-            rc = super().loop_read(1)
-        return rc
-
-    def _handle_publish(self) -> MQTTErrorCode:
-        callback = self.on_publish_received
-        header = self._in_packet["command"]
-        qos = (header & 0x06) >> 1
-        if callback is None or qos == 2:
-            return super()._handle_publish()
-        packet = self._in_packet["packet"]
-        try:
-            (length,) = _UINT16.unpack_from(packet, 0)
-            position = 2 + length
-            mid = 0
-            if qos:
-                (mid,) = _UINT16.unpack_from(packet, position)
-                position += 2
-            if self._protocol == MQTTProtocolVersion.MQTTv5:
-                if packet[position] != 0:  # MQTT 5 properties (or a topic alias): paho's path
-                    return super()._handle_publish()
-                position += 1
-        except (struct.error, IndexError):
-            return super()._handle_publish()  # malformed: paho reports it
-        if length == 0:
-            return super()._handle_publish()
-        topic = bytes(packet[2 : 2 + length]).decode("utf-8", "replace")
-        callback(topic, bytes(packet[position:]), qos, mid, bool(header & 0x01))
-        if qos == 1 and not self._manual_ack:
-            return self._send_puback(mid)
-        return MQTTErrorCode.MQTT_ERR_SUCCESS
 
 
 class MqttConnection:
@@ -496,16 +168,18 @@ class MqttConnection:
         self._inbox_held = 0  # QoS 1/2 messages held back at the bound (back-pressure)
         self._drops_logged = 0
         self._next_drop_log = 0.0
-        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._client_class = _client_class(broker.client, self._log)
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
         self._loop = asyncio.get_running_loop()
-        self._tasks.append(asyncio.create_task(self._supervise(), name="mqtt-supervisor"))
+        tasks = {"mqtt-supervisor": self._supervise()}
         if self._on_message is not None:
-            self._tasks.append(asyncio.create_task(self._dispatch(), name="mqtt-dispatch"))
+            tasks["mqtt-dispatch"] = self._dispatch()
+        self._runner = asyncio.create_task(run_task_group(tasks), name="mqtt-connection")
         return self
 
     async def __aexit__(
@@ -518,15 +192,16 @@ class MqttConnection:
 
     async def close(self) -> None:
         """Stop reconnecting and disconnect cleanly (a clean DISCONNECT suppresses the will)."""
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            runner.cancel()
+            await asyncio.wait({runner})
         attempt = self._attempt
         if attempt is not None:
             await self._teardown(attempt)
+        error = None if runner is None or runner.cancelled() else runner.exception()
+        if error is not None:  # a task failed (serve() raised it too): raised after the teardown
+            raise error
 
     # -- state -----------------------------------------------------------------------------
 
@@ -542,7 +217,8 @@ class MqttConnection:
 
     async def serve(self) -> None:
         """Wait while the connection works in the background; raises if its tasks fail."""
-        await asyncio.gather(*self._tasks)
+        if self._runner is not None:
+            await self._runner
 
     def inbox_stats(self) -> dict[str, int]:
         """The receive hand-off: waiting now, the most ever waiting, its bound, QoS 0 messages
@@ -599,11 +275,16 @@ class MqttConnection:
         self, messages: Sequence[tuple[str, bytes, bool]]
     ) -> list[asyncio.Future[None]]:
         """QoS 1 publishes of ``(topic, payload, retain)`` handed to the broker in one write,
-        in order; each future resolves on its PUBACK (see :meth:`_LeanClient.publish_many`).
+        in order; each future resolves on its PUBACK (see :meth:`LeanClient.publish_many`).
         A topic paho would refuse gets a future failed with :class:`MqttPublishError`."""
         attempt = self._attempt
         if attempt is None or not self._connected:
             raise MqttNotConnectedError(f"not connected to {self._broker.host}; cannot publish")
+        client = attempt.client
+        if not isinstance(client, LeanClient):
+            return [
+                self._start_or_fail(topic, payload, retain) for topic, payload, retain in messages
+            ]
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[None]] = [loop.create_future() for _ in messages]
         sendable: list[tuple[bytes, bytes, bool]] = []
@@ -611,16 +292,25 @@ class MqttConnection:
         for (topic, payload, retain), future in zip(messages, futures, strict=True):
             encoded = topic.encode("utf-8")
             try:
-                paho.Client._raise_for_invalid_topic(encoded)  # the check paho's publish makes
+                client.check_topic(encoded)  # the check paho's publish makes
             except ValueError as exc:
                 future.set_exception(MqttPublishError(f"cannot publish to {topic!r}: {exc}"))
                 continue
             sendable.append((encoded, payload, retain))
             slots.append(future)
         if sendable:
-            mids = attempt.client.publish_many(sendable)
+            mids = client.publish_many(sendable)
             attempt.publishes.update(zip(mids, slots, strict=True))
         return futures
+
+    def _start_or_fail(self, topic: str, payload: bytes, retain: bool) -> asyncio.Future[None]:
+        """:meth:`start_publish` at QoS 1, its error (if any) in the future it returns."""
+        try:
+            return self.start_publish(topic, payload, qos=1, retain=retain)
+        except (MqttPublishError, MqttNotConnectedError) as exc:
+            failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
 
     async def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
         """Publish and wait for the broker's acknowledgement (QoS 1 PUBACK)."""
@@ -699,9 +389,14 @@ class MqttConnection:
         self._log.info("mqtt_connected", session_present=session_present)
         return attempt
 
-    def _make_client(self) -> _LeanClient:
+    @property
+    def client_kind(self) -> ClientKind:
+        """The paho client in use: 'fast' (the lean path) or 'plain' (chosen, or the fallback)."""
+        return "fast" if self._client_class is LeanClient else "plain"
+
+    def _make_client(self) -> LeanClient | PlainClient:
         v5 = self._broker.protocol == "5"
-        client = _LeanClient(
+        client = self._client_class(
             callback_api_version=CallbackAPIVersion.VERSION2,
             client_id=self._client_id,
             clean_session=None if v5 else self._clean_start,
@@ -739,7 +434,7 @@ class MqttConnection:
             )
         return client
 
-    def _blocking_connect(self, client: _LeanClient) -> None:
+    def _blocking_connect(self, client: LeanClient | PlainClient) -> None:
         """Runs in a worker thread: DNS, TCP (and TLS) handshake and sending CONNECT."""
         if self._broker.protocol == "5":
             properties = None
@@ -888,7 +583,6 @@ class MqttConnection:
                 self._on_puback(attempt, mid, rc)
 
         client.on_publish = lambda _c, _u, mid, rc, _p: published(mid, rc)
-        client.on_lean_puback = published
 
         def received(topic: str, payload: bytes, qos: int, mid: int, retain: bool) -> None:
             delivery = _Delivery(attempt, mid, InboundMessage(topic, payload, qos, retain))
@@ -913,7 +607,9 @@ class MqttConnection:
             received(topic, bytes(message.payload), message.qos, message.mid, message.retain)
 
         client.on_message = lambda _c, _u, msg: received_by_paho(msg)
-        client.on_publish_received = received
+        if isinstance(client, LeanClient):
+            client.on_lean_puback = published
+            client.on_publish_received = received
 
     def _make_room(self, attempt: _Attempt, qos: int) -> bool:
         """paho's thread, inbox lock held, inbox full: may this message go in?
@@ -980,3 +676,19 @@ class MqttConnection:
             future.set_exception(MqttSubscribeError(f"broker refused subscription: {refused}"))
         else:
             future.set_result(None)
+
+
+def _client_class(kind: ClientKind, log: Any) -> type[LeanClient] | type[PlainClient]:
+    """The paho client class for ``kind``: the fast one unless the installed paho breaks it."""
+    if kind == "plain":
+        return PlainClient
+    problems = contract_problems()
+    if not problems:
+        return LeanClient
+    log.warning(
+        "mqtt_fast_path_unavailable",
+        paho_version=paho_version(),
+        problems=list(problems),
+        using="plain",
+    )
+    return PlainClient
