@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -28,7 +28,8 @@ class GatewayDaemon:
 
     ``wrapper`` is an argv put before the interpreter (e.g. ``prlimit --fsize=N --``, which execs
     the daemon in place with the same pid); ``cpu`` pins the daemon to one CPU (the bench);
-    ``new_session`` keeps a terminal's Ctrl-C away from it (the demo stops it in order).
+    ``new_session`` keeps a terminal's Ctrl-C away from it (the demo stops it in order); ``env``
+    adds to the inherited environment.
     """
 
     def __init__(
@@ -40,6 +41,7 @@ class GatewayDaemon:
         wrapper: Sequence[str] = (),
         cpu: int | None = None,
         new_session: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config
         self.state_dir = state_dir
@@ -47,6 +49,7 @@ class GatewayDaemon:
         self._wrapper = tuple(wrapper)
         self._cpu = cpu
         self._new_session = new_session
+        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self._process: subprocess.Popen[bytes] | None = None
         self.spawned_at = 0.0  # time.monotonic() at spawn
         self.exit_code: int | None = None
@@ -93,7 +96,7 @@ class GatewayDaemon:
                 ],
                 stdout=log,
                 stderr=log,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=self._env,
                 start_new_session=self._new_session,
             )
         if self._cpu is not None:
@@ -124,8 +127,11 @@ class GatewayDaemon:
         source is subscribed (readings sent earlier would be lost)."""
         return _ready(self.status(), self.pid, wait_sources=wait_sources)
 
-    def wait_ready(self, timeout_s: float = 60.0, *, wait_sources: bool = True) -> float:
-        """Poll until :meth:`ready`; returns the seconds from spawn to phase ``running``."""
+    def wait_ready(
+        self, timeout_s: float = 60.0, *, wait_sources: bool = True, poll_s: float = _POLL_S
+    ) -> float:
+        """Poll until :meth:`ready`; returns the seconds from spawn to phase ``running`` (as
+        precise as ``poll_s``)."""
         running_at: float | None = None
         deadline = time.monotonic() + timeout_s
         while True:
@@ -139,7 +145,7 @@ class GatewayDaemon:
                     f"the gateway daemon did not become ready within {timeout_s:.0f} s; end of "
                     f"its log ({self.log}):\n{self.log_tail()}"
                 )
-            time.sleep(_POLL_S / 4)
+            time.sleep(poll_s)
 
     def wait_status(self, predicate: Callable[[Status], bool], timeout_s: float = 30.0) -> Status:
         """The first non-empty status satisfying ``predicate``, or the last one after the time."""

@@ -2,9 +2,9 @@
 
 Its own process (``python -m devkit.bench.e2e_subscriber --port P --out FILE``), subscribed
 with QoS 0 to ``tesla/+/+/+``. It prints ``ready`` once subscribed, records every non-retained
-message with ``time.monotonic()`` of the read that brought it (system-wide on Linux, so comparable with the
-generator's publication stamps), and on SIGTERM writes what it received to ``--out``: per
-calibrated reading (one per message on ``<prefix>/<sensor>/<feature>``, an array on
+message with ``time.monotonic()`` of the read that brought it (system-wide on Linux, so
+comparable with the generator's publication stamps), and on SIGTERM writes what it received to
+``--out``: per calibrated reading (one per message on ``<prefix>/<sensor>/<feature>``, an array on
 ``<prefix>/_batch/<feature>``) the arrival, the sensor number, the closed period's index and
 whether it carried a calibration.
 """

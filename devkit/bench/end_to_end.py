@@ -367,7 +367,7 @@ def _scenario(  # noqa: PLR0917 - one call site, all needed
     with _subscriber(port, work / f"received-{s}.json"):
         daemon = _start_daemon(config, state_dir, daemon_cpu)
         try:
-            figures[f"startup_restore_s_{s}"] = daemon.wait_ready(_WAIT_S)
+            figures[f"startup_restore_s_{s}"] = daemon.wait_ready(_WAIT_S, poll_s=0.005)
             run = _Run(work, port, s, period, daemon)
             phase, latency = _latency_phase(run, first_period * period)
             figures.update(phase)
@@ -392,7 +392,7 @@ def _scenario(  # noqa: PLR0917 - one call site, all needed
             )
             daemon = _start_daemon(config, state_dir, daemon_cpu)
             try:
-                daemon.wait_ready(_WAIT_S)
+                daemon.wait_ready(_WAIT_S, poll_s=0.005)
                 run = _Run(work, port, s, period, daemon)
                 phase, phases["batch_topic_"] = _latency_phase(run, t, "batch_topic_")
                 figures.update(phase)
@@ -436,7 +436,7 @@ def run_end_to_end(
             config.write_text(_config_text(fresh_state, model_dir, broker.port), encoding="utf-8")
             daemon = _start_daemon(config, fresh_state, daemon_cpu)
             try:
-                figures["startup_s"] = daemon.wait_ready(_WAIT_S)
+                figures["startup_s"] = daemon.wait_ready(_WAIT_S, poll_s=0.005)
                 time.sleep(0.5)
                 figures["daemon_rss_mb_start"] = _mib(daemon, "VmRSS")
             finally:

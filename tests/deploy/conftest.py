@@ -60,7 +60,7 @@ def build_wheel(target: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for package in ("gateway", "training"):
+    for package in ("gateway",):
         shutil.copytree(REPO / package, source / package, ignore=ignore)
     wheels = target / "wheels"
     subprocess.run(

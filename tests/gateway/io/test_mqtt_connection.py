@@ -14,6 +14,7 @@ from paho.mqtt.properties import Properties
 from pydantic import ValidationError
 from structlog.testing import capture_logs
 
+from devkit.broker import Mosquitto, make_test_pki
 from gateway.errors import ConfigError
 from gateway.mqtt_connection import (
     InboundMessage,
@@ -23,7 +24,6 @@ from gateway.mqtt_connection import (
     MqttPublishError,
 )
 from tests.gateway.io.helpers import broker_config, collecting, eventually
-from tests.support.mosquitto import Mosquitto, make_test_pki
 
 
 def test_publish_completes_on_puback_and_reaches_subscribers(mosquitto: Mosquitto) -> None:

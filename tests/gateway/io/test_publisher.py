@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from devkit.broker import Mosquitto
 from gateway.calibrated import CalibratedReading, Quality
 from gateway.publisher import Publisher, PublisherConfig, PublisherError, reading_payload
 from tests.gateway.io.helpers import broker_config, collecting, eventually
-from tests.support.mosquitto import Mosquitto
 
 T0 = 1_700_000_000.0
 
