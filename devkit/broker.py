@@ -13,10 +13,9 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from devkit.errors import BrokerError
+from devkit.lifecycle import StartStop
 
 MOSQUITTO = Path("/usr/sbin/mosquitto")
 MOSQUITTO_PASSWD = Path("/usr/bin/mosquitto_passwd")
@@ -121,7 +120,7 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-class Mosquitto:
+class Mosquitto(StartStop):
     """One broker process; ``stop()`` / ``start()`` keep the port, data directory and config.
 
     ``persistence=False`` with ``max_inflight_messages=1000`` is the demo's and the bench's
@@ -205,18 +204,6 @@ class Mosquitto:
             ),
             encoding="utf-8",
         )
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _check_installed(self) -> None:
         if not os.access(self.executable, os.X_OK):

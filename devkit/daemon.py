@@ -11,10 +11,10 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 from devkit.errors import DaemonExitedError, DaemonTimeoutError
+from devkit.lifecycle import StartStop
 
 __all__ = ["GatewayDaemon", "Status"]
 
@@ -23,7 +23,7 @@ _POLL_S = 0.02
 _STOP_TIMEOUT_S = 30.0
 
 
-class GatewayDaemon:
+class GatewayDaemon(StartStop):
     """The production daemon as a child process; ``start()`` spawns it, ``with`` also stops it.
 
     ``wrapper`` is an argv put before the interpreter (e.g. ``prlimit --fsize=N --``, which execs
@@ -54,19 +54,6 @@ class GatewayDaemon:
         self.spawned_at = 0.0  # time.monotonic() at spawn
         self.exit_code: int | None = None
 
-    def __enter__(self) -> Self:
-        if self._process is None:
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     @property
     def process(self) -> subprocess.Popen[bytes]:
         if self._process is None:
@@ -82,6 +69,8 @@ class GatewayDaemon:
         return self._process is not None and self._process.poll() is None
 
     def start(self) -> Self:
+        if self.running:
+            return self
         with self.log.open("ab") as log:
             self.spawned_at = time.monotonic()
             self._process = subprocess.Popen(  # noqa: S603  # our own module, no shell

@@ -16,8 +16,6 @@ import select
 import time
 import tty
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from devkit.errors import DevkitError
 
@@ -29,7 +27,7 @@ class UnpluggedError(DevkitError):
 
 
 class PtySerial:
-    """One re-pluggable fake serial device at ``path``; ``with`` closes it.
+    """One re-pluggable fake serial device at ``path``; ``contextlib.closing`` closes it.
 
     ``nonblocking=True`` makes the master side non-blocking, for a driver on an asyncio loop
     (``loop.add_reader(device.master, ...)``, ``os.write`` raising ``BlockingIOError``).
@@ -41,17 +39,6 @@ class PtySerial:
         self._master: int | None = None
         self._slave: int | None = None
         self.replug()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     @property
     def master(self) -> int:

@@ -1,6 +1,7 @@
 # Shared fixtures: a real mosquitto broker and re-pluggable pty serial ports (both from devkit),
 # and the small-model factory from tests/support.
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
 @pytest.fixture
 def pty_serial(tmp_path: Path) -> Iterator[PtySerial]:
     """A pluggable fake serial device at ``tmp_path / 'ttyNODE0'``."""
-    with PtySerial(tmp_path / "ttyNODE0") as device:
+    with closing(PtySerial(tmp_path / "ttyNODE0")) as device:
         yield device
 
 

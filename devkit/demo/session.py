@@ -105,7 +105,9 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoOutcome:
             )
         )
         ptys = [
-            stack.enter_context(PtySerial(work / f"ttyNODE{i}", nonblocking=True))
+            stack.enter_context(
+                contextlib.closing(PtySerial(work / f"ttyNODE{i}", nonblocking=True))
+            )
             for i in range(len(serial_ids))
         ]
         config_path = write_gateway_config(
