@@ -12,10 +12,16 @@ LEGACY_STAMP := $(LEGACY_VENV)/.installed
 
 setup: $(STAMP) $(SYSTEM_STAMP) $(LEGACY_STAMP)
 
+# The wheel holds the gateway only (what runs on the Pi); training/ and devkit/ run from this
+# checkout, which the dev venv gets on its path (a .pth file), with `tesla-train` running
+# `python -m training`.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[train,dev]'
+	$(PY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_path("purelib"), "tesla-checkout.pth").write_text("$(CURDIR)\n")'
+	printf '#!/bin/sh\nexec "%s" -m training "$$@"\n' "$(abspath $(PY))" > $(VENV)/bin/tesla-train
+	chmod +x $(VENV)/bin/tesla-train
 	touch $@
 
 $(LEGACY_STAMP): pyproject.toml
@@ -30,13 +36,13 @@ $(SYSTEM_STAMP): scripts/install-system-deps.sh
 	touch $@
 
 demo: setup
-	$(PY) -m gateway.demo
+	$(PY) -m devkit.demo
 
 test: setup lint typecheck pytest
 
 lint: setup
 	$(PY) -m ruff check .
-	$(PY) -m ruff format --check gateway training tests
+	$(PY) -m ruff format --check gateway devkit training tests
 
 typecheck: setup
 	$(PY) -m mypy
@@ -45,7 +51,7 @@ pytest: setup
 	$(PY) -m pytest
 
 bench: setup
-	$(PY) -m bench
+	$(PY) -m devkit.bench
 
 reliability: setup
 	$(PY) -m pytest -m reliability --reliability-long

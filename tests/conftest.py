@@ -1,9 +1,28 @@
-# Fixtures from tests/support (gateway I/O): real mosquitto broker, re-pluggable pty serial ports.
+# Shared fixtures: a real mosquitto broker and re-pluggable pty serial ports (both from devkit),
+# and the small-model factory from tests/support.
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+
 import pytest
 
+from devkit.broker import Mosquitto
+from devkit.pty import PtySerial
 from tests.support.models import model_factory  # noqa: F401
-from tests.support.mosquitto import mosquitto  # noqa: F401
-from tests.support.pty_serial import pty_serial  # noqa: F401
+
+
+@pytest.fixture
+def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
+    """A fresh broker per test, stopped afterwards whatever happens."""
+    with Mosquitto(tmp_path / "mosquitto") as broker:
+        yield broker
+
+
+@pytest.fixture
+def pty_serial(tmp_path: Path) -> Iterator[PtySerial]:
+    """A pluggable fake serial device at ``tmp_path / 'ttyNODE0'``."""
+    with closing(PtySerial(tmp_path / "ttyNODE0")) as device:
+        yield device
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -54,14 +54,17 @@ def make_base_root(root: Path) -> None:
 
 
 def build_wheel(target: Path) -> Path:
-    """The gateway's wheel, built from a copy of the sources (the checkout stays untouched)."""
+    """The gateway's wheel, built from a copy of the sources (the checkout stays untouched).
+
+    Every top-level package is copied, so what the wheel holds is pyproject's choice alone.
+    """
     source = target / "src"
     source.mkdir(parents=True)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for package in ("gateway", "training"):
-        shutil.copytree(REPO / package, source / package, ignore=ignore)
+    for package in sorted(p for p in REPO.iterdir() if (p / "__init__.py").is_file()):
+        shutil.copytree(package, source / package.name, ignore=ignore)
     wheels = target / "wheels"
     subprocess.run(
         [

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import tomllib
+import zipfile
 from pathlib import Path
 
 from gateway.config import load_config
@@ -20,6 +21,21 @@ from tests.deploy.conftest import (
 )
 
 Snapshot = dict[str, tuple[str, int, int, int, str]]
+
+
+def test_the_wheel_holds_only_what_runs_on_the_pi(installed_root: InstalledRoot) -> None:
+    """The gateway and its metadata: no demo, bench, training or tests, no `tesla-train`."""
+    (wheel,) = installed_root.wheelhouse.glob("tesla_gateway-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        scripts = archive.read(entry_points).decode()
+    top_level = {name.split("/")[0] for name in names}
+    assert {t for t in top_level if not t.endswith(".dist-info")} == {"gateway"}
+    assert "gateway/py.typed" in names
+    assert not [n for n in names if n.startswith("gateway/demo/")]
+    assert "tesla-gateway = gateway.cli:main" in scripts
+    assert "tesla-train" not in scripts
 
 
 def snapshot(root: Path) -> Snapshot:

@@ -21,8 +21,8 @@ from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
+from devkit.broker import MOSQUITTO, free_ports
 from tests.deploy.conftest import GATEWAY_ID, InstalledRoot
-from tests.support.mosquitto import MOSQUITTO, free_ports
 
 WAIT_S = 10.0
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from devkit.broker import Mosquitto
 from gateway.config import load_config
 from gateway.errors import ConfigError
 from gateway.mqtt.config import MqttBrokerConfig
 from gateway.mqtt.connection import MqttConnection
-from tests.support.mosquitto import Mosquitto
 
 RIGHT = "Pw-correct-4f9a2e"
 WRONG = "Pw-wrong-77c1d0"

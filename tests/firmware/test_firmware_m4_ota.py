@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from devkit.broker import Mosquitto
 from gateway.ota.release import key_id, load_public_key
 from tests.firmware.qemu_node import FIRMWARE, build, missing_prerequisite, node_on_pty
 from tests.gateway.io.helpers import collecting, eventually
 from tests.gateway.ota.harness import STATUS_PREFIX, gateway, node_states, ota_config
-from tests.support.mosquitto import Mosquitto
 from tests.support.releases import ReleaseKit
 from training.release import KeyPair
 

@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -25,6 +21,8 @@ from typing import Any
 
 from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+
+from devkit.daemon import GatewayDaemon
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = REPO / "models" / "pm10-ispra-1min"
@@ -147,8 +145,8 @@ max_backlog_s = 86400
     return path
 
 
-class Daemon:
-    """``python -m gateway run`` as a child process, observed through its status.json."""
+class Daemon(GatewayDaemon):
+    """The daemon (devkit's wrapper), started on construction, observed through status.json."""
 
     def __init__(
         self,
@@ -162,58 +160,15 @@ class Daemon:
         """Start the daemon and wait until its status.json says it runs; with ``wait_status``
         false (a state dir that cannot be written has no status.json) the caller waits, e.g.
         for its stats topic."""
-        self.config = config
-        self.state_dir = state_dir
-        self.log = config.with_suffix(".log")
         # prlimit execs the daemon in place (same pid) with a cap on file size: a full disk.
         limit = [] if file_size_limit is None else ["prlimit", f"--fsize={file_size_limit}", "--"]
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [*limit, sys.executable, "-m", "gateway", "run", "--config", str(config)],
-                stdout=log,
-                stderr=log,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        if not wait_status:
-            return
-        wait_for(
-            lambda: (
-                (s := self.status()).get("phase") == "running"
-                and s.get("pid") == self.process.pid
-                and (not wait_sources or all(s.get("mqtt_sources_connected", {}).values()))
-            ),
-            "the daemon to start",
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def status(self) -> dict[str, Any]:
-        if self.process.poll() is not None:
-            raise AssertionError(f"daemon exited:\n{self.log.read_text()[-4000:]}")
-        try:
-            return dict(json.loads((self.state_dir / "status.json").read_text()))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=WAIT_S)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
+        super().__init__(config, state_dir, wrapper=limit)
+        self.start()
+        if wait_status:
+            self.wait_ready(WAIT_S, wait_sources=wait_sources)
 
     def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        return 0
-
-    def open_fds(self) -> int:
-        return sum(1 for _ in Path(f"/proc/{self.pid}/fd").iterdir())
+        return self.proc_status_kib("VmRSS")
 
 
 class Sensors:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from devkit.broker import Mosquitto
 from tests.reliability.harness import (
     PERIOD_S,
     Collector,
@@ -33,7 +34,6 @@ from tests.reliability.harness import (
     wait_for,
     write_config,
 )
-from tests.support.mosquitto import Mosquitto
 
 pytestmark = pytest.mark.reliability
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from devkit.broker import Mosquitto
 from gateway.publish.publisher import OUTBOX_FILENAME
 from tests.reliability.harness import (
     PERIOD_S,
@@ -30,7 +31,6 @@ from tests.reliability.harness import (
     wait_for,
     write_config,
 )
-from tests.support.mosquitto import Mosquitto
 
 pytestmark = pytest.mark.reliability
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from devkit.broker import Mosquitto
 from tests.reliability.harness import (
     PERIOD_S,
     Collector,
@@ -36,7 +37,6 @@ from tests.reliability.harness import (
     wait_for,
     write_config,
 )
-from tests.support.mosquitto import Mosquitto
 
 pytestmark = pytest.mark.reliability
 

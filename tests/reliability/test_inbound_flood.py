@@ -23,6 +23,7 @@ import pytest
 from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from devkit.broker import Mosquitto
 from gateway.mqtt.wire import encode_string, publish_packet, remaining_length
 from tests.reliability.harness import (
     WAIT_S,
@@ -33,7 +34,6 @@ from tests.reliability.harness import (
     wait_while_progressing,
     write_config,
 )
-from tests.support.mosquitto import Mosquitto
 
 pytestmark = pytest.mark.reliability
 BUDGET_KIB = 120 * 1024  # the 10,000-sensor RSS budget (docs/deployment.md)

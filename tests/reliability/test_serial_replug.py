@@ -1,6 +1,6 @@
 """Serial nodes unplugged and replugged, with garbage on the line, through the real daemon.
 
-No Arduino board exists here: the node is a pty pair (tests/support/pty_serial.py) whose slave
+No Arduino board exists here: the node is a pty pair (devkit/pty.py) whose slave
 side the daemon opens through pyserial at a stable symlink, as udev's /dev/serial/by-id gives
 it; ``unplug`` closes both ends and removes the link, ``replug`` makes a new pair behind it.
 Every valid line written while plugged must become a reading and each garbage line one counted
@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from devkit.broker import Mosquitto
+from devkit.pty import PtySerial
 from gateway.sources.line_protocol import encode_hello, encode_hello_request, encode_reading
 from tests.reliability.harness import (
     PERIOD_S,
@@ -28,8 +30,6 @@ from tests.reliability.harness import (
     wait_for,
     write_config,
 )
-from tests.support.mosquitto import Mosquitto
-from tests.support.pty_serial import PtySerial
 
 pytestmark = pytest.mark.reliability
 

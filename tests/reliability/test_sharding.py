@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from devkit.broker import Mosquitto
 from gateway.readings import SENSOR_ID_PATTERN
 from gateway.sharding import ShardConfig, shard_of
 from tests.reliability.harness import (
@@ -25,7 +26,6 @@ from tests.reliability.harness import (
     wait_for,
     write_config,
 )
-from tests.support.mosquitto import Mosquitto
 
 sensor_ids = st.from_regex(SENSOR_ID_PATTERN, fullmatch=True)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from devkit.broker import Mosquitto
 from tests.reliability.harness import (
     PERIOD_S,
     Collector,
@@ -31,7 +32,6 @@ from tests.reliability.harness import (
     wait_for,
     write_config,
 )
-from tests.support.mosquitto import Mosquitto
 
 pytestmark = pytest.mark.reliability
 

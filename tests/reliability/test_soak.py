@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from devkit.broker import Mosquitto
 from tests.reliability.harness import (
     PERIOD_S,
     Collector,
@@ -30,7 +31,6 @@ from tests.reliability.harness import (
     wait_while_progressing,
     write_config,
 )
-from tests.support.mosquitto import Mosquitto
 
 pytestmark = pytest.mark.reliability
 SENSORS = 40

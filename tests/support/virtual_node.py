@@ -25,6 +25,7 @@ import numpy as np
 from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
+from devkit.pty import PtySerial
 from gateway.ota.descriptor import ImageDescriptor
 from gateway.ota.errors import MalformedReleaseError, OtaFrameError
 from gateway.ota.protocol import (
@@ -52,7 +53,6 @@ from gateway.sources.line_protocol import (
     encode_hello,
     encode_reading,
 )
-from tests.support.pty_serial import PtySerial
 
 __all__ = ["FirmwareProfile", "NodeFaults", "OtaReceiver", "Slot", "VirtualNode", "self_test"]
 

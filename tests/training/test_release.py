@@ -12,6 +12,7 @@ import pytest
 from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from devkit.broker import Mosquitto
 from gateway.calibrator import Calibrator
 from gateway.ota.descriptor import DESCRIPTOR_SIZE, ImageDescriptor
 from gateway.ota.errors import BadSignatureError
@@ -22,7 +23,6 @@ from gateway.ota.release import (
     load_public_key,
     verify_release,
 )
-from tests.support.mosquitto import Mosquitto
 from tests.support.releases import DEFAULT_NODE_MODEL, ReleaseKit
 from training.cli import main
 from training.release import PRIVATE_KEY_NAME, PUBLIC_KEY_NAME, ReleaseError, keygen
@@ -172,7 +172,7 @@ def test_push_publishes_the_release_retained(tmp_path: Path, mosquitto: Mosquitt
 
 
 def test_push_to_a_dead_broker_fails_with_a_message(tmp_path: Path) -> None:
-    from tests.support.mosquitto import free_port
+    from devkit.broker import free_port
 
     kit = ReleaseKit(tmp_path)
     out = kit.release(kit.base_version + 1)

@@ -18,10 +18,10 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
+from devkit.broker import Mosquitto
 from gateway.manifest import load_manifest, verify_model_files
 from gateway.ota.release import verify_release
 from tests.gateway.io.helpers import Collector
-from tests.support.mosquitto import Mosquitto
 from training.data import generate_synthetic
 from training.errors import FeatureMismatchError, HoldoutError, NoPairsError, RetrainError
 from training.model_dir import export_run

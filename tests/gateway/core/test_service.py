@@ -8,7 +8,6 @@ SIGTERM with exit 0, and a restart that resumes from the saved windows without w
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
@@ -26,9 +25,10 @@ import pytest
 from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from devkit.broker import Mosquitto
+from devkit.daemon import GatewayDaemon
 from gateway.cli import main
 from tests.support.models import ModelFactory, TestModel, corrupt_model_file
-from tests.support.mosquitto import Mosquitto
 
 P = 60
 N = 8
@@ -93,44 +93,13 @@ class Sensors:
         self._client.disconnect()
 
 
-class Daemon:
-    """``python -m gateway run`` as a child process."""
+class Daemon(GatewayDaemon):
+    """The daemon (devkit's wrapper), started on construction and ready once subscribed."""
 
     def __init__(self, config: Path, state_dir: Path, env: dict[str, str] | None = None) -> None:
-        self.config = config
-        self.state_dir = state_dir
-        self.log = state_dir.parent / "daemon.log"
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "gateway", "run", "--config", str(config)],
-                stdout=log,
-                stderr=log,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-            )
-        wait_for(
-            lambda: (
-                (s := self.status()).get("phase") == "running"
-                and all(s["mqtt_sources_connected"].values())
-            ),
-            "the daemon to start and subscribe",
-        )
-
-    def status(self) -> dict[str, Any]:
-        if self.process.poll() is not None:
-            raise AssertionError(f"daemon exited:\n{self.log.read_text()[-4000:]}")
-        try:
-            return dict(json.loads((self.state_dir / "status.json").read_text()))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=WAIT_S)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        super().__init__(config, state_dir, log=state_dir.parent / "daemon.log", env=env)
+        self.start()
+        self.wait_ready(WAIT_S)
 
 
 @pytest.fixture

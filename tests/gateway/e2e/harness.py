@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -25,10 +21,11 @@ import pytest
 from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from devkit.broker import Mosquitto
+from devkit.daemon import GatewayDaemon
+from devkit.pty import PtySerial
 from gateway.sources.line_protocol import encode_hello, encode_hello_request, encode_reading
 from tests.gateway.io.helpers import Collector
-from tests.support.mosquitto import Mosquitto
-from tests.support.pty_serial import PtySerial
 
 GATEWAY_ID = "gw-e2e"
 PREFIX = f"tesla/{GATEWAY_ID}"
@@ -130,45 +127,16 @@ reconnect_max_s = 0.5
     return path
 
 
-class Daemon:
-    """``python -m gateway run`` as a child process, ready once subscribed and ports open."""
+class Daemon(GatewayDaemon):
+    """The daemon (devkit's wrapper), started on construction and ready once subscribed and
+    every serial node's port is open."""
 
     def __init__(self, config: Path, state_dir: Path, nodes: Sequence[SerialNode] = ()) -> None:
-        self.state_dir = state_dir
-        self.log = state_dir.parent / "daemon.log"
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "gateway", "run", "--config", str(config)],
-                stdout=log,
-                stderr=log,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        wait_for(
-            lambda: (
-                (s := self.status()).get("phase") == "running"
-                and all(s["mqtt_sources_connected"].values())
-            ),
-            "the daemon to start and subscribe",
-        )
+        super().__init__(config, state_dir, log=state_dir.parent / "daemon.log")
+        self.start()
+        self.wait_ready(WAIT_S)
         for node in nodes:
             node.wait_opened()
-
-    def status(self) -> dict[str, Any]:
-        if self.process.poll() is not None:
-            raise AssertionError(f"daemon exited:\n{self.log.read_text()[-4000:]}")
-        try:
-            return dict(json.loads((self.state_dir / "status.json").read_text()))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=WAIT_S)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
 
 @pytest.fixture

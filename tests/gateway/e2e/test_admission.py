@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from devkit.broker import Mosquitto
 from tests.gateway.e2e.harness import (
     MODEL,
     Calibrated,
@@ -28,7 +29,6 @@ from tests.gateway.e2e.harness import (
     write_config,
 )
 from tests.support.models import ModelFactory
-from tests.support.mosquitto import Mosquitto
 
 REAL = [f"real-{i:03d}" for i in range(100)]
 FLOOD = [f"new-{i:04d}" for i in range(1_000)]

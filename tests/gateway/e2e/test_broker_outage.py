@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from devkit.broker import Mosquitto
+from devkit.pty import PtySerial
 from tests.gateway.e2e.harness import (
     MODEL,
     Calibrated,
@@ -30,8 +32,6 @@ from tests.gateway.e2e.harness import (
     write_config,
 )
 from tests.support.models import ModelFactory
-from tests.support.mosquitto import Mosquitto
-from tests.support.pty_serial import PtySerial
 
 BEFORE = N + 2  # periods delivered before the outage
 DURING = 15  # periods calibrated while the broker is down

@@ -13,6 +13,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+from devkit.broker import Mosquitto
 from tests.gateway.e2e.harness import (
     MODEL,
     Calibrated,
@@ -26,7 +27,6 @@ from tests.gateway.e2e.harness import (
     write_config,
 )
 from tests.support.models import ModelFactory
-from tests.support.mosquitto import Mosquitto
 
 PERIODS = N + 3
 OUTLIER_AFTER = 3  # the fast reading comes after the true reading of this period

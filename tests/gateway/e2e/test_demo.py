@@ -1,4 +1,4 @@
-"""``python -m gateway.demo`` (``make demo``) end to end, shortened and on a small model.
+"""``python -m devkit.demo`` (``make demo``) end to end, shortened and on a small model.
 
 It must start its own broker, daemon and simulated nodes, end by itself, report every sensor,
 write the traces and the plot, and stop the daemon cleanly; and fail with an actionable
@@ -20,7 +20,7 @@ SENSORS = ("4065D0", "4065E0", "4065ED")
 
 def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway.demo", "--plain", *args],
+        [sys.executable, "-m", "devkit.demo", "--plain", *args],
         capture_output=True,
         text=True,
         check=False,

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from devkit.broker import Mosquitto
+from devkit.pty import PtySerial
 from tests.gateway.e2e.harness import (
     MAX_GAP,
     MODEL,
@@ -32,8 +34,6 @@ from tests.gateway.e2e.harness import (
     write_config,
 )
 from tests.support.models import ModelFactory
-from tests.support.mosquitto import Mosquitto
-from tests.support.pty_serial import PtySerial
 
 PERIODS = 31
 SHORT_GAP = (10, 11)  # 2 missing periods: interpolated

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from devkit.broker import Mosquitto
 from gateway.manifest import load_manifest
 from tests.gateway.e2e.harness import (
     PREFIX,
@@ -43,7 +44,6 @@ from tests.gateway.e2e.harness import (
     write_config,
 )
 from tests.support.models import ModelFactory
-from tests.support.mosquitto import Mosquitto
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[3] / "models" / "pm10-ispra-1min"
 P = 60  # the default model's period

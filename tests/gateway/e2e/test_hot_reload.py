@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from devkit.broker import Mosquitto
+from devkit.pty import PtySerial
 from tests.gateway.e2e.harness import (
     MODEL,
     Calibrated,
@@ -29,8 +31,6 @@ from tests.gateway.e2e.harness import (
     write_config,
 )
 from tests.support.models import ModelFactory, corrupt_model_file
-from tests.support.mosquitto import Mosquitto
-from tests.support.pty_serial import PtySerial
 
 PHASES = ((0, N + 1), (N + 1, N + 3), (N + 3, N + 5))  # [start, end) periods per model phase
 PERIODS = PHASES[-1][1]

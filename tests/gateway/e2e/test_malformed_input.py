@@ -13,6 +13,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from devkit.broker import Mosquitto
+from devkit.pty import PtySerial
 from gateway.sources.line_protocol import encode_line, encode_reading
 from tests.gateway.e2e.harness import (
     MODEL,
@@ -27,8 +29,6 @@ from tests.gateway.e2e.harness import (
     write_config,
 )
 from tests.support.models import ModelFactory
-from tests.support.mosquitto import Mosquitto
-from tests.support.pty_serial import PtySerial
 
 PERIODS = N + 2
 

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from devkit.broker import Mosquitto
 from gateway.manifest import load_manifest
 from gateway.ota.install import install_release
 from gateway.ota.release import verify_release
@@ -36,7 +37,6 @@ from tests.gateway.e2e.harness import (
     wait_for,
     write_config,
 )
-from tests.support.mosquitto import Mosquitto
 from training.data import generate_synthetic, read_pairs
 from training.model_dir import export_run
 from training.models import TeslaConfig

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from devkit.broker import Mosquitto
+from devkit.pty import PtySerial
 from gateway.publish.outbox import Outbox
 from gateway.publish.publisher import OUTBOX_FILENAME
 from tests.gateway.e2e.harness import (
@@ -34,8 +36,6 @@ from tests.gateway.e2e.harness import (
     write_config,
 )
 from tests.support.models import ModelFactory
-from tests.support.mosquitto import Mosquitto
-from tests.support.pty_serial import PtySerial
 
 BEFORE = N
 UNACKED = 4

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
+from devkit.broker import Mosquitto
 from gateway.mqtt.config import MqttBrokerConfig
-from tests.support.mosquitto import Mosquitto
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,12 @@ from paho.mqtt.properties import Properties
 from pydantic import ValidationError
 from structlog.testing import capture_logs
 
+from devkit.broker import Mosquitto, make_test_pki
 from gateway.errors import ConfigError
 from gateway.mqtt.config import ClientKind, MqttBrokerConfig
 from gateway.mqtt.connection import InboundMessage, MqttConnection
 from gateway.mqtt.errors import MqttNotConnectedError, MqttPublishError
 from tests.gateway.io.helpers import broker_config, collecting, eventually, publish_raw
-from tests.support.mosquitto import Mosquitto, make_test_pki
 
 
 @pytest.fixture(params=["fast", "plain"])

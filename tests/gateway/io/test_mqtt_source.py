@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 import pytest
 from structlog.testing import capture_logs
 
+from devkit.broker import Mosquitto
 from gateway.readings import Reading, RejectReason
 from gateway.rejects import RejectCounter
 from gateway.sharding import shard_of
 from gateway.sources.mqtt_source import MqttSource, MqttSourceConfig, MqttSourceStats
 from tests.gateway.io.helpers import broker_config, eventually, publish_raw
-from tests.support.mosquitto import Mosquitto
 
 
 @contextlib.asynccontextmanager

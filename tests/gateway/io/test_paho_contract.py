@@ -21,11 +21,11 @@ import pytest
 from paho.mqtt import client as paho
 from structlog.testing import capture_logs
 
+from devkit.broker import Mosquitto
 from gateway.mqtt import fast_path
 from gateway.mqtt.connection import InboundMessage, MqttConnection
 from gateway.mqtt.fast_path import LeanClient, contract_holds, contract_problems
 from tests.gateway.io.helpers import broker_config, eventually
-from tests.support.mosquitto import Mosquitto
 
 PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
 

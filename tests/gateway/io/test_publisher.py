@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from devkit.broker import Mosquitto
 from gateway.calibrated import CalibratedReading, Quality
 from gateway.monitor.monitor import SensorDocument
 from gateway.publish.errors import PublisherError
 from gateway.publish.payloads import reading_payload
 from gateway.publish.publisher import Publisher, PublisherConfig
 from tests.gateway.io.helpers import broker_config, collecting, eventually
-from tests.support.mosquitto import Mosquitto
 
 T0 = 1_700_000_000.0
 

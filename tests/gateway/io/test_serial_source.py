@@ -16,6 +16,7 @@ import pytest
 from pydantic import TypeAdapter
 from structlog.testing import capture_logs
 
+from devkit.pty import PtySerial
 from gateway.readings import Reading, RejectReason
 from gateway.rejects import RejectCounter
 from gateway.sources.line_protocol import (
@@ -34,7 +35,6 @@ from gateway.sources.serial_source import (
 )
 from tests.gateway.io.helpers import eventually
 from tests.gateway.io.line_vectors import framed
-from tests.support.pty_serial import PtySerial
 
 PORT_CONFIG = TypeAdapter(SerialSourceConfig)
 

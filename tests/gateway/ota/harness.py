@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 from pydantic import TypeAdapter
 
+from devkit.broker import Mosquitto
+from devkit.pty import PtySerial
 from gateway.manifest import load_manifest
 from gateway.model_watch import ModelSet
 from gateway.mqtt.config import MqttBrokerConfig
@@ -24,8 +26,6 @@ from gateway.readings import Reading
 from gateway.rejects import RejectCounter
 from gateway.sources.serial_source import SerialSource, SerialSourceConfig
 from tests.gateway.io.helpers import Collector, broker_config
-from tests.support.mosquitto import Mosquitto
-from tests.support.pty_serial import PtySerial
 from tests.support.releases import DEFAULT_NODE_MODEL, ReleaseKit
 from tests.support.virtual_node import FirmwareProfile, NodeFaults, VirtualNode
 

@@ -8,21 +8,18 @@ Virtual: the Arduino (tests/support/virtual_node.py), since no board exists here
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from devkit.broker import Mosquitto
+from devkit.daemon import GatewayDaemon
+from devkit.pty import PtySerial
 from gateway.ota.install import install_release
 from gateway.ota.release import verify_release
 from tests.gateway.io.helpers import collecting
 from tests.gateway.ota.harness import make_node
-from tests.support.mosquitto import Mosquitto
-from tests.support.pty_serial import PtySerial
 from tests.support.releases import ReleaseKit
 from training.release import push_release
 
@@ -80,25 +77,12 @@ def test_one_push_updates_the_gateway_and_its_node(
     install_release(verify_release(initial, release_kit.public_key, None), model_dir, "pm10")
     new = release_kit.base_version + 7
     config = _config(tmp_path, mosquitto, model_dir, pty_serial.path, release_kit.keys.public_path)
-    status_file = tmp_path / "state" / "status.json"
-    log = tmp_path / "daemon.log"
+    daemon = GatewayDaemon(config, tmp_path / "state", log=tmp_path / "daemon.log")
+    status = daemon.status
     node = make_node(pty_serial, release_kit)
 
-    def status() -> dict[str, Any]:
-        if process.poll() is not None:
-            raise AssertionError(f"daemon exited:\n{log.read_text()[-4000:]}")
-        try:
-            return dict(json.loads(status_file.read_text()))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-
-    with collecting(mosquitto, ["tesla/gw-ota/ota/#"]) as collector, log.open("ab") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "run", "--config", str(config)],
-            stdout=out,
-            stderr=out,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+    with collecting(mosquitto, ["tesla/gw-ota/ota/#"]) as collector:
+        daemon.start()
         node.start()
         try:
             _wait(lambda: status().get("phase") == "running", "the daemon to run")
@@ -118,11 +102,8 @@ def test_one_push_updates_the_gateway_and_its_node(
             )
             gateway_status = [json.loads(p) for p in collector.on("tesla/gw-ota/ota/gateway")]
             assert gateway_status[-1]["status"] == "installed"
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(timeout=WAIT_S) == 0
+            assert daemon.stop(timeout_s=WAIT_S) == 0
         finally:
             node.stop()
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+            daemon.kill()
     assert [r for r in node.readings() if r.model_version == new and r.calibrated]

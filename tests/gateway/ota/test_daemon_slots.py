@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from devkit.broker import Mosquitto
 from gateway.cli import main
 from gateway.ota.install import install_release
 from gateway.ota.release import Rollout, Target, verify_release
 from tests.gateway.core.test_service import Daemon, NotifySocket, daemons, wait_for
 from tests.gateway.io.helpers import Collector, collecting, eventually
 from tests.gateway.ota.harness import gateway, gateway_states, ota_config
-from tests.support.mosquitto import Mosquitto
 from tests.support.releases import DEFAULT_NODE_MODEL, ReleaseKit
 from training.release import build_release, push_release
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import serial
 
+from devkit.broker import Mosquitto
+from devkit.pty import PtySerial
 from gateway.ota.protocol import OtaStatus
 from tests.gateway.io.helpers import collecting, eventually
 from tests.gateway.ota.harness import (
@@ -24,8 +26,6 @@ from tests.gateway.ota.harness import (
     node_states,
     ota_config,
 )
-from tests.support.mosquitto import Mosquitto
-from tests.support.pty_serial import PtySerial
 from tests.support.releases import ReleaseKit
 from tests.support.virtual_node import NodeFaults, VirtualNode
 from training.release import keygen, push_release

@@ -1,6 +1,6 @@
 """The end-to-end benchmark's load generator: S simulated sensors publishing JSON readings.
 
-Runs as its own process (``python -m bench.loadgen MODE ...``) so that it never shares the
+Runs as its own process (``python -m devkit.bench.loadgen MODE ...``) so that it never shares the
 daemon's interpreter. Every sensor ``node-<i>`` publishes on ``sensors/node-<i>/raw`` the payload
 documented in docs/mqtt.md, ``{"ts": <unix s>, "pm10": <µg/m³>}`` (or, with ``--batch k``, a JSON
 array of k consecutive readings of that sensor, as a node that buffers does), QoS 1.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.mqtt_wire import WirePublisher
+from devkit.bench.mqtt_wire import WirePublisher
 from gateway.mqtt.wire import publish_packet
 
 __all__ = ["main"]
@@ -199,7 +199,7 @@ def _paced(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.loadgen", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m devkit.bench.loadgen", description=__doc__)
     parser.add_argument("mode", choices=("realtime", "closedloop", "paced"))
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--sensors", type=int, required=True)

@@ -1,10 +1,10 @@
 """The end-to-end benchmark's subscriber: receives calibrated messages and stamps their arrival.
 
-Its own process (``python -m bench.e2e_subscriber --port P --out FILE``), subscribed with QoS 0 to
-``tesla/+/+/+``. It prints ``ready`` once subscribed, records every non-retained message with
-``time.monotonic()`` of the read that brought it (system-wide on Linux, so comparable with the
-generator's publication stamps), and on SIGTERM writes what it received to ``--out``: per
-calibrated reading (one per message on ``<prefix>/<sensor>/<feature>``, an array on
+Its own process (``python -m devkit.bench.e2e_subscriber --port P --out FILE``), subscribed
+with QoS 0 to ``tesla/+/+/+``. It prints ``ready`` once subscribed, records every non-retained
+message with ``time.monotonic()`` of the read that brought it (system-wide on Linux, so
+comparable with the generator's publication stamps), and on SIGTERM writes what it received to
+``--out``: per calibrated reading (one per message on ``<prefix>/<sensor>/<feature>``, an array on
 ``<prefix>/_batch/<feature>``) the arrival, the sensor number, the closed period's index and
 whether it carried a calibration.
 """
@@ -19,13 +19,15 @@ from datetime import datetime
 from pathlib import Path
 from types import FrameType
 
-from bench.mqtt_wire import Inbound, WireSubscriber
+from devkit.bench.mqtt_wire import Inbound, WireSubscriber
 
 __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.e2e_subscriber", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m devkit.bench.e2e_subscriber", description=__doc__
+    )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

@@ -1,32 +1,51 @@
-"""Pseudo-terminal pairs standing in for USB serial adapters (no Arduino board exists here).
+"""The one pty pair: a pseudo-terminal standing in for a node's USB serial adapter (no Arduino
+board exists here), for the tests and the demo.
 
 The gateway opens a stable path (a symlink, as udev's /dev/serial/by-id/... would be) through
-pyserial; the test drives the master side. ``unplug()`` closes the pair and removes the link, as
-pulling the USB cable does; ``replug()`` creates a new pair and points the same link at it.
+pyserial; the test or the demo's node drives the master side. The slave side stays open too, so
+the master never sees a hang-up while the daemon (re)opens the port. ``unplug()`` closes the
+pair and removes the link, as pulling the USB cable does; ``replug()`` creates a new pair and
+points the same link at it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import time
 import tty
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+from devkit.errors import DevkitError
 
-__all__ = ["PtySerial", "pty_serial"]
+__all__ = ["PtySerial", "UnpluggedError"]
+
+
+class UnpluggedError(DevkitError):
+    """The fake device was used while unplugged."""
 
 
 class PtySerial:
-    """One re-pluggable fake serial device at ``path``."""
+    """One re-pluggable fake serial device at ``path``; ``contextlib.closing`` closes it.
 
-    def __init__(self, path: Path) -> None:
+    ``nonblocking=True`` makes the master side non-blocking, for a driver on an asyncio loop
+    (``loop.add_reader(device.master, ...)``, ``os.write`` raising ``BlockingIOError``).
+    """
+
+    def __init__(self, path: Path, *, nonblocking: bool = False) -> None:
         self.path = path
+        self._nonblocking = nonblocking
         self._master: int | None = None
         self._slave: int | None = None
         self.replug()
+
+    @property
+    def master(self) -> int:
+        """The master side's file descriptor (the node's end of the cable)."""
+        if self._master is None:
+            raise UnpluggedError(f"{self.path} is unplugged")
+        return self._master
 
     @property
     def plugged(self) -> bool:
@@ -39,6 +58,9 @@ class PtySerial:
         master, slave = os.openpty()
         tty.setraw(master)
         tty.setraw(slave)
+        if self._nonblocking:
+            flags = fcntl.fcntl(master, fcntl.F_GETFL)
+            fcntl.fcntl(master, fcntl.F_SETFL, flags | os.O_NONBLOCK)
         self._master, self._slave = master, slave
         temporary = self.path.with_name(self.path.name + ".new")
         temporary.unlink(missing_ok=True)
@@ -55,24 +77,22 @@ class PtySerial:
 
     def write(self, data: bytes) -> None:
         """Bytes from the "device" to the gateway."""
-        if self._master is None:
-            raise RuntimeError("unplugged")
+        master = self.master
         view = memoryview(data)
         while view:
-            written = os.write(self._master, view)
+            written = os.write(master, view)
             view = view[written:]
 
     def read_available(self, timeout_s: float = 0.0) -> bytes:
         """Bytes the gateway wrote to the "device" (waits up to ``timeout_s`` for the first)."""
-        if self._master is None:
-            raise RuntimeError("unplugged")
+        master = self.master
         chunks: list[bytes] = []
         wait = timeout_s
         while True:
-            ready, _, _ = select.select([self._master], [], [], wait)
+            ready, _, _ = select.select([master], [], [], wait)
             if not ready:
                 break
-            chunks.append(os.read(self._master, 4096))
+            chunks.append(os.read(master, 4096))
             wait = 0.0
         return b"".join(chunks)
 
@@ -90,13 +110,3 @@ class PtySerial:
     def close(self) -> None:
         if self.plugged:
             self.unplug()
-
-
-@pytest.fixture
-def pty_serial(tmp_path: Path) -> Iterator[PtySerial]:
-    """A pluggable fake serial device at ``tmp_path / 'ttyNODE0'``."""
-    device = PtySerial(tmp_path / "ttyNODE0")
-    try:
-        yield device
-    finally:
-        device.close()

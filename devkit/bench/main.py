@@ -8,16 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.flops import count_flops, flops_by_op, resolve_graph
-from bench.inference import device_graph_rate, measure_inference, realistic_windows
-from bench.yardstick import gemm_flops_per_second
+from devkit.bench.inference import device_graph_rate, measure_inference, realistic_windows
+from devkit.bench.yardstick import gemm_flops_per_second
 from gateway.manifest import Manifest, load_manifest
+from training.bench.flops import count_flops, flops_by_op, resolve_graph
 from training.flatbuffer import read_graph
 
 __all__ = ["main"]
 
 DEFAULT_MODEL = Path("models/pm10-ispra-1min")
-RESULTS = Path("bench/results.json")
+RESULTS = Path(__file__).with_name("results.json")
 
 
 def _child(module: str, *args: str) -> dict[str, float]:
@@ -25,7 +25,8 @@ def _child(module: str, *args: str) -> dict[str, float]:
         [sys.executable, "-m", module, *args],
         capture_output=True, text=True, check=True, timeout=1800,
     )  # fmt: skip
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    figures: dict[str, float] = json.loads(completed.stdout.strip().splitlines()[-1])
+    return figures
 
 
 def _row(label: str, value: str) -> None:
@@ -157,13 +158,19 @@ def main(argv: list[str]) -> int:
     if args.inference_only:
         return _write(results, args.out)
 
-    print("3. End to end (mosquitto on loopback -> daemon -> subscriber; bench/end_to_end.py)")
-    e2e = _child("bench.end_to_end", str(args.model), "--sensors", *(str(c) for c in e2e_counts))
+    print(
+        "3. End to end (mosquitto on loopback -> daemon -> subscriber; devkit/bench/end_to_end.py)"
+    )
+    e2e = _child(
+        "devkit.bench.end_to_end", str(args.model), "--sensors", *(str(c) for c in e2e_counts)
+    )
     results.update(e2e)
     _print_end_to_end(e2e, e2e_counts)
 
     print("4. Footprint (a process holding the daemon's model and windows)")
-    footprint = _child("bench.footprint", str(args.model), *(str(c) for c in counts if c >= 1000))
+    footprint = _child(
+        "devkit.bench.footprint", str(args.model), *(str(c) for c in counts if c >= 1000)
+    )
     for key, value in footprint.items():
         results[f"footprint_{key}"] = value
         shown = f"{value / 2**20:.1f} MiB" if key.startswith("rss") else f"{value:,.2f}"
@@ -171,7 +178,7 @@ def main(argv: list[str]) -> int:
 
     if not args.quick:
         print("5. Training (TESLA, synthetic 6 sensors x 10 days, batch 32)")
-        training = _child("bench.training_speed")
+        training = _child("devkit.bench.training_speed")
         for key, value in training.items():
             results[f"training_{key}"] = value
             _row(key, f"{value:,.1f}")

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gateway.demo.replay_slice import DemoSlice, SliceRow
+from devkit.demo.replay_slice import DemoSlice, SliceRow
 
 __all__ = ["Output", "Scoreboard", "SensorScore"]
 

@@ -1,7 +1,7 @@
 """What the ingest log adds to a reading's way in, side by side with the path without it.
 
-``python -m bench.ingest_log [--sensors 10000] [--messages 2000] [--rounds 21]`` prints one JSON
-object.
+``python -m devkit.bench.ingest_log [--sensors 10000] [--messages 2000] [--rounds 21]`` prints
+one JSON object.
 
 Both sides run the MQTT source's own code for each message, as ``on_message`` does before the
 PUBACK: ``MqttSource._decode`` (payload -> validated readings), ``put_nowait`` of each reading

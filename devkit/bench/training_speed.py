@@ -1,7 +1,7 @@
 """Training throughput: windows per second of one TESLA epoch, and the process's peak memory.
 
-Runs as a child process (``python -m bench.training_speed``) so its peak memory is its own. The
-data is the synthetic generator's (a fixed seed), so the figure needs no data files.
+Runs as a child process (``python -m devkit.bench.training_speed``) so its peak memory is its
+own. The data is the synthetic generator's (a fixed seed), so the figure needs no data files.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.timing import best_rate
+from training.bench.timing import best_rate
 
 __all__ = ["gemm_flops_per_second"]
 

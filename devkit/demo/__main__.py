@@ -1,4 +1,4 @@
-"""``python -m gateway.demo`` (``make demo``): see gateway/demo/__init__.py."""
+"""``python -m devkit.demo`` (``make demo``): see devkit/demo/__init__.py."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from gateway.demo import DemoError
-from gateway.demo.broker import MOSQUITTO
-from gateway.demo.replay_slice import default_slice_path
-from gateway.demo.session import DemoOptions, run_demo
+from devkit.broker import MOSQUITTO
+from devkit.demo.replay_slice import default_slice_path
+from devkit.demo.session import DemoOptions, run_demo
+from devkit.errors import DevkitError
 
 _ROOT = Path(__file__).resolve().parents[2]
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m gateway.demo",
+        prog="python -m devkit.demo",
         description=(
             "Run the real gateway daemon on a replayed day of real co-location data: simulated "
             "nodes over MQTT and a pty serial line, a live view, a summary and a plot."
@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         outcome = run_demo(options)
-    except DemoError as exc:
+    except DevkitError as exc:  # DemoError and the broker's, daemon's and pty's errors
         print(f"demo failed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

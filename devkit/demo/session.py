@@ -16,20 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from gateway.demo import DemoError
-from gateway.demo.broker import MOSQUITTO, PrivateBroker
-from gateway.demo.daemon import (
-    GATEWAY_ID,
-    DaemonProcess,
-    DemoGatewayConfig,
-    wait_until_ready,
-    write_gateway_config,
-)
-from gateway.demo.nodes import MqttNode, PtyPair, ReplayClock, SerialNode
-from gateway.demo.replay_slice import DemoSlice, load_slice
-from gateway.demo.report import summary_table, write_plot, write_traces
-from gateway.demo.scoreboard import Scoreboard
-from gateway.demo.view import LiveView, format_time
+from devkit.broker import MOSQUITTO, Mosquitto
+from devkit.daemon import GatewayDaemon
+from devkit.demo import DemoError
+from devkit.demo.gateway_config import GATEWAY_ID, DemoGatewayConfig, write_gateway_config
+from devkit.demo.nodes import MqttNode, ReplayClock, SerialNode
+from devkit.demo.replay_slice import DemoSlice, load_slice
+from devkit.demo.report import summary_table, write_plot, write_traces
+from devkit.demo.scoreboard import Scoreboard
+from devkit.demo.view import LiveView, format_time
+from devkit.errors import DevkitError
+from devkit.pty import PtySerial
 from gateway.errors import GatewayError
 from gateway.logging import configure_logging
 from gateway.manifest import Manifest, load_manifest
@@ -48,7 +45,7 @@ Node = MqttNode | SerialNode
 
 @dataclass(frozen=True, slots=True)
 class DemoOptions:
-    """What ``python -m gateway.demo`` was asked to do."""
+    """What ``python -m devkit.demo`` was asked to do."""
 
     data: Path
     model_dir: Path
@@ -100,8 +97,21 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoOutcome:
         configure_logging("json", "warning", stream=log_stream)
         out.write(f"{header}\nstarting a private mosquitto ...\n")
         out.flush()
-        broker = stack.enter_context(PrivateBroker(work / "mosquitto", options.mosquitto))
-        ptys = [stack.enter_context(PtyPair(work / f"ttyNODE{i}")) for i in range(len(serial_ids))]
+        broker = stack.enter_context(
+            Mosquitto(
+                work / "mosquitto",
+                executable=options.mosquitto,
+                persistence=False,
+                max_inflight_messages=1000,
+                new_session=True,  # Ctrl-C reaches the demo, which stops the broker in order
+            )
+        )
+        ptys = [
+            stack.enter_context(
+                contextlib.closing(PtySerial(work / f"ttyNODE{i}", nonblocking=True))
+            )
+            for i in range(len(serial_ids))
+        ]
         config_path = write_gateway_config(
             DemoGatewayConfig(
                 work_dir=work,
@@ -118,8 +128,10 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoOutcome:
             "old readings: max_age_s, max_backlog_s; a deployment keeps the defaults)\n"
         )
         out.flush()
-        daemon = stack.enter_context(DaemonProcess(config_path, work / "state", daemon_log))
-        wait_until_ready(daemon, _READY_TIMEOUT_S)
+        daemon = stack.enter_context(
+            GatewayDaemon(config_path, work / "state", log=daemon_log, new_session=True)
+        )
+        daemon.wait_ready(_READY_TIMEOUT_S)
         broker_config = MqttBrokerConfig(host=broker.host, port=broker.port)
         pty_iter = iter(ptys)
         nodes: list[Node] = [
@@ -173,7 +185,7 @@ async def _replay(
     demo_slice: DemoSlice,
     board: Scoreboard,
     broker: MqttBrokerConfig,
-    daemon: DaemonProcess,
+    daemon: GatewayDaemon,
     settings: LiveSettings,
 ) -> None:
     async def on_message(message: InboundMessage) -> None:
@@ -226,7 +238,7 @@ async def _replay(
 
 
 async def _until(
-    condition: Callable[[], bool], daemon: DaemonProcess | None, timeout_s: float
+    condition: Callable[[], bool], daemon: GatewayDaemon | None, timeout_s: float
 ) -> None:
     """Poll ``condition`` (bounded), failing early if the daemon died."""
     deadline = time.monotonic() + timeout_s
@@ -241,7 +253,7 @@ def _as_demo_error() -> Iterator[None]:
     """Unwrap the TaskGroup's exception group into the first error the user can act on."""
     try:
         yield
-    except* DemoError as group:
+    except* DevkitError as group:  # DemoError, or the daemon exited
         raise group.exceptions[0] from None
     except* (MqttError, TimeoutError) as group:
         raise DemoError(f"the demo's MQTT clients failed: {group.exceptions[0]}") from None

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from bench.timing import best_rate, best_rates_interleaved
 from gateway.calibrator import Calibrator
 from gateway.manifest import load_manifest
 from training.bench.litert import one_window
+from training.bench.timing import best_rate, best_rates_interleaved
 
 __all__ = ["InferenceResult", "device_graph_rate", "measure_inference", "realistic_windows"]
 

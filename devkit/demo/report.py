@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gateway.demo.replay_slice import DemoSlice
-from gateway.demo.scoreboard import Scoreboard
+from devkit.demo.replay_slice import DemoSlice
+from devkit.demo.scoreboard import Scoreboard
 
 __all__ = ["summary_table", "write_plot", "write_traces"]
 

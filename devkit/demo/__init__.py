@@ -6,10 +6,10 @@ production one (``python -m gateway run``), fed by simulated Arduino nodes over 
 pty serial line.
 """
 
-from gateway.errors import GatewayError
+from devkit.errors import DevkitError
 
 __all__ = ["DemoError"]
 
 
-class DemoError(GatewayError):
+class DemoError(DevkitError):
     """The demo could not run; the message says what to install or check."""

@@ -12,20 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import time
-import tty
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from types import TracebackType
-from typing import Self
 
-from gateway.demo import DemoError
-from gateway.demo.replay_slice import SliceRow
+from devkit.demo import DemoError
+from devkit.demo.replay_slice import SliceRow
+from devkit.pty import PtySerial
 from gateway.mqtt.config import MqttBrokerConfig
 from gateway.mqtt.connection import MqttConnection
 from gateway.mqtt.errors import MqttError
@@ -38,7 +34,7 @@ from gateway.sources.line_protocol import (
     encode_reading,
 )
 
-__all__ = ["MqttNode", "PtyPair", "ReplayClock", "SentCallback", "SerialNode"]
+__all__ = ["MqttNode", "ReplayClock", "SentCallback", "SerialNode"]
 
 FIRMWARE_VERSION = "1.0.0-sim"
 _WRITE_TIMEOUT_S = 5.0
@@ -112,47 +108,10 @@ class MqttNode:
                 sent(self.sensor_id, row)
 
 
-class PtyPair:
-    """A pseudo-terminal standing in for the node's USB serial adapter.
-
-    The daemon opens ``path`` (a symlink to the slave side, as udev's /dev/serial/by-id/...
-    would be); the node writes to the master side. We keep the slave open too, so the master
-    never sees a hang-up while the daemon (re)opens the port.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        master, slave = os.openpty()
-        tty.setraw(master)
-        tty.setraw(slave)
-        flags = fcntl.fcntl(master, fcntl.F_GETFL)
-        fcntl.fcntl(master, fcntl.F_SETFL, flags | os.O_NONBLOCK)
-        self.master, self._slave = master, slave
-        path.unlink(missing_ok=True)
-        path.symlink_to(os.ttyname(slave))
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.path.unlink(missing_ok=True)
-        for fd in (self.master, self._slave):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
 class SerialNode:
-    """A node speaking the line protocol over a pty."""
+    """A node speaking the line protocol over a pty (``PtySerial(..., nonblocking=True)``)."""
 
-    def __init__(self, sensor_id: str, pty: PtyPair) -> None:
+    def __init__(self, sensor_id: str, pty: PtySerial) -> None:
         self.sensor_id = sensor_id
         self.link = "serial"
         self._pty = pty

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TextIO
 
-from gateway.demo.nodes import ReplayClock
-from gateway.demo.scoreboard import Scoreboard
+from devkit.demo.nodes import ReplayClock
+from devkit.demo.scoreboard import Scoreboard
 
 __all__ = ["LiveView", "format_time"]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from gateway.demo import DemoError
+from devkit.demo import DemoError
 
 __all__ = ["DemoSlice", "SliceRow", "default_slice_path", "load_slice"]
 

@@ -1,6 +1,6 @@
 """Memory of a gateway process: the daemon's model and window store, empty and full.
 
-Runs as a child process (``python -m bench.footprint MODEL_DIR S1 S2 …``) so that what it
+Runs as a child process (``python -m devkit.bench.footprint MODEL_DIR S1 S2 …``) so that what it
 measures is a process holding exactly what the daemon holds: the imports of the daemon, one
 loaded model, and the windows of S sensors filled to N, plus the batch a tick builds from them.
 """

@@ -1,0 +1,1 @@
+"""The development kit, outside the wheel: harnesses (broker, daemon, pty), the demo, the bench."""
