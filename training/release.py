@@ -207,14 +207,7 @@ def build_release(
     if image_name is not None:
         image = files[image_name]
         arena = manifest.files["int8"].tflm_arena_bytes
-        descriptor = ImageDescriptor(
-            model_name=manifest.name,
-            model_version=manifest.version,
-            image_size=len(image),
-            image_sha256=hashlib.sha256(image).digest(),
-            window_length=manifest.window_length,
-            arena_bytes=arena or 0,
-        ).encode()
+        descriptor = ImageDescriptor.of_image(manifest, image, arena_bytes=arena or 0).encode()
         document["node_image"] = {
             "file": image_name,
             "descriptor": base64.b64encode(descriptor).decode("ascii"),
