@@ -35,7 +35,8 @@ from gateway.manifest import ModelFile, sha256_file
 from training.device_ops import unsupported_on_device
 from training.errors import ExportError, ExportVerificationError
 from training.flatbuffer import read_graph
-from training.models.layers import FeatureAggregator, TokenLayerNorm, TokenSelfAttention
+from training.models.layers.attention import TokenSelfAttention
+from training.models.layers.norm import FeatureAggregator, TokenLayerNorm
 from training.tflm import measure_arena, run_tflm
 
 __all__ = [
