@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gateway.errors import GatewayError
-from training import retrain_cli
 from training.bench import cli as bench_cli
 from training.errors import TrainingError
+from training.retrain import cli as retrain_cli
 
 __all__ = ["main"]
 

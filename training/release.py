@@ -46,6 +46,7 @@ from gateway.ota.release import (
 from training.errors import TrainingError
 
 __all__ = [
+    "DEFAULT_TOPIC_PREFIX",
     "PRIVATE_KEY_NAME",
     "PUBLIC_KEY_NAME",
     "KeyPair",

@@ -16,32 +16,32 @@
    (given a broker).
 
 Every input, figure and decision goes to ``report.json`` and ``report.md`` in the output
-directory, also when the challenger is rejected or the run fails.
+directory, also when the challenger is rejected or the run fails. Each step is the code the
+``train``, ``export`` and ``evaluate`` commands run (run directory, representative set, export
+and verification, manifest fields, scoring through the gateway's calibrator); this module only
+decides what to feed them.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import keras
 import numpy as np
-import numpy.typing as npt
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import TypeAdapter, ValidationError
 
+from gateway.calibrator import Calibrator
 from gateway.errors import GatewayError
 from gateway.manifest import (
     DataSummary,
     ErrorMetrics,
-    InputRange,
     Manifest,
     ModelFile,
     Precision,
@@ -72,16 +72,17 @@ from training.errors import (
 from training.evaluate import Evaluation, evaluate_model_dir, model_channels
 from training.export import (
     FLOAT_FILENAME,
-    FLOAT_TOLERANCE,
     INT8_FILENAME,
     convert_float,
     export_flatbuffers,
-    litert_predict,
+    export_float_graph,
+    float_model_file,
 )
 from training.metrics import LinearCalibration, error_metrics
+from training.model_dir import check_windows, representative_windows, training_hyperparameters
 from training.models import ModelConfig, build_model
-from training.retrain_data import (
-    HoldBack,
+from training.retrain.config import RetrainConfig
+from training.retrain.data import (
     Periods,
     TrainingSets,
     iso,
@@ -91,25 +92,18 @@ from training.retrain_data import (
     split_periods,
     training_sets,
 )
-from training.retrain_report import write_report
-from training.train import TrainConfig, WindowBatches, load_run, predict_windows
+from training.retrain.report import RetrainReport
+from training.train import (
+    TrainConfig,
+    WindowBatches,
+    input_range,
+    load_run,
+    predict_windows,
+    write_run,
+)
 
-__all__ = [
-    "REPORT_JSON",
-    "REPORT_MD",
-    "HoldBack",
-    "PushTarget",
-    "RetrainConfig",
-    "RetrainResult",
-    "decide",
-    "retrain",
-]
+__all__ = ["RetrainResult", "decide", "retrain"]
 
-REPORT_JSON = "report.json"
-REPORT_MD = "report.md"
-REPRESENTATIVE_WINDOWS = 1000
-REPRESENTATIVE_PEAKS = 100
-CHECK_WINDOWS = 512
 RUN_MATCH_TOLERANCE = 1e-3  # champion run vs champion FlatBuffer, relative to the output scale
 _TRAINING_KEYS = frozenset(
     {
@@ -124,102 +118,13 @@ _TRAINING_KEYS = frozenset(
 )
 _SCORED = ("raw", "linear", "champion", "challenger")
 
-Mode = Literal["auto", "finetune", "fresh"]
-
-
-class PushTarget(BaseModel):
-    """Where an accepted, signed release is published (as ``tesla-train push`` does)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    host: str = Field(min_length=1)
-    port: int = Field(ge=1, le=65535)
-    topic_prefix: str = Field(default="tesla/releases", min_length=1)
-    username: str | None = None
-    password_file: Path | None = Field(default=None, description="First line is the password.")
-    ca_file: Path | None = Field(default=None, description="CA bundle: connect with TLS.")
-
-
-class RetrainConfig(BaseModel):
-    """One retraining run; defaults keep the champion's configuration."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    champion: Path = Field(description="Model directory in service (manifest.json + FlatBuffers).")
-    pairs: Path = Field(description="<state_dir>/pairs/<feature> of the gateway (or a copy).")
-    champion_run: Path | None = Field(
-        default=None, description="The champion's training run directory: enables fine-tuning."
-    )
-    mode: Mode = Field(
-        default="auto",
-        description="finetune (needs champion_run), fresh, or auto (finetune when possible).",
-    )
-    since: datetime | None = Field(
-        default=None,
-        description="Use only pairs from this time on (e.g. the start of a drift); ISO-8601, UTC.",
-    )
-    dataset: str | None = Field(
-        default=None, description="Original training data (registry name) trained on as well."
-    )
-    data_path: Path | None = Field(default=None, description="Folder or file for 'dataset'.")
-    dataset_options: dict[str, int | float | str] = Field(default_factory=dict)
-    holdout: HoldBack = Field(default_factory=lambda: HoldBack.model_validate("0.25"))
-    validation_fraction: float = Field(
-        default=0.2,
-        ge=0.0,
-        lt=1.0,
-        description="Most recent share of the training pairs that selects the epoch; 0: none.",
-    )
-    margin: float = Field(
-        default=0.05,
-        ge=0.0,
-        lt=1.0,
-        description="The challenger's RMSE must be at most (1 - margin) x the champion's.",
-    )
-    min_improvement: float = Field(
-        default=0.0, ge=0.0, description="... and at least this much lower, in the feature's unit."
-    )
-    min_holdout_windows: int = Field(default=30, ge=1)
-    min_train_windows: int = Field(default=30, ge=1)
-    epochs: int = Field(default=10, ge=1)
-    batch_size: int | None = Field(default=None, ge=1, description="Default: the champion's.")
-    learning_rate: float | None = Field(default=None, gt=0, description="Default: the champion's.")
-    early_stopping_patience: int = Field(default=3, ge=1)
-    seed: int = 0
-    pairs_weight: int = Field(
-        default=1, ge=1, description="Each pairs window is seen this many times per epoch."
-    )
-    max_original_windows: int | None = Field(
-        default=None, ge=1, description="Cap on original-data windows (random subset)."
-    )
-    model: ModelConfig | None = Field(
-        default=None, description="Another architecture for a fresh challenger."
-    )
-    window_length: int | None = Field(default=None, ge=1, description="Another N (fresh only).")
-    name: str | None = Field(default=None, description="Model name; default: the champion's.")
-    key: Path | None = Field(default=None, description="Private key: sign an accepted challenger.")
-    target: Literal["gateway", "node"] = "gateway"
-    push: PushTarget | None = Field(default=None, description="Publish the signed release here.")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> RetrainConfig:
-        if self.push is not None and self.key is None:
-            raise ValueError("pushing needs a signed release: give the private key too")
-        if self.mode == "finetune" and self.champion_run is None:
-            raise ValueError("mode 'finetune' needs the champion's run directory (champion_run)")
-        if self.mode == "finetune" and (self.model is not None or self.window_length is not None):
-            raise ValueError("another model or window length needs mode 'fresh'")
-        if self.data_path is not None and self.dataset is None:
-            raise ValueError("data_path without dataset: name the original dataset")
-        return self
-
 
 @dataclass(frozen=True)
 class RetrainResult:
     decision: Literal["accepted", "rejected"]
     reason: str
     out_dir: Path
-    report: dict[str, Any]
+    report: RetrainReport
     model_dir: Path | None
     release_dir: Path | None
     topic: str | None
@@ -264,7 +169,7 @@ class _Comparison:
     per_sensor: dict[str, dict[str, ErrorMetrics]]
     predictions: pd.DataFrame
     evaluated_sha256: str
-    recorded: dict[str, Any] = dataclasses.field(default_factory=dict)
+    recorded: dict[str, Any] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -298,49 +203,38 @@ def retrain(config: RetrainConfig, out_dir: Path, *, verbose: int | str = 0) -> 
     if out_dir.exists() and any(out_dir.iterdir()):
         raise RetrainError(f"{out_dir} is not empty; each retraining run needs its own directory")
     out_dir.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {
-        "created_at": iso(datetime.now(UTC).timestamp()),
-        "decision": "error",
-        "config": config.model_dump(mode="json"),
-    }
+    report = RetrainReport(
+        created_at=iso(datetime.now(UTC).timestamp()), config=config.model_dump(mode="json")
+    )
     try:
         return _retrain(config, out_dir, report, verbose)
     except (TrainingError, GatewayError) as exc:
-        if report["decision"] != "error":  # compared, then failed (export, release or push)
-            report["comparison"] = {"decision": report["decision"], "reason": report["reason"]}
-        report["decision"] = "error"
-        report["reason"] = f"{type(exc).__name__}: {exc}"
-        write_report(out_dir / REPORT_JSON, out_dir / REPORT_MD, report)
+        report.failed(exc)
+        report.write(out_dir)
         raise
 
 
 def _retrain(
-    config: RetrainConfig, out_dir: Path, report: dict[str, Any], verbose: int | str
+    config: RetrainConfig, out_dir: Path, report: RetrainReport, verbose: int | str
 ) -> RetrainResult:
+    """The stages in order; each returns its result and the report section it fills."""
     if config.key is not None:
         from training.release import load_private_key
 
         load_private_key(config.key)  # a bad key fails now, not after training
     inputs = _prepare(config, report)
-    challenger = _train_challenger(config, inputs, report, verbose)
+    challenger = _train_challenger(config, inputs, verbose)
+    report.challenger = _describe_challenger(config, inputs, challenger)
     manifest = _challenger_manifest(config, inputs, challenger)
     comparison = _score(config, inputs, challenger, manifest, out_dir)
-    report["figures"] = comparison.figures()
+    report.figures = comparison.figures()
 
     champion_rmse = comparison.scores["champion"].rmse
     challenger_rmse = comparison.scores["challenger"].rmse
     accepted, reason = decide(champion_rmse, challenger_rmse, config.margin, config.min_improvement)
-    report["margin"] = {
-        "relative": config.margin,
-        "absolute": config.min_improvement,
-        "required_rmse": _required_rmse(champion_rmse, config.margin, config.min_improvement),
-        "improvement": champion_rmse - challenger_rmse,
-        "improvement_fraction": (
-            (champion_rmse - challenger_rmse) / champion_rmse if champion_rmse > 0 else 0.0
-        ),
-    }
-    report["decision"] = "accepted" if accepted else "rejected"
-    report["reason"] = reason
+    report.margin = _describe_margin(config, champion_rmse, challenger_rmse)
+    report.decision = "accepted" if accepted else "rejected"
+    report.reason = reason
 
     test = TestMetrics(
         raw=comparison.scores["raw"],
@@ -349,12 +243,11 @@ def _retrain(
     )
     run_dir = out_dir / "run"
     _save_run(run_dir, inputs, challenger, manifest, test)
-    report["challenger"]["run_dir"] = str(run_dir)
+    report.challenger["run_dir"] = str(run_dir)
     model_dir: Path | None = None
-    release: dict[str, Any] | None = None
     if accepted:
         model_dir = out_dir / "model"
-        report["challenger"]["export"] = _export(
+        exported = _export(
             challenger.model,
             model_dir,
             manifest=manifest,
@@ -363,14 +256,15 @@ def _retrain(
             target=config.target,
         )
         released_sha256 = sha256_file(model_dir / FLOAT_FILENAME)
-        report["challenger"]["model_dir"] = str(model_dir)
-        report["challenger"]["float32_sha256"] = released_sha256
-        report["challenger"]["float32_is_the_evaluated_file"] = (
-            released_sha256 == comparison.evaluated_sha256
+        report.challenger.update(
+            export=exported,
+            model_dir=str(model_dir),
+            float32_sha256=released_sha256,
+            float32_is_the_evaluated_file=released_sha256 == comparison.evaluated_sha256,
         )
-        release = _release(config, model_dir, out_dir / "release")
-    report["release"] = release
-    write_report(out_dir / REPORT_JSON, out_dir / REPORT_MD, report)
+        report.release = _release(config, model_dir, out_dir / "release")
+    report.write(out_dir)
+    release = report.release
     return RetrainResult(
         decision="accepted" if accepted else "rejected",
         reason=reason,
@@ -382,29 +276,24 @@ def _retrain(
     )
 
 
-def _prepare(config: RetrainConfig, report: dict[str, Any]) -> _Inputs:
-    """Champion, pairs, periods and windows; every check that needs no training runs here."""
+def _prepare(config: RetrainConfig, report: RetrainReport) -> _Inputs:
+    """Champion, pairs, periods and windows; every check that needs no training runs here.
+
+    Each section goes into the report as soon as it is known, so a run stopped by a check
+    still shows what it found.
+    """
     champion = load_manifest(config.champion)
     verify_model_files(config.champion, champion)
     channels = model_channels(champion)
-    report["champion"] = _describe_model(config.champion, champion)
+    report.champion = _describe_model(config.champion, champion)
 
     pairs = _read_pairs(config, champion)
-    report["data"] = {"pairs": pairs.summary()}
-    if config.since is not None:
-        report["data"]["since"] = config.since.isoformat()
     cleaned, cleaning = clean(pairs.data)
-    report["data"]["pairs"]["cleaning"] = {
-        "rows_kept": cleaning.rows_kept,
-        "rows_dropped": dict(cleaning.rows_dropped),
-        "values_nulled": dict(cleaning.values_nulled),
-        "sensors_dropped": list(cleaning.sensors_dropped),
-    }
+    report.data = _describe_pairs(config, pairs, cleaning)
     if cleaned.frame.empty:
         raise HoldoutError(f"no pair in {pairs.directory} survives cleaning; see the report")
     periods = split_periods(cleaned, config.holdout, config.validation_fraction)
-    report["data"]["holdout"] = config.holdout.describe()
-    report["data"]["periods"] = periods.as_json()
+    report.data.update(holdout=config.holdout.describe(), periods=periods.as_json())
 
     window_length = config.window_length or champion.window_length
     sensors = to_grid(cleaned)
@@ -423,7 +312,7 @@ def _prepare(config: RetrainConfig, report: dict[str, Any]) -> _Inputs:
         )
     original = _load_original(config, champion)
     if original is not None:
-        report["data"]["original"] = {
+        report.data["original"] = {
             "dataset": config.dataset,
             "source": original.source,
             "sensors": list(original.sensor_ids),
@@ -438,7 +327,7 @@ def _prepare(config: RetrainConfig, report: dict[str, Any]) -> _Inputs:
         max_original_windows=config.max_original_windows,
         seed=config.seed,
     )
-    report["data"]["windows"] = {**sets.counts, "held_back": len(holdout)}
+    report.data["windows"] = {**sets.counts, "held_back": len(holdout)}
     return _Inputs(
         champion=champion,
         channels=channels,
@@ -452,9 +341,26 @@ def _prepare(config: RetrainConfig, report: dict[str, Any]) -> _Inputs:
     )
 
 
-def _train_challenger(
-    config: RetrainConfig, inputs: _Inputs, report: dict[str, Any], verbose: int | str
-) -> _Challenger:
+def _describe_pairs(
+    config: RetrainConfig, pairs: RecordedPairs, cleaning: CleaningReport
+) -> dict[str, Any]:
+    described: dict[str, Any] = {
+        "pairs": {
+            **pairs.summary(),
+            "cleaning": {
+                "rows_kept": cleaning.rows_kept,
+                "rows_dropped": dict(cleaning.rows_dropped),
+                "values_nulled": dict(cleaning.values_nulled),
+                "sensors_dropped": list(cleaning.sensors_dropped),
+            },
+        }
+    }
+    if config.since is not None:
+        described["since"] = config.since.isoformat()
+    return described
+
+
+def _train_challenger(config: RetrainConfig, inputs: _Inputs, verbose: int | str) -> _Challenger:
     champion = inputs.champion
     mode: Literal["finetune", "fresh"] = (
         "finetune"
@@ -476,7 +382,7 @@ def _train_challenger(
         )
     else:  # no validation period: the figure is on the training pairs (stated in the report)
         validation = error_metrics(predict_windows(model, sets.train), sets.train.targets())
-    challenger = _Challenger(
+    return _Challenger(
         model=model,
         model_config=model_config,
         mode=mode,
@@ -486,23 +392,43 @@ def _train_challenger(
         validation=validation,
         linear=LinearCalibration.fit(sets.train.current_raw(), sets.train.targets()),
     )
-    report["challenger"] = {
-        "name": config.name or champion.name,
-        "version": champion.version + 1,
-        "mode": mode,
-        "from_run": str(config.champion_run) if mode == "finetune" else None,
-        "architecture": model_config.kind,
+
+
+def _describe_challenger(
+    config: RetrainConfig, inputs: _Inputs, challenger: _Challenger
+) -> dict[str, Any]:
+    return {
+        "name": config.name or inputs.champion.name,
+        "version": inputs.champion.version + 1,
+        "mode": challenger.mode,
+        "from_run": str(config.champion_run) if challenger.mode == "finetune" else None,
+        "architecture": challenger.model_config.kind,
         "window_length": inputs.window_length,
         "epochs": config.epochs,
         "epochs_run": challenger.epochs_run,
-        "batch_size": batch_size,
-        "learning_rate": learning_rate,
+        "batch_size": challenger.batch_size,
+        "learning_rate": challenger.learning_rate,
         "seed": config.seed,
-        "validation": validation.model_dump(),
-        "validation_on": "validation period" if sets.validation is not None else "training pairs",
-        "history": history,
+        "validation": challenger.validation.model_dump(),
+        "validation_on": (
+            "validation period" if inputs.sets.validation is not None else "training pairs"
+        ),
+        "history": challenger.history,
     }
-    return challenger
+
+
+def _describe_margin(
+    config: RetrainConfig, champion_rmse: float, challenger_rmse: float
+) -> dict[str, float]:
+    return {
+        "relative": config.margin,
+        "absolute": config.min_improvement,
+        "required_rmse": _required_rmse(champion_rmse, config.margin, config.min_improvement),
+        "improvement": champion_rmse - challenger_rmse,
+        "improvement_fraction": (
+            (champion_rmse - challenger_rmse) / champion_rmse if champion_rmse > 0 else 0.0
+        ),
+    }
 
 
 def _score(
@@ -512,24 +438,20 @@ def _score(
     manifest: Manifest,
     out_dir: Path,
 ) -> _Comparison:
-    """Champion and challenger through the evaluate path (float FlatBuffer under LiteRT)."""
+    """Champion and challenger through the evaluate path (float FlatBuffer, as served)."""
     holdout_data = only_references_from(inputs.pairs.data, inputs.periods.holdout_start)
     champion_eval = evaluate_model_dir(config.champion, holdout_data)
     candidate_dir = out_dir / ".candidate"
     candidate_dir.mkdir()
     try:
         (candidate_dir / FLOAT_FILENAME).write_bytes(convert_float(challenger.model))
+        float_file = float_model_file(candidate_dir / FLOAT_FILENAME)
         placeholder = TestMetrics(
             raw=challenger.validation, linear=challenger.validation, model=challenger.validation
         )
-        write_manifest(
-            candidate_dir,
-            _with_files(
-                manifest, {"float32": _float_file(candidate_dir / FLOAT_FILENAME)}, placeholder
-            ),
-        )
+        write_manifest(candidate_dir, _with_files(manifest, {"float32": float_file}, placeholder))
         challenger_eval = evaluate_model_dir(candidate_dir, holdout_data)
-        evaluated_sha256 = sha256_file(candidate_dir / FLOAT_FILENAME)
+        evaluated_sha256 = float_file.sha256
     finally:
         shutil.rmtree(candidate_dir, ignore_errors=True)
     comparison = _compare(champion_eval, challenger_eval, challenger.linear, evaluated_sha256)
@@ -653,8 +575,7 @@ def _check_run_matches(
     """The run must be the one the champion was exported from: same outputs on a few windows."""
     x, _ = windows.gather(np.arange(min(len(windows), 64)))
     keras_out = np.asarray(model.predict(x, verbose=0)).reshape(-1)
-    flatbuffer = (champion_dir / champion.files["float32"].path).read_bytes()
-    litert_out = litert_predict(flatbuffer, x)
+    litert_out = Calibrator.load(champion_dir).calibrate(x)
     scale = max(float(np.max(np.abs(keras_out))), 1e-6)
     difference = float(np.max(np.abs(keras_out - litert_out)))
     if difference > RUN_MATCH_TOLERANCE * scale:
@@ -691,12 +612,6 @@ def _fit(
         verbose=verbose,
     )
     return {k: [float(v) for v in values] for k, values in history.history.items()}
-
-
-def _input_range(windows: WindowSet) -> InputRange:
-    raw = np.asarray(windows.current_raw(), dtype=np.float64)
-    p = np.percentile(raw, [0, 1, 50, 99, 100])
-    return InputRange(min=p[0], p01=p[1], p50=p[2], p99=p[3], max=p[4])
 
 
 def _summary(inputs: _Inputs) -> DataSummary:
@@ -740,17 +655,19 @@ def _challenger_manifest(
         window_length=inputs.window_length,
         parameter_count=int(challenger.model.count_params()),
         hyperparameters={
-            **{k: v for k, v in challenger.model_config.model_dump().items() if k != "kind"},
-            "epochs": config.epochs,
-            "batch_size": challenger.batch_size,
-            "learning_rate": challenger.learning_rate,
-            "seed": config.seed,
-            "epochs_run": challenger.epochs_run,
+            **training_hyperparameters(
+                challenger.model_config,
+                epochs=config.epochs,
+                batch_size=challenger.batch_size,
+                learning_rate=challenger.learning_rate,
+                seed=config.seed,
+                epochs_run=challenger.epochs_run,
+            ),
             "retrain_mode": challenger.mode,
             "retrained_from": champion.version,
         },
         validation=challenger.validation.model_dump(),
-        input_range=_input_range(inputs.sets.train).model_dump(),
+        input_range=input_range(inputs.sets.train).model_dump(),
         data=_summary(inputs).model_dump(mode="json"),
         created_at=datetime.now(UTC).isoformat(),
     )
@@ -767,20 +684,6 @@ def _with_files(
     document["files"] = {key: value.model_dump(mode="json") for key, value in files.items()}
     document["test"] = test.model_dump()
     return Manifest.model_validate(document)
-
-
-def _float_file(path: Path) -> ModelFile:
-    from training.flatbuffer import read_graph
-
-    return ModelFile(
-        path=path.name,
-        sha256=sha256_file(path),
-        size_bytes=path.stat().st_size,
-        precision="float32",
-        activations="float32",
-        batch="dynamic",
-        ops=read_graph(path.read_bytes()).op_names,
-    )
 
 
 def _compare(
@@ -833,39 +736,29 @@ def _save_run(
     test: TestMetrics,
 ) -> None:
     """A run directory in ``train``'s layout, so the next retraining can fine-tune from it."""
-    train_config = TrainConfig(
-        dataset="pairs",
-        data_path=inputs.pairs.directory,
-        window_length=inputs.window_length,
-        max_interpolated_periods=inputs.champion.gap_policy.max_interpolated_periods,
-        channels=inputs.channels,
-        model=challenger.model_config,
-        epochs=int(manifest.hyperparameters["epochs"]),
-        batch_size=challenger.batch_size,
-        learning_rate=challenger.learning_rate,
-        seed=int(manifest.hyperparameters["seed"]),
+    write_run(
+        run_dir,
+        config=TrainConfig(
+            dataset="pairs",
+            data_path=inputs.pairs.directory,
+            window_length=inputs.window_length,
+            max_interpolated_periods=inputs.champion.gap_policy.max_interpolated_periods,
+            channels=inputs.channels,
+            model=challenger.model_config,
+            epochs=int(manifest.hyperparameters["epochs"]),
+            batch_size=challenger.batch_size,
+            learning_rate=challenger.learning_rate,
+            seed=int(manifest.hyperparameters["seed"]),
+            input_scale=inputs.champion.input_scale,
+        ),
+        model=challenger.model,
+        history=challenger.history,
+        validation=challenger.validation,
+        test=test,
+        linear=challenger.linear,
         input_scale=inputs.champion.input_scale,
-    )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    challenger.model.save(run_dir / "model.keras")
-    _write_json(run_dir / "config.json", train_config.model_dump(mode="json"))
-    _write_json(run_dir / "history.json", challenger.history)
-    _write_json(
-        run_dir / "metrics.json",
-        {
-            "validation": challenger.validation.model_dump(),
-            "test": test.model_dump(),
-            "linear": {"slope": challenger.linear.slope, "intercept": challenger.linear.intercept},
-            "input_scale": inputs.champion.input_scale,
-            "parameters": int(challenger.model.count_params()),
-        },
-    )
-    _write_json(
-        run_dir / "data.json",
-        {
-            "summary": manifest.data.model_dump(mode="json"),
-            "input_range": manifest.input_range.model_dump(),
-        },
+        summary=manifest.data,
+        input_range=manifest.input_range,
     )
 
 
@@ -885,23 +778,12 @@ def _export(
     release ships the verified float graph alone and the report says why. A node release needs
     the device graph, so there the failure stands.
     """
-    train = inputs.sets.train
-    holdout = inputs.holdout
-    # The integer graph's ranges come from evenly spaced training windows plus the highest
-    # readings of training and held-back windows: a drifting sensor reads beyond the training
-    # range (inputs only, no reference, so nothing about the score leaks into the model).
-    spaced = _evenly_spaced(REPRESENTATIVE_WINDOWS, len(train))
-    train_peaks = np.argsort(train.current_raw())[-REPRESENTATIVE_PEAKS:]
-    holdout_peaks = np.argsort(holdout.current_raw())[-REPRESENTATIVE_PEAKS:]
-    representative = np.concatenate(
-        [
-            train.gather(np.unique(np.concatenate([spaced, train_peaks])))[0],
-            holdout.gather(np.sort(holdout_peaks))[0],
-        ]
-    )
-    check, check_reference = holdout.gather(_evenly_spaced(CHECK_WINDOWS, len(holdout)))
+    # The integer graph's ranges also see the highest held-back readings: a drifting sensor
+    # reads beyond the training range (inputs only, no reference, so nothing about the score
+    # leaks into the model).
+    representative = representative_windows(inputs.sets.train, inputs.holdout)
+    check, check_reference = check_windows(inputs.holdout)
     described: dict[str, Any] = {"device_graph": "verified"}
-    model_dir.mkdir(parents=True, exist_ok=True)
     try:
         exported = export_flatbuffers(model, model_dir, representative, check, check_reference)
         files: dict[Precision, ModelFile] = dict(exported.files)
@@ -910,27 +792,12 @@ def _export(
         if target == "node":
             raise
         (model_dir / INT8_FILENAME).unlink(missing_ok=True)
-        files = {"float32": _export_float_only(model, model_dir / FLOAT_FILENAME, check)}
+        files = {"float32": export_float_graph(model, model_dir, check)}
         described["device_graph"] = f"left out (gateway release): {exc}"
     write_manifest(model_dir, _with_files(manifest, files, test))
     verify_model_files(model_dir, load_manifest(model_dir))
     described["files"] = sorted(files)
     return described
-
-
-def _export_float_only(model: keras.Model, path: Path, check: npt.NDArray[np.float32]) -> ModelFile:
-    """The gateway graph alone, checked against Keras with the exporter's float tolerance."""
-    path.write_bytes(convert_float(model))
-    keras_out = np.asarray(model.predict(check, verbose=0, batch_size=256)).reshape(-1)
-    litert_out = litert_predict(path.read_bytes(), check)
-    scale = max(float(np.max(np.abs(keras_out))), 1e-6)
-    error = float(np.max(np.abs(litert_out - keras_out)))
-    if error > FLOAT_TOLERANCE * scale:
-        raise ExportVerificationError(
-            f"float32 FlatBuffer differs from Keras by {error:.3g} "
-            f"(limit {FLOAT_TOLERANCE * scale:.3g})"
-        )
-    return _float_file(path)
 
 
 def _required_rmse(champion_rmse: float, margin: float, min_improvement: float) -> float:
@@ -954,28 +821,9 @@ def _release(config: RetrainConfig, model_dir: Path, release_dir: Path) -> dict[
         "pushed": False,
     }
     if config.push is not None:
-        push = config.push
-        password = None
-        if push.password_file is not None:
-            lines = push.password_file.read_text(encoding="utf-8").splitlines()
-            password = lines[0] if lines else ""
         described["topic"] = push_release(
-            release_dir,
-            push.host,
-            push.port,
-            topic_prefix=push.topic_prefix,
-            username=push.username,
-            password=password,
-            ca_file=push.ca_file,
+            release_dir, config.push, topic_prefix=config.topic_prefix
         )
         described["pushed"] = True
-        described["broker"] = f"{push.host}:{push.port}"
+        described["broker"] = f"{config.push.host}:{config.push.port}"
     return described
-
-
-def _evenly_spaced(count: int, total: int) -> npt.NDArray[np.int64]:
-    return np.unique(np.linspace(0, total - 1, num=min(count, total)).astype(np.int64))
-
-
-def _write_json(path: Path, payload: object) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
