@@ -20,12 +20,9 @@ from gateway.readings import COVARIATES, Covariate, Feature
 from training.errors import DataError
 
 __all__ = [
-    "COVARIATES",
     "FEATURES",
     "REQUIRED_COLUMNS",
     "CoLocationData",
-    "Covariate",
-    "Feature",
     "LoadCounts",
     "tidy_frame",
     "unix_seconds",
