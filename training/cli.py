@@ -41,7 +41,7 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
-        "evaluate", help="score an exported model directory (LiteRT) on any data source"
+        "evaluate", help="score a model directory (the gateway's calibrator) on any data source"
     )
     parser.add_argument("--model", type=Path, required=True, help="model directory")
     source = parser.add_mutually_exclusive_group(required=True)
