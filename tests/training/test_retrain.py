@@ -28,9 +28,10 @@ from training.errors import FeatureMismatchError, HoldoutError, NoPairsError, Re
 from training.model_dir import export_run
 from training.models import TeslaConfig
 from training.release import ReleaseError, keygen
+from training.retrain.compare import decide
 from training.retrain.config import RetrainConfig
 from training.retrain.data import HoldBack
-from training.retrain.run import decide, retrain
+from training.retrain.run import retrain
 from training.train import TrainConfig, train
 
 HEADER = "timestamp,sensor_id,raw,reference,calibrated,model_version,rh,temp_c"
