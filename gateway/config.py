@@ -34,7 +34,7 @@ from gateway.monitor.pairs import PairsConfig
 from gateway.monitor.references import ReferenceConfig
 from gateway.ota.config import OtaConfig
 from gateway.publish.publisher import PublisherConfig
-from gateway.readings import SENSOR_ID_PATTERN
+from gateway.readings import GATEWAY_ID_PATTERN, SENSOR_ID_PATTERN, Feature
 from gateway.runtime import DEFAULT_RUNTIME_PREFERENCE, RuntimeName
 from gateway.sources.mqtt_source import MqttSourceConfig
 from gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig
@@ -56,7 +56,6 @@ __all__ = [
 ]
 
 ENV_PREFIX = "TESLA_GATEWAY__"
-Feature = Literal["pm10", "pm2_5", "pm1"]
 
 
 class _Section(BaseModel):
@@ -215,7 +214,7 @@ class GatewayConfig(_Section):
     """The whole daemon configuration (see deploy/gateway.example.toml)."""
 
     gateway_id: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        pattern=GATEWAY_ID_PATTERN.pattern,
         description="This gateway's name: in topics, client ids and logs.",
     )
     state_dir: Path = Field(

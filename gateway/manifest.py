@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.errors import ManifestError, ModelIntegrityError
+from gateway.readings import Feature
 from gateway.series import GapPolicy
 
 __all__ = [
@@ -39,7 +40,6 @@ __all__ = [
 MANIFEST_FILENAME = "manifest.json"
 SCHEMA_VERSION: Literal[1] = 1
 
-Feature = Literal["pm10", "pm2_5", "pm1"]
 Precision = Literal["float32", "int8"]
 
 

@@ -13,13 +13,18 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Literal
 
 from gateway.errors import GatewayError
 
 __all__ = [
+    "COVARIATES",
     "FIELD_LIMITS",
+    "GATEWAY_ID_PATTERN",
     "SENSOR_ID_PATTERN",
     "SEQ_MAX",
+    "Covariate",
+    "Feature",
     "Reading",
     "ReadingRejectedError",
     "RejectReason",
@@ -27,6 +32,13 @@ __all__ = [
 ]
 
 SENSOR_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# A gateway's name goes into topics, client ids and logs: the same characters as a sensor id.
+GATEWAY_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# The particle fractions a model calibrates (one model per feature) ...
+Feature = Literal["pm10", "pm2_5", "pm1"]
+# ... and the covariates a reading may carry beside them, which a model may take as inputs.
+Covariate = Literal["rh", "temp_c"]
+COVARIATES: tuple[Covariate, ...] = ("rh", "temp_c")
 SEQ_MAX = 2**32 - 1  # a node's per-reading sequence number is a uint32 (wraps)
 
 # Physically possible values per field; outside them a reading is a fault, not weather.

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gateway.errors import GatewayError
-from training import retrain_cli
 from training.bench import cli as bench_cli
 from training.errors import TrainingError
+from training.retrain import cli as retrain_cli
 
 __all__ = ["main"]
 
@@ -41,7 +41,7 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
-        "evaluate", help="score an exported model directory (LiteRT) on any data source"
+        "evaluate", help="score a model directory (the gateway's calibrator) on any data source"
     )
     parser.add_argument("--model", type=Path, required=True, help="model directory")
     source = parser.add_mutually_exclusive_group(required=True)
@@ -134,24 +134,14 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _push(args: argparse.Namespace) -> int:
-    from training.release import ReleaseError, push_release
+    from gateway.logging import configure_logging
+    from training.release import broker_from_flags, push_release
 
-    host, _, port_text = args.broker.rpartition(":")
-    if not host or not port_text.isdigit():
-        raise ReleaseError(f"--broker must be HOST:PORT, got {args.broker!r}")
-    password = None
-    if args.password_file is not None:
-        lines = args.password_file.read_text(encoding="utf-8").splitlines()
-        password = lines[0] if lines else ""
-    topic = push_release(
-        args.release,
-        host,
-        int(port_text),
-        topic_prefix=args.topic_prefix,
-        username=args.username,
-        password=password,
-        ca_file=args.ca_file,
+    configure_logging(level="warning")  # the connection's log lines to stderr, stdout is JSON
+    broker = broker_from_flags(
+        args.broker, username=args.username, password_file=args.password_file, ca_file=args.ca_file
     )
+    topic = push_release(args.release, broker, topic_prefix=args.topic_prefix)
     print(json.dumps({"topic": topic}))
     return 0
 

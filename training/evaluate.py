@@ -1,8 +1,8 @@
-"""Evaluate an exported model directory on any co-location data, through LiteRT as deployed.
+"""Evaluate an exported model directory on any co-location data, through the gateway's calibrator.
 
-Evaluation uses the FlatBuffer the gateway runs (not the Keras model), the manifest's window
-length, period and gap policy, and the same cleaning and gridding as training, so the figures
-are what a deployment would have scored on that data.
+The model directory is loaded and run by :class:`gateway.calibrator.Calibrator`, the code that
+serves it (same checks, runtime and batching), with the manifest's window length, period and gap
+policy and the same cleaning and gridding as training: what is scored is what is served.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gateway.manifest import ErrorMetrics, Manifest, load_manifest, verify_model_files
+from gateway.calibrator import Calibrator
+from gateway.manifest import ErrorMetrics, Manifest
 from training.data import CoLocationData, WindowSet, clean, to_grid
 from training.errors import DataError
-from training.export import litert_predict
 from training.metrics import error_metrics
 
 __all__ = ["Evaluation", "evaluate_model_dir", "model_channels"]
@@ -54,8 +54,8 @@ def model_channels(manifest: Manifest) -> tuple[str, ...]:
 
 def evaluate_model_dir(model_dir: Path, data: CoLocationData) -> Evaluation:
     """Calibrate every window the model can calibrate and score those with a reference."""
-    manifest = load_manifest(model_dir)
-    verify_model_files(model_dir, manifest)
+    calibrator = Calibrator.load(model_dir)
+    manifest = calibrator.manifest
     if data.period_seconds != manifest.period_seconds:
         raise DataError(
             f"the data is on a {data.period_seconds} s grid but the model expects "
@@ -75,12 +75,9 @@ def evaluate_model_dir(model_dir: Path, data: CoLocationData) -> Evaluation:
             f"no window of {manifest.window_length} periods is complete in this data "
             f"(gaps over {manifest.gap_policy.max_interpolated_periods} periods break windows)"
         )
-    flatbuffer = (model_dir / manifest.files["float32"].path).read_bytes()
     calibrated = np.concatenate(
         [
-            litert_predict(
-                flatbuffer, windows.gather(np.arange(i, min(i + CHUNK, len(windows))))[0]
-            )
+            calibrator.calibrate(windows.gather(np.arange(i, min(i + CHUNK, len(windows))))[0])
             for i in range(0, len(windows), CHUNK)
         ]
     ).astype(np.float64)

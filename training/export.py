@@ -22,20 +22,21 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import keras
 import numpy as np
 import numpy.typing as npt
 import tensorflow as tf
-from ai_edge_litert.interpreter import Interpreter, OpResolverType
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from gateway.manifest import ModelFile, sha256_file
+from gateway.runtime import DEFAULT_MAX_BATCH, BatchedInterpreter, select_runtime
 from training.device_ops import unsupported_on_device
 from training.errors import ExportError, ExportVerificationError
 from training.flatbuffer import read_graph
-from training.models.layers import FeatureAggregator, TokenLayerNorm, TokenSelfAttention
+from training.models.layers.attention import TokenSelfAttention
+from training.models.layers.norm import FeatureAggregator, TokenLayerNorm
 from training.tflm import measure_arena, run_tflm
 
 __all__ = [
@@ -46,6 +47,8 @@ __all__ = [
     "convert_device",
     "convert_float",
     "export_flatbuffers",
+    "export_float_graph",
+    "float_model_file",
     "gateway_graph",
     "graph_input",
     "integer_error_bound",
@@ -170,30 +173,25 @@ def graph_input(values: Array, details: Mapping[str, Any]) -> npt.NDArray[np.gen
 
 
 def litert_predict(flatbuffer: bytes, windows: Array, *, batched: bool = True) -> Array:
-    """Calibrate windows with LiteRT: one batched invoke, or one invoke per window."""
-    interpreter = Interpreter(
-        model_content=flatbuffer,
-        experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
-    )
+    """Calibrate windows with the gateway's runtime: batched invokes, or one per window.
+
+    A graph that is not a model directory yet (the exporter's own check) runs through the same
+    interpreter and batching the gateway uses (``gateway.runtime``); integer graphs get their
+    inputs quantised and their outputs dequantised, one window per invoke (batch 1).
+    """
+    interpreter = select_runtime(("ai_edge_litert",)).interpreter(flatbuffer)
     source = interpreter.get_input_details()[0]
     target = interpreter.get_output_details()[0]
     integer = np.dtype(source["dtype"]) in _INT_LIMITS
-    out_scale, out_zero = target["quantization"]
-
-    def run(batch: Array) -> Array:
-        interpreter.set_tensor(source["index"], graph_input(batch, source))
-        interpreter.invoke()
-        result = interpreter.get_tensor(target["index"])
-        if integer:
-            return ((result.astype(np.float32) - out_zero) * out_scale).reshape(-1)
-        return result.reshape(-1).astype(np.float32)
-
-    if batched and not integer:
-        interpreter.resize_tensor_input(source["index"], list(windows.shape))
-        interpreter.allocate_tensors()
-        return run(windows.astype(np.float32))
-    interpreter.allocate_tensors()
-    return np.concatenate([run(windows[i : i + 1].astype(np.float32)) for i in range(len(windows))])
+    one_at_a_time = integer or not batched
+    runner = BatchedInterpreter(interpreter, max_batch=1 if one_at_a_time else DEFAULT_MAX_BATCH)
+    # An integer graph takes int16: the runner hands arrays to the interpreter as they are.
+    inputs = cast("Array", graph_input(np.asarray(windows, dtype=np.float32), source))
+    outputs = runner.run(inputs)
+    if integer:
+        out_scale, out_zero = target["quantization"]
+        return ((outputs - out_zero) * out_scale).astype(np.float32)
+    return outputs
 
 
 def integer_error_bound(float_output: Array, reference: Array | None) -> float:
@@ -219,6 +217,47 @@ def _rmse(a: Array, b: Array | None) -> float | None:
     return float(np.sqrt(np.mean((a[keep] - b[keep]) ** 2)))
 
 
+def float_model_file(path: Path) -> ModelFile:
+    """How the manifest describes the gateway graph written at ``path``."""
+    return ModelFile(
+        path=path.name,
+        sha256=sha256_file(path),
+        size_bytes=path.stat().st_size,
+        precision="float32",
+        activations="float32",
+        batch="dynamic",
+        ops=read_graph(path.read_bytes()).op_names,
+    )
+
+
+def _check_float(float_bytes: bytes, keras_out: Array, check_windows: Array) -> tuple[Array, float]:
+    """LiteRT's batched float output on the check windows, and its error against Keras
+    (raises past :data:`FLOAT_TOLERANCE` of the output scale)."""
+    output_scale_abs = max(float(np.max(np.abs(keras_out))), 1e-6)
+    float_batched = litert_predict(float_bytes, check_windows, batched=True)
+    float_error = float(np.max(np.abs(float_batched - keras_out)))
+    if float_error > FLOAT_TOLERANCE * output_scale_abs:
+        raise ExportVerificationError(
+            f"float32 FlatBuffer differs from Keras by {float_error:.3g} "
+            f"(limit {FLOAT_TOLERANCE * output_scale_abs:.3g})"
+        )
+    return float_batched, float_error
+
+
+def _keras_outputs(model: keras.Model, windows: Array) -> Array:
+    return np.asarray(model.predict(windows, verbose=0, batch_size=256)).reshape(-1)
+
+
+def export_float_graph(model: keras.Model, out_dir: Path, check_windows: Array) -> ModelFile:
+    """The gateway graph alone, written to ``out_dir`` and checked against Keras."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    float_bytes = convert_float(model)
+    _check_float(float_bytes, _keras_outputs(model, check_windows), check_windows)
+    path = out_dir / FLOAT_FILENAME
+    path.write_bytes(float_bytes)
+    return float_model_file(path)
+
+
 def export_flatbuffers(
     model: keras.Model,
     out_dir: Path,
@@ -241,18 +280,12 @@ def export_flatbuffers(
     float_path.write_bytes(float_bytes)
     device_path.write_bytes(device_bytes)
 
-    keras_out = np.asarray(model.predict(check_windows, verbose=0, batch_size=256)).reshape(-1)
+    keras_out = _keras_outputs(model, check_windows)
     output_scale_abs = max(float(np.max(np.abs(keras_out))), 1e-6)
-    float_batched = litert_predict(float_bytes, check_windows, batched=True)
+    float_batched, float_error = _check_float(float_bytes, keras_out, check_windows)
     float_single = litert_predict(float_bytes, check_windows[:32], batched=False)
-    float_error = float(np.max(np.abs(float_batched - keras_out)))
-    if float_error > FLOAT_TOLERANCE * output_scale_abs:
-        raise ExportVerificationError(
-            f"float32 FlatBuffer differs from Keras by {float_error:.3g} "
-            f"(limit {FLOAT_TOLERANCE * output_scale_abs:.3g})"
-        )
 
-    interpreter = Interpreter(model_content=device_bytes)
+    interpreter = select_runtime(("ai_edge_litert",)).interpreter(device_bytes)
     source = interpreter.get_input_details()[0]
     target = interpreter.get_output_details()[0]
     in_scale, in_zero = source["quantization"]
@@ -278,15 +311,7 @@ def export_flatbuffers(
     arena = measure_arena(device_path, device_inputs[0])
 
     files: dict[Literal["float32", "int8"], ModelFile] = {
-        "float32": ModelFile(
-            path=FLOAT_FILENAME,
-            sha256=sha256_file(float_path),
-            size_bytes=float_path.stat().st_size,
-            precision="float32",
-            activations="float32",
-            batch="dynamic",
-            ops=read_graph(float_bytes).op_names,
-        ),
+        "float32": float_model_file(float_path),
         "int8": ModelFile(
             path=INT8_FILENAME,
             sha256=sha256_file(device_path),

@@ -10,8 +10,10 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from gateway.manifest import (
     DataSummary,
@@ -24,15 +26,25 @@ from gateway.manifest import (
     verify_model_files,
     write_manifest,
 )
+from training.data import WindowSet
 from training.export import ExportVerification, export_flatbuffers
 from training.train import load_run, prepare_data
 
-__all__ = ["CHANNEL_UNITS", "ExportedModel", "export_run"]
+__all__ = [
+    "CHANNEL_UNITS",
+    "ExportedModel",
+    "check_windows",
+    "evenly_spaced",
+    "export_run",
+    "representative_windows",
+    "training_hyperparameters",
+]
 
 CHANNEL_UNITS = {"raw": "ug/m3", "rh": "%", "temp_c": "degC"}
 REPRESENTATIVE_WINDOWS = 1000
 REPRESENTATIVE_PEAKS = 100
 CHECK_WINDOWS = 512
+Array = npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True)
@@ -42,8 +54,46 @@ class ExportedModel:
     verification: ExportVerification
 
 
-def _evenly_spaced(count: int, total: int) -> np.ndarray:
+def evenly_spaced(count: int, total: int) -> npt.NDArray[np.int64]:
+    """At most ``count`` indices spread evenly over ``range(total)``, first and last included."""
     return np.unique(np.linspace(0, total - 1, num=min(count, total)).astype(np.int64))
+
+
+def representative_windows(train: WindowSet, *peaks_only: WindowSet) -> Array:
+    """The windows the integer graph's activation ranges are calibrated on.
+
+    Evenly spaced training windows plus the highest concentrations: a range that misses rare
+    high episodes clips them (on the Ispra model the peaks brought the integer RMS deviation
+    from 1.05 to 0.96 µg/m³). ``peaks_only`` adds the peaks of further sets (inputs only, no
+    reference), e.g. the held-back windows of a drifting sensor that reads beyond training.
+    """
+    peaks = np.argsort(train.current_raw())[-REPRESENTATIVE_PEAKS:]
+    spaced = evenly_spaced(REPRESENTATIVE_WINDOWS, len(train))
+    parts = [train.gather(np.unique(np.concatenate([spaced, peaks])))[0]]
+    for windows in peaks_only:
+        parts.append(
+            windows.gather(np.sort(np.argsort(windows.current_raw())[-REPRESENTATIVE_PEAKS:]))[0]
+        )
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+def check_windows(windows: WindowSet) -> tuple[Array, Array]:
+    """Held-out windows (and their reference) an export is verified on."""
+    return windows.gather(evenly_spaced(CHECK_WINDOWS, len(windows)))
+
+
+def training_hyperparameters(
+    model: Any, *, epochs: int, batch_size: int, learning_rate: float, seed: int, epochs_run: int
+) -> dict[str, Any]:
+    """The manifest's ``hyperparameters``: the model config's fields and how it was trained."""
+    return {
+        **{k: v for k, v in model.model_dump().items() if k != "kind"},
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "learning_rate": learning_rate,
+        "seed": seed,
+        "epochs_run": epochs_run,
+    }
 
 
 def export_run(
@@ -52,17 +102,10 @@ def export_run(
     """Export the run's model, verify the files, and write the manifest last."""
     config, model, metrics = load_run(run_dir)
     prepared = prepare_data(config)
-    # Evenly spaced windows plus the highest concentrations: the integer graph's activation
-    # ranges come from this set, and a range that misses rare high episodes clips them (on the
-    # Ispra model the peaks brought the integer RMS deviation from 1.05 to 0.96 µg/m³).
-    peaks = np.argsort(prepared.train.current_raw())[-REPRESENTATIVE_PEAKS:]
-    representative, _ = prepared.train.gather(
-        np.unique(
-            np.concatenate([_evenly_spaced(REPRESENTATIVE_WINDOWS, len(prepared.train)), peaks])
-        )
+    check, check_reference = check_windows(prepared.test)
+    exported = export_flatbuffers(
+        model, model_dir, representative_windows(prepared.train), check, check_reference
     )
-    check, check_reference = prepared.test.gather(_evenly_spaced(CHECK_WINDOWS, len(prepared.test)))
-    exported = export_flatbuffers(model, model_dir, representative, check, check_reference)
     data = json.loads((run_dir / "data.json").read_text())
     feature = prepared.data.feature
     manifest = Manifest(
@@ -80,14 +123,14 @@ def export_run(
         gap_policy=prepared.policy,
         files=exported.files,
         parameter_count=int(metrics["parameters"]),
-        hyperparameters={
-            **{k: v for k, v in config.model.model_dump().items() if k != "kind"},
-            "epochs": config.epochs,
-            "batch_size": config.batch_size,
-            "learning_rate": config.learning_rate,
-            "seed": config.seed,
-            "epochs_run": len(json.loads((run_dir / "history.json").read_text())["loss"]),
-        },
+        hyperparameters=training_hyperparameters(
+            config.model,
+            epochs=config.epochs,
+            batch_size=config.batch_size,
+            learning_rate=config.learning_rate,
+            seed=config.seed,
+            epochs_run=len(json.loads((run_dir / "history.json").read_text())["loss"]),
+        ),
         validation=ErrorMetrics.model_validate(metrics["validation"]),
         test=TestMetrics.model_validate(metrics["test"]),
         input_range=InputRange.model_validate(data["input_range"]),

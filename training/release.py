@@ -13,22 +13,25 @@ some gateways (``rollout``: ids or ``[ota] groups``), for a canary first.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from nacl.signing import SigningKey
+from pydantic import ValidationError
 
 from gateway.errors import GatewayError
 from gateway.manifest import MANIFEST_FILENAME, Manifest, load_manifest, verify_model_files
+from gateway.mqtt.config import MqttBrokerConfig, MqttTlsConfig
+from gateway.mqtt.connection import MqttConnection
+from gateway.mqtt.errors import MqttError
 from gateway.ota.descriptor import ImageDescriptor
 from gateway.ota.golden import GOLDEN_FILENAME, GoldenWindows
 from gateway.ota.release import (
@@ -45,10 +48,12 @@ from gateway.ota.release import (
 from training.errors import TrainingError
 
 __all__ = [
+    "DEFAULT_TOPIC_PREFIX",
     "PRIVATE_KEY_NAME",
     "PUBLIC_KEY_NAME",
     "KeyPair",
     "ReleaseError",
+    "broker_from_flags",
     "build_release",
     "golden_windows",
     "keygen",
@@ -207,14 +212,7 @@ def build_release(
     if image_name is not None:
         image = files[image_name]
         arena = manifest.files["int8"].tflm_arena_bytes
-        descriptor = ImageDescriptor(
-            model_name=manifest.name,
-            model_version=manifest.version,
-            image_size=len(image),
-            image_sha256=hashlib.sha256(image).digest(),
-            window_length=manifest.window_length,
-            arena_bytes=arena or 0,
-        ).encode()
+        descriptor = ImageDescriptor.of_image(manifest, image, arena_bytes=arena or 0).encode()
         document["node_image"] = {
             "file": image_name,
             "descriptor": base64.b64encode(descriptor).decode("ascii"),
@@ -244,21 +242,38 @@ def release_topic(prefix: str, target: Target, model: str) -> str:
     return f"{prefix}/{target}/{model}"
 
 
-def push_release(
-    release_dir: Path,
-    host: str,
-    port: int,
+def broker_from_flags(
+    broker: str,
     *,
-    topic_prefix: str = DEFAULT_TOPIC_PREFIX,
     username: str | None = None,
-    password: str | None = None,
+    password_file: Path | None = None,
     ca_file: Path | None = None,
-    timeout_s: float = 10.0,
-) -> str:
-    """Publish the release retained (QoS 1) and wait for the broker's acknowledgement."""
-    from paho.mqtt import client as paho
-    from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+) -> MqttBrokerConfig:
+    """The gateway's broker config from the push flags (``--broker HOST:PORT`` and friends)."""
+    host, _, port_text = broker.rpartition(":")
+    if not host or not port_text.isdigit():
+        raise ReleaseError(f"--broker must be HOST:PORT, got {broker!r}")
+    try:
+        return MqttBrokerConfig(
+            host=host,
+            port=int(port_text),
+            username=username,
+            password_file=password_file,
+            tls=MqttTlsConfig(ca_file=ca_file) if ca_file is not None else None,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(str(error["msg"]) for error in exc.errors())
+        raise ReleaseError(f"--broker/--username/--password-file/--ca-file: {problems}") from exc
 
+
+def push_release(
+    release_dir: Path, broker: MqttBrokerConfig, *, topic_prefix: str = DEFAULT_TOPIC_PREFIX
+) -> str:
+    """Publish the release retained (QoS 1) and wait for the broker's acknowledgement.
+
+    Through the gateway's own MQTT connection, so push speaks the same protocol version, TLS
+    and credentials (``password_file`` read at connect) as the daemons it releases to.
+    """
     document, files = read_release_dir(release_dir)
     target = document.get("target")
     model = document.get("model")
@@ -266,41 +281,29 @@ def push_release(
         raise ReleaseError(f"{release_dir / RELEASE_FILENAME} names no valid target and model")
     payload = encode_bundle((release_dir / RELEASE_FILENAME).read_bytes(), files)
     topic = release_topic(topic_prefix, target, model)
-    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="")
-    connack: list[str] = []
-    answered = threading.Event()
-
-    def on_connect(_c: object, _u: object, _f: object, reason: object, _p: object) -> None:
-        connack.append(str(reason))
-        answered.set()
-
-    client.on_connect = on_connect
-    if username is not None:
-        client.username_pw_set(username, password)
-    if ca_file is not None:
-        client.tls_set(ca_certs=str(ca_file))
-    try:
-        client.connect(host, port, keepalive=30)
-    except OSError as exc:
-        raise ReleaseError(f"cannot connect to the broker {host}:{port}: {exc}") from exc
-    client.loop_start()
-    try:
-        if not answered.wait(timeout_s) or connack[0] != "Success":
-            reason = connack[0] if connack else "no CONNACK"
-            raise ReleaseError(
-                f"the broker {host}:{port} refused the connection ({reason}); check "
-                "--username/--password-file and TLS"
-            )
-        info = client.publish(topic, payload, qos=1, retain=True)
-        deadline = time.monotonic() + timeout_s
-        while not info.is_published():
-            if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS or time.monotonic() > deadline:
-                raise ReleaseError(
-                    f"the broker {host}:{port} did not accept the release on {topic} within "
-                    f"{timeout_s} s ({paho.error_string(info.rc)}); check its ACLs"
-                )
-            time.sleep(0.01)
-    finally:
-        client.disconnect()
-        client.loop_stop()
+    asyncio.run(_publish_retained(broker, topic, payload))
     return topic
+
+
+async def _publish_retained(broker: MqttBrokerConfig, topic: str, payload: bytes) -> None:
+    address = f"{broker.host}:{broker.port}"
+    timeout_s = broker.connect_timeout_s
+    connection = MqttConnection(broker, client_id="", clean_start=True, name="release-push")
+    async with connection:
+        try:
+            await asyncio.wait_for(connection.wait_connected(), timeout_s)
+        except TimeoutError:
+            raise ReleaseError(
+                f"cannot connect to the broker {address} within {timeout_s} s, or it refused "
+                "the connection (the mqtt_connect_failed log line says which): check --broker, "
+                "--username/--password-file and TLS"
+            ) from None
+        try:
+            await asyncio.wait_for(
+                connection.publish(topic, payload, qos=1, retain=True), timeout_s
+            )
+        except (TimeoutError, MqttError) as exc:
+            raise ReleaseError(
+                f"the broker {address} did not accept the release on {topic} within "
+                f"{timeout_s} s ({exc or 'no acknowledgement'}); check its ACLs"
+            ) from exc

@@ -38,11 +38,13 @@ __all__ = [
     "RunResult",
     "TrainConfig",
     "WindowBatches",
+    "input_range",
     "load_result",
     "load_run",
     "predict_windows",
     "prepare_data",
     "train",
+    "write_run",
 ]
 
 PREDICT_CHUNK = 4096
@@ -123,7 +125,8 @@ class WindowBatches(keras.utils.PyDataset):
         self.rng.shuffle(self.indices)
 
 
-def _input_range(windows: WindowSet) -> InputRange:
+def input_range(windows: WindowSet) -> InputRange:
+    """Percentiles of the newest raw reading: the range the manifest says the model saw."""
     raw = np.asarray(windows.current_raw(), dtype=np.float64)
     p = np.percentile(raw, [0, 1, 50, 99, 100])
     return InputRange(min=p[0], p01=p[1], p50=p[2], p99=p[3], max=p[4])
@@ -177,7 +180,7 @@ def prepare_data(config: TrainConfig) -> PreparedData:
         validation=validation_set,
         test=test_set,
         summary=summary,
-        input_range=_input_range(train_set),
+        input_range=input_range(train_set),
         policy=policy,
     )
 
@@ -242,11 +245,40 @@ def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") ->
     validation = error_metrics(predict_windows(model, prepared.validation), validation_y)
     test = _test_metrics(model, prepared, linear)
 
+    history_values = {k: [float(v) for v in vs] for k, vs in history.history.items()}
+    write_run(
+        run_dir,
+        config=config,
+        model=model,
+        history=history_values,
+        validation=validation,
+        test=test,
+        linear=linear,
+        input_scale=input_scale,
+        summary=prepared.summary,
+        input_range=prepared.input_range,
+    )
+    return RunResult(run_dir, model, validation, test, history_values)
+
+
+def write_run(
+    run_dir: Path,
+    *,
+    config: TrainConfig,
+    model: keras.Model,
+    history: dict[str, list[float]],
+    validation: ErrorMetrics,
+    test: TestMetrics,
+    linear: LinearCalibration,
+    input_scale: float,
+    summary: DataSummary,
+    input_range: InputRange,
+) -> None:
+    """The run directory (the one layout ``export``, ``evaluate`` and ``retrain`` read)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     model.save(run_dir / "model.keras")
-    history_values = {k: [float(v) for v in vs] for k, vs in history.history.items()}
     _write_json(run_dir / "config.json", config.model_dump(mode="json"))
-    _write_json(run_dir / "history.json", history_values)
+    _write_json(run_dir / "history.json", history)
     _write_json(
         run_dir / "metrics.json",
         {
@@ -259,12 +291,8 @@ def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") ->
     )
     _write_json(
         run_dir / "data.json",
-        {
-            "summary": prepared.summary.model_dump(mode="json"),
-            "input_range": prepared.input_range.model_dump(),
-        },
+        {"summary": summary.model_dump(mode="json"), "input_range": input_range.model_dump()},
     )
-    return RunResult(run_dir, model, validation, test, history_values)
 
 
 def load_result(run_dir: Path) -> RunResult:

@@ -19,15 +19,12 @@ from typing import Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.calibrated import CalibratedReading
-from gateway.manifest import Feature
 from gateway.monitor.pairs import PairRow
-from gateway.readings import SENSOR_ID_PATTERN, Reading
+from gateway.readings import COVARIATES, SENSOR_ID_PATTERN, Feature, Reading
 from gateway.series import period_index
 from gateway.sources.mqtt_source import MqttSourceConfig
 
-__all__ = ["COVARIATES", "Pair", "ReferenceConfig", "ReferenceGrid", "ReferencePairing"]
-
-COVARIATES = ("rh", "temp_c")
+__all__ = ["Pair", "ReferenceConfig", "ReferenceGrid", "ReferencePairing"]
 
 
 class ReferenceConfig(BaseModel):

@@ -22,10 +22,12 @@ mirrored in firmware/src/ota_descriptor.h::
 
 from __future__ import annotations
 
+import hashlib
 import re
 import struct
 from dataclasses import dataclass
 
+from gateway.manifest import Manifest
 from gateway.ota.errors import MalformedReleaseError
 
 __all__ = [
@@ -71,6 +73,22 @@ class ImageDescriptor:
         ):
             if not 0 <= value < 2**32:
                 raise MalformedReleaseError(f"{label} {value} does not fit in a uint32")
+
+    @classmethod
+    def of_image(cls, manifest: Manifest, image: bytes, *, arena_bytes: int) -> ImageDescriptor:
+        """The descriptor of ``image``, the device graph of the model ``manifest`` describes.
+
+        The one place that says which manifest fields a node is told: the release tool, the
+        firmware's factory image and the gateway's release check all build it here.
+        """
+        return cls(
+            model_name=manifest.name,
+            model_version=manifest.version,
+            image_size=len(image),
+            image_sha256=hashlib.sha256(image).digest(),
+            window_length=manifest.window_length,
+            arena_bytes=arena_bytes,
+        )
 
     def encode(self) -> bytes:
         return _LAYOUT.pack(

@@ -357,14 +357,7 @@ def _check_node_image(
     _verify_signature(public_key, raw, image.signature, "node image descriptor")
     descriptor = ImageDescriptor.decode(raw)
     data = files[image.file]
-    expected = ImageDescriptor(
-        model_name=manifest.name,
-        model_version=manifest.version,
-        image_size=len(data),
-        image_sha256=hashlib.sha256(data).digest(),
-        window_length=manifest.window_length,
-        arena_bytes=descriptor.arena_bytes,
-    )
+    expected = ImageDescriptor.of_image(manifest, data, arena_bytes=descriptor.arena_bytes)
     if descriptor != expected:
         raise MalformedReleaseError(
             f"node image descriptor {descriptor} does not describe {image.file} of this release"

@@ -18,7 +18,7 @@ import pytest
 from devkit.broker import Mosquitto
 from gateway.ota.release import key_id, load_public_key
 from tests.firmware.qemu_node import FIRMWARE, build, missing_prerequisite, node_on_pty
-from tests.gateway.io.helpers import collecting, eventually
+from tests.gateway.io.helpers import broker_config, collecting, eventually
 from tests.gateway.ota.harness import STATUS_PREFIX, gateway, node_states, ota_config
 from tests.support.releases import ReleaseKit
 from training.release import KeyPair
@@ -70,7 +70,7 @@ async def _update(kit: ReleaseKit, broker: Mosquitto, port: NodePort, release: P
         async with gateway(config, port) as gw:  # type: ignore[arg-type]
             link = next(iter(gw.serial.links.values()))
             await eventually(lambda: link.hello is not None, 30)
-            await asyncio.to_thread(push_release, release, broker.host, broker.port)
+            await asyncio.to_thread(push_release, release, broker_config(broker))
             await eventually(lambda: _settled(node_states(collector, NODE_ID)), 120)
             hello = link.hello
         return [*node_states(collector, NODE_ID), f"hello:{hello}"]

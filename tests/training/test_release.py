@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion
+from pydantic import SecretStr
 
 from devkit.broker import Mosquitto
 from gateway.calibrator import Calibrator
+from gateway.mqtt.config import MqttBrokerConfig
 from gateway.ota.descriptor import DESCRIPTOR_SIZE, ImageDescriptor
 from gateway.ota.errors import BadSignatureError
 from gateway.ota.golden import GOLDEN_FILENAME, check_golden, parse_golden
@@ -179,7 +181,7 @@ def test_push_to_a_dead_broker_fails_with_a_message(tmp_path: Path) -> None:
     with pytest.raises(ReleaseError, match="cannot connect"):
         from training.release import push_release
 
-        push_release(out, "127.0.0.1", free_port())
+        push_release(out, MqttBrokerConfig(port=free_port(), connect_timeout_s=1.0))
 
 
 def test_push_with_credentials_and_a_refusal(tmp_path: Path) -> None:
@@ -197,7 +199,10 @@ def test_push_with_credentials_and_a_refusal(tmp_path: Path) -> None:
              "--username", "ci", "--password-file", str(secret)]
         )  # fmt: skip
         assert code == 0
+        wrong = MqttBrokerConfig(
+            port=broker.port, username="ci", password=SecretStr("wrong"), connect_timeout_s=1.0
+        )
         with pytest.raises(ReleaseError, match="refused the connection"):
-            push_release(out, "127.0.0.1", broker.port, username="ci", password="wrong")
+            push_release(out, wrong)
     finally:
         broker.stop()

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from devkit.broker import Mosquitto
 from gateway.manifest import load_manifest, verify_model_files
+from gateway.mqtt.config import MqttBrokerConfig
 from gateway.ota.release import verify_release
 from tests.gateway.io.helpers import Collector
 from training.data import generate_synthetic
@@ -27,7 +28,10 @@ from training.errors import FeatureMismatchError, HoldoutError, NoPairsError, Re
 from training.model_dir import export_run
 from training.models import TeslaConfig
 from training.release import ReleaseError, keygen
-from training.retrain import HoldBack, PushTarget, RetrainConfig, decide, retrain
+from training.retrain.compare import decide
+from training.retrain.config import RetrainConfig
+from training.retrain.data import HoldBack
+from training.retrain.run import retrain
 from training.train import TrainConfig, train
 
 HEADER = "timestamp,sensor_id,raw,reference,calibrated,model_version,rh,temp_c"
@@ -116,7 +120,7 @@ def test_accepts_a_better_challenger_signs_and_pushes_it(
                 holdout=HoldBack.model_validate("6h"),
                 margin=0.2,
                 key=keys.private_path,
-                push=PushTarget(host=mosquitto.host, port=mosquitto.port),
+                push=MqttBrokerConfig(host=mosquitto.host, port=mosquitto.port),
                 epochs=8,
                 batch_size=64,
                 learning_rate=3e-3,
@@ -334,7 +338,7 @@ def test_a_gateway_release_keeps_the_float_graph_when_the_device_graph_fails(
     champion: tuple[Path, Path], pairs_dir: Path, keys, tmp_path: Path, monkeypatch
 ) -> None:
     """The device graph's bound is a share of the model's own error; the gateway never runs it."""
-    import training.retrain as retrain_module
+    import training.retrain.run as retrain_module
     from training.errors import ExportVerificationError
 
     def failing_export(*_args: object, **_kwargs: object) -> None:
@@ -358,7 +362,7 @@ def test_a_gateway_release_keeps_the_float_graph_when_the_device_graph_fails(
     assert set(manifest.files) == {"float32"}
     assert not (result.model_dir / "model_int8.tflite").exists()
     verify_model_files(result.model_dir, manifest)
-    assert result.report["challenger"]["export"]["device_graph"].startswith("left out")
+    assert result.report.as_json()["challenger"]["export"]["device_graph"].startswith("left out")
     assert "device graph: left out" in (tmp_path / "gateway" / "report.md").read_text()
 
     # A node runs nothing but the device graph: there the failure stands, and is reported.
@@ -367,3 +371,64 @@ def test_a_gateway_release_keeps_the_float_graph_when_the_device_graph_fails(
     report = json.loads((tmp_path / "node" / "report.json").read_text())
     assert report["decision"] == "error"
     assert report["comparison"]["decision"] == "accepted"
+
+
+def test_push_takes_the_gateways_broker_config(tmp_path: Path) -> None:
+    """The broker is described as the gateway describes it (protocol, TLS, password file)."""
+    key = tmp_path / "key"
+    config = RetrainConfig.model_validate(
+        {
+            "champion": tmp_path,
+            "pairs": tmp_path,
+            "key": key,
+            "push": {
+                "host": "broker.local",
+                "port": 8883,
+                "protocol": "3.1.1",
+                "username": "ci",
+                "password_file": tmp_path / "secret",
+                "tls": {"ca_file": tmp_path / "ca.pem"},
+            },
+        }
+    )
+    assert isinstance(config.push, MqttBrokerConfig)
+    assert config.push.tls is not None and config.push.tls.ca_file == tmp_path / "ca.pem"
+    (tmp_path / "secret").write_text("s3cret\nignored\n")
+    password = config.push.resolve_password()
+    assert password is not None and password.get_secret_value() == "s3cret"
+    with pytest.raises(ValidationError, match="a password needs a username"):
+        RetrainConfig.model_validate(
+            {
+                "champion": tmp_path,
+                "pairs": tmp_path,
+                "key": key,
+                "push": {"host": "h", "port": 1883, "password_file": tmp_path / "secret"},
+            }
+        )
+
+
+def test_a_failed_run_reports_how_far_it_got(tmp_path: Path) -> None:
+    """The report is typed: sections stay out until their stage ran; a later failure keeps the
+    decision it overturned."""
+    from training.retrain.report import RetrainReport
+
+    report = RetrainReport(created_at="2021-01-04T00:00:00Z", config={"margin": 0.05})
+    report.champion = {"name": "pm2_5", "version": 3}
+    report.failed(HoldoutError("too few windows"))
+    document = report.as_json()
+    assert document["decision"] == "error"
+    assert document["reason"] == "HoldoutError: too few windows"
+    assert "release" not in document and "figures" not in document
+    assert "comparison" not in document
+
+    report = RetrainReport(created_at="2021-01-04T00:00:00Z", config={})
+    report.decision, report.reason = "accepted", "challenger RMSE 1.0 <= 2.0 required"
+    assert report.as_json()["release"] is None  # decided, nothing released (no key)
+    report.failed(RetrainError("push refused"))
+    report.write(tmp_path)
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert written["comparison"] == {
+        "decision": "accepted",
+        "reason": "challenger RMSE 1.0 <= 2.0 required",
+    }
+    assert "ERROR" in (tmp_path / "report.md").read_text()

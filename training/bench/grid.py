@@ -19,9 +19,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from training.data import DATASET_NAMES, Feature
+from gateway.readings import Feature
+from training.data import DATASET_NAMES
 from training.errors import TrainingError
 from training.models import (
+    BASELINE_KINDS,
     AnyModelConfig,
     DLinearConfig,
     InformerConfig,
@@ -36,7 +38,6 @@ from training.models import (
 __all__ = [
     "ABLATION_CHAIN",
     "ABLATION_MODELS",
-    "BASELINE_MODELS",
     "COVARIATE_MODELS",
     "MODELS",
     "PAPER_MODELS",
@@ -127,16 +128,7 @@ _ENTRIES = (
 )
 MODELS: dict[str, ModelEntry] = {entry.name: entry for entry in _ENTRIES}
 REFERENCE_MODELS = tuple(e.name for e in _ENTRIES if e.group == "reference")
-BASELINE_MODELS = (
-    "linear",
-    "nlinear",
-    "dlinear",
-    "transformer",
-    "informer",
-    "patchtst",
-    "itransformer",
-)
-PAPER_MODELS = (*BASELINE_MODELS, "tesla")
+PAPER_MODELS = (*BASELINE_KINDS, "tesla")
 ABLATION_MODELS = tuple(e.name for e in _ENTRIES if e.group == "ablation")
 COVARIATE_MODELS = tuple(e.name for e in _ENTRIES if e.group == "covariate")
 # The paper's Table 2, cumulative: Transformer, then TESLA's three changes one after another.

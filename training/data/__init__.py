@@ -6,7 +6,7 @@ exactly the windows a gateway would build.
 
 from training.data.antwerp import load_antwerp
 from training.data.cleaning import CleaningReport, CleaningRules, clean
-from training.data.frame import CoLocationData, Feature, LoadCounts, tidy_frame
+from training.data.frame import CoLocationData, LoadCounts, tidy_frame
 from training.data.grid import GriddedSensor, to_grid
 from training.data.ispra import load_ispra
 from training.data.pairs import RecordedPairs, load_pairs, read_pairs
@@ -22,7 +22,6 @@ __all__ = [
     "CleaningReport",
     "CleaningRules",
     "CoLocationData",
-    "Feature",
     "GriddedSensor",
     "LoadCounts",
     "RecordedPairs",

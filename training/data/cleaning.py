@@ -19,8 +19,8 @@ import numpy.typing as npt
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.readings import FIELD_LIMITS, RejectReason
-from training.data.frame import COVARIATES, CoLocationData
+from gateway.readings import COVARIATES, FIELD_LIMITS, RejectReason
+from training.data.frame import CoLocationData
 
 __all__ = ["CleaningReport", "CleaningRules", "clean"]
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gateway.readings import COVARIATES
 from training.data.cleaning import clean
-from training.data.frame import COVARIATES, unix_seconds
+from training.data.frame import unix_seconds
 from training.data.ispra import load_ispra
 from training.data.registry import default_data_dir
 

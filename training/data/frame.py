@@ -10,31 +10,26 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Final, Literal, get_args
+from typing import Final, get_args
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from gateway.manifest import Feature
+from gateway.readings import COVARIATES, Covariate, Feature
 from training.errors import DataError
 
 __all__ = [
-    "COVARIATES",
     "FEATURES",
     "REQUIRED_COLUMNS",
     "CoLocationData",
-    "Covariate",
-    "Feature",
     "LoadCounts",
     "tidy_frame",
     "unix_seconds",
 ]
 
-Covariate = Literal["rh", "temp_c"]
 FEATURES: tuple[Feature, ...] = get_args(Feature)
 REQUIRED_COLUMNS: tuple[str, ...] = ("timestamp", "sensor_id", "raw", "reference")
-COVARIATES: tuple[Covariate, ...] = ("rh", "temp_c")
 TIMESTAMP_DTYPE: Final = "datetime64[ns, UTC]"
 
 

@@ -26,13 +26,12 @@ import numpy as np
 import pandas as pd
 
 from gateway.monitor.pairs import pairs_file_part
+from gateway.readings import COVARIATES, Feature
 from training.data._files import parse_timestamps, read_csv
 from training.data.frame import (
-    COVARIATES,
     FEATURES,
     REQUIRED_COLUMNS,
     CoLocationData,
-    Feature,
     LoadCounts,
     tidy_frame,
 )

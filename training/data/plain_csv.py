@@ -13,13 +13,11 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from gateway.readings import SENSOR_ID_PATTERN
+from gateway.readings import COVARIATES, SENSOR_ID_PATTERN, Feature
 from training.data._files import parse_timestamps, read_csv
 from training.data.frame import (
-    COVARIATES,
     REQUIRED_COLUMNS,
     CoLocationData,
-    Feature,
     LoadCounts,
     tidy_frame,
     unix_seconds,

@@ -15,8 +15,9 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from gateway.readings import Feature
 from training.data._files import csv_files, parse_timestamps, read_csv, require_columns
-from training.data.frame import CoLocationData, Feature, LoadCounts, tidy_frame
+from training.data.frame import CoLocationData, LoadCounts, tidy_frame
 from training.errors import DataError
 
 __all__ = ["SENSEURCITY_ATTRIBUTION", "load_senseurcity"]

@@ -9,7 +9,8 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from training.data.frame import CoLocationData, Feature, LoadCounts, tidy_frame
+from gateway.readings import Feature
+from training.data.frame import CoLocationData, LoadCounts, tidy_frame
 from training.errors import DataError
 
 __all__ = ["SYNTHETIC_ATTRIBUTION", "generate_synthetic", "growth_factor"]

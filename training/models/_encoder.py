@@ -7,7 +7,8 @@ from typing import Any, Literal
 import keras
 from pydantic import BaseModel, ConfigDict, Field
 
-from training.models.layers import EncoderBlock, Projection
+from training.models.layers.core import Projection
+from training.models.layers.encoder import EncoderBlock
 
 __all__ = ["EncoderSettings", "encoder_stack", "flatten_head"]
 

@@ -4,8 +4,8 @@ The trend is a moving average (kernel 25 by default, edges padded by repetition 
 authors' series decomposition), written as a constant [N, N] matrix A; the remainder is
 window - trend; output = W_s·remainder + W_t·trend + b. Because every step is linear, the
 layer evaluates it as one map with W = W_s + A (W_t - W_s) (see
-:class:`training.models.layers.DecomposedLinear`): the same function and parameters, and one
-FULLY_CONNECTED on the device with weights that quantise well. [B, N(, C)] -> [B, 1];
+:class:`training.models.layers.time_axis.DecomposedLinear`): the same function and parameters,
+and one FULLY_CONNECTED on the device with weights that quantise well. [B, N(, C)] -> [B, 1];
 parameters 2·N·C + 1.
 """
 
@@ -16,7 +16,8 @@ from typing import Literal
 import keras
 from pydantic import BaseModel, ConfigDict, Field
 
-from training.models.layers import DecomposedLinear, Scale, moving_average_matrix, window_input
+from training.models.layers.core import Scale, window_input
+from training.models.layers.time_axis import DecomposedLinear, moving_average_matrix
 
 __all__ = ["DLinearConfig", "build_dlinear"]
 

@@ -39,14 +39,9 @@ import keras
 from pydantic import Field
 
 from training.models._encoder import EncoderSettings, flatten_head
-from training.models.layers import (
-    DistillingLayer,
-    EncoderBlock,
-    Projection,
-    Scale,
-    SinusoidalPositions,
-    window_input,
-)
+from training.models.layers.core import Projection, Scale, window_input
+from training.models.layers.encoder import DistillingLayer, EncoderBlock
+from training.models.layers.time_axis import SinusoidalPositions
 
 __all__ = ["InformerConfig", "build_informer"]
 

@@ -20,13 +20,8 @@ import keras
 from pydantic import Field
 
 from training.models._encoder import EncoderSettings, encoder_stack
-from training.models.layers import (
-    InstanceDenorm,
-    InstanceNorm,
-    Projection,
-    Scale,
-    window_input,
-)
+from training.models.layers.core import Projection, Scale, window_input
+from training.models.layers.norm import InstanceDenorm, InstanceNorm
 
 __all__ = ["ITransformerConfig", "build_itransformer"]
 

@@ -11,7 +11,7 @@ from typing import Literal
 import keras
 from pydantic import BaseModel, ConfigDict
 
-from training.models.layers import Projection, Scale, window_input
+from training.models.layers.core import Projection, Scale, window_input
 
 __all__ = ["LinearConfig", "build_linear"]
 

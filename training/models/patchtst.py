@@ -21,16 +21,9 @@ import keras
 from pydantic import Field
 
 from training.models._encoder import EncoderSettings, encoder_stack
-from training.models.layers import (
-    InstanceDenorm,
-    InstanceNorm,
-    LearnedPositions,
-    Patching,
-    Projection,
-    Regroup,
-    Scale,
-    window_input,
-)
+from training.models.layers.core import Projection, Scale, window_input
+from training.models.layers.norm import InstanceDenorm, InstanceNorm
+from training.models.layers.time_axis import LearnedPositions, Patching, Regroup
 
 __all__ = ["PatchTSTConfig", "build_patchtst"]
 

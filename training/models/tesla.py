@@ -12,14 +12,10 @@ import keras
 from pydantic import BaseModel, ConfigDict, Field
 
 from training.models.bins import BinKind, bin_count, membership_matrix
-from training.models.layers import (
-    BinnedEmbedding,
-    FeatureAggregator,
-    Projection,
-    Scale,
-    TokenLayerNorm,
-    TokenSelfAttention,
-)
+from training.models.layers.attention import TokenSelfAttention
+from training.models.layers.binning import BinnedEmbedding
+from training.models.layers.core import Projection, Scale
+from training.models.layers.norm import FeatureAggregator, TokenLayerNorm
 
 __all__ = ["TeslaConfig", "build_tesla"]
 

@@ -20,7 +20,8 @@ import keras
 from pydantic import Field
 
 from training.models._encoder import EncoderSettings, encoder_stack, flatten_head
-from training.models.layers import Projection, Scale, SinusoidalPositions, window_input
+from training.models.layers.core import Projection, Scale, window_input
+from training.models.layers.time_axis import SinusoidalPositions
 
 __all__ = ["TransformerConfig", "build_transformer"]
 

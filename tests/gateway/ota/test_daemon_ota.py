@@ -18,7 +18,7 @@ from devkit.daemon import GatewayDaemon
 from devkit.pty import PtySerial
 from gateway.ota.install import install_release
 from gateway.ota.release import verify_release
-from tests.gateway.io.helpers import collecting
+from tests.gateway.io.helpers import broker_config, collecting
 from tests.gateway.ota.harness import make_node
 from tests.support.releases import ReleaseKit
 from training.release import push_release
@@ -87,7 +87,7 @@ def test_one_push_updates_the_gateway_and_its_node(
         try:
             _wait(lambda: status().get("phase") == "running", "the daemon to run")
             for target in ("gateway", "node"):
-                push_release(release_kit.release(new, target), mosquitto.host, mosquitto.port)
+                push_release(release_kit.release(new, target), broker_config(mosquitto))
             _wait(
                 lambda: status().get("models", {}).get("pm10", {}).get("version") == new,
                 "the gateway to serve the new model",

@@ -20,7 +20,7 @@ from gateway.cli import main
 from gateway.ota.install import install_release
 from gateway.ota.release import Rollout, Target, verify_release
 from tests.gateway.core.test_service import Daemon, NotifySocket, daemons, wait_for
-from tests.gateway.io.helpers import Collector, collecting, eventually
+from tests.gateway.io.helpers import Collector, broker_config, collecting, eventually
 from tests.gateway.ota.harness import gateway, gateway_states, ota_config
 from tests.support.releases import DEFAULT_NODE_MODEL, ReleaseKit
 from training.release import build_release, push_release
@@ -76,7 +76,7 @@ def test_a_release_that_cannot_load_is_rejected_and_every_restart_still_serves(
     bad = release_kit.mismatched(base + 1, OTHER_GRAPH)
     with collecting(mosquitto, [f"tesla/{GATEWAY_ID}/ota/gateway"]) as collector:
         daemons.append(Daemon(config, state))
-        push_release(bad, mosquitto.host, mosquitto.port)
+        push_release(bad, broker_config(mosquitto))
         wait_for(lambda: statuses(collector), "the gateway's answer to the release")
         [answer] = gateway_states(collector, GATEWAY_ID)
         assert answer["status"] == "rejected: unloadable"
@@ -92,7 +92,7 @@ def test_a_release_that_cannot_load_is_rejected_and_every_restart_still_serves(
         assert serving_version(daemons[-1]) == base
 
         # A good, newer release then installs as usual.
-        push_release(release_kit.release(base + 2, "gateway"), mosquitto.host, mosquitto.port)
+        push_release(release_kit.release(base + 2, "gateway"), broker_config(mosquitto))
         wait_for(lambda: serving_version(daemons[-1]) == base + 2, "the good release to serve")
         assert statuses(collector)[-1] == "installed"
         assert daemons[-1].stop() == 0
@@ -126,7 +126,7 @@ def test_no_loadable_model_starts_degraded_and_a_release_repairs_it(
             )
 
             version = release_kit.base_version
-            push_release(release_kit.release(version, "gateway"), mosquitto.host, mosquitto.port)
+            push_release(release_kit.release(version, "gateway"), broker_config(mosquitto))
             wait_for(lambda: serving_version(daemon) == version, "the release to repair it")
             assert daemon.status()["degraded"] == []
             assert statuses(collector) == ["installed"]
@@ -174,7 +174,7 @@ def test_a_staged_rollout_is_ignored_by_other_gateways_and_installed_by_its_grou
             ) as gw:
                 for release in (for_other, for_canary, node_for_other):
                     count = len(gateway_states(collector, "gw-hall"))
-                    await asyncio.to_thread(push_release, release, mosquitto.host, mosquitto.port)
+                    await asyncio.to_thread(push_release, release, broker_config(mosquitto))
                     await eventually(partial(answered, collector, count), 10)
                     calibrator = gw.models.get("pm10")
                     versions.append(None if calibrator is None else calibrator.version)

@@ -17,7 +17,7 @@ import serial
 from devkit.broker import Mosquitto
 from devkit.pty import PtySerial
 from gateway.ota.protocol import OtaStatus
-from tests.gateway.io.helpers import collecting, eventually
+from tests.gateway.io.helpers import broker_config, collecting, eventually
 from tests.gateway.ota.harness import (
     STATUS_PREFIX,
     gateway,
@@ -34,7 +34,7 @@ MODELS = Path(__file__).resolve().parents[3] / "models"
 
 
 def _push(release: Path, broker: Mosquitto) -> None:
-    push_release(release, broker.host, broker.port)
+    push_release(release, broker_config(broker))
 
 
 def _progress(state: str) -> tuple[int, int]:

@@ -7,15 +7,13 @@ import numpy as np
 import pytest
 
 from training.models import DLinearConfig, NLinearConfig, build_model
-from training.models.layers import (
+from training.models.layers.attention import (
     ProbSparseSelfAttention,
     SequenceSelfAttention,
     TokenSelfAttention,
-    device_elu,
-    moving_average_matrix,
-    patch_matrix,
-    sinusoidal_table,
 )
+from training.models.layers.core import device_elu
+from training.models.layers.time_axis import moving_average_matrix, patch_matrix, sinusoidal_table
 
 
 def _randomise(layer_or_model: keras.layers.Layer, seed: int) -> None:
@@ -171,3 +169,20 @@ def test_batched_form_equals_portable_form(layer: keras.layers.Layer) -> None:
     portable = np.concatenate([np.asarray(layer(tokens[i : i + 1])) for i in range(3)])
     np.testing.assert_allclose(batched, portable, rtol=1e-4, atol=1e-4)
     assert layer.portable
+
+
+def test_every_layer_family_registers_its_layers_for_loading() -> None:
+    """A saved run names its layers as tesla>Class: each family module must register them."""
+    import importlib
+    import inspect
+
+    families = ("attention", "binning", "core", "encoder", "norm", "time_axis")
+    seen: set[str] = set()
+    for family in families:
+        module = importlib.import_module(f"training.models.layers.{family}")
+        for name in module.__all__:
+            value = getattr(module, name)
+            if inspect.isclass(value) and issubclass(value, keras.layers.Layer):
+                assert keras.saving.get_registered_object(f"tesla>{name}") is value
+                seen.add(name)
+    assert {"BinnedEmbedding", "TokenSelfAttention", "EncoderBlock", "TimeMix"} <= seen

@@ -8,7 +8,7 @@ import pytest
 from training.export import gateway_graph
 from training.models import TeslaConfig, build_model
 from training.models.bins import membership_matrix
-from training.models.layers import TokenSelfAttention
+from training.models.layers.attention import TokenSelfAttention
 
 
 def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:

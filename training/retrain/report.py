@@ -2,12 +2,59 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["render_markdown", "write_report"]
+__all__ = ["REPORT_JSON", "REPORT_MD", "RetrainReport", "render_markdown", "write_report"]
+
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+Decision = Literal["accepted", "rejected", "error"]
+
+
+@dataclass
+class RetrainReport:
+    """Every input, figure and decision of one run, filled in stage by stage as it gets there.
+
+    A section is ``None`` until its stage has run, so a failed run's report shows how far it
+    got; ``release`` is written once a decision was reached (``null``: nothing released).
+    """
+
+    created_at: str
+    config: dict[str, Any]
+    decision: Decision = "error"
+    reason: str = ""
+    champion: dict[str, Any] | None = None
+    data: dict[str, Any] | None = None
+    challenger: dict[str, Any] | None = None
+    figures: dict[str, Any] | None = None
+    margin: dict[str, Any] | None = None
+    release: dict[str, Any] | None = None
+    comparison: dict[str, str] | None = None  # the decision a failure after it overturned
+
+    def failed(self, exc: BaseException) -> None:
+        """The run stopped at ``exc``; a decision already reached is kept as ``comparison``."""
+        if self.decision != "error":
+            self.comparison = {"decision": self.decision, "reason": self.reason}
+        self.decision = "error"
+        self.reason = f"{type(exc).__name__}: {exc}"
+
+    def as_json(self) -> dict[str, Any]:
+        document = {
+            field.name: getattr(self, field.name)
+            for field in dataclasses.fields(self)
+            if getattr(self, field.name) is not None
+        }
+        if self.decision != "error":
+            document["release"] = self.release
+        return document
+
+    def write(self, out_dir: Path) -> None:
+        write_report(out_dir / REPORT_JSON, out_dir / REPORT_MD, self.as_json())
 
 
 def write_report(json_path: Path, markdown_path: Path, report: Mapping[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""``tesla-train retrain``: its flags and its handler (training.cli registers both)."""
+"""``python -m training retrain``: its flags and its handler (training.cli registers both)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,11 @@ def run(args: argparse.Namespace) -> int:
     """Run it; print the decision as JSON. Exit 0 whether accepted or rejected."""
     from pydantic import ValidationError
 
-    from training.retrain import RetrainConfig, retrain
+    from gateway.logging import configure_logging
+    from training.release import broker_from_flags
+    from training.retrain.config import RetrainConfig
+    from training.retrain.report import REPORT_JSON
+    from training.retrain.run import retrain
 
     base: dict[str, Any] = (
         json.loads(args.config.read_text(encoding="utf-8")) if args.config is not None else {}
@@ -86,21 +90,17 @@ def run(args: argparse.Namespace) -> int:
         "name": args.name,
         "key": args.key,
         "target": args.target,
+        "topic_prefix": args.topic_prefix,
     }
     document = {**base, **{k: v for k, v in overrides.items() if v is not None}}
     if args.broker is not None:
-        host, _, port = args.broker.rpartition(":")
-        if not host or not port.isdigit():
-            raise RetrainError(f"--broker must be HOST:PORT, got {args.broker!r}")
-        push = {
-            "host": host,
-            "port": int(port),
-            "topic_prefix": args.topic_prefix,
-            "username": args.username,
-            "password_file": args.password_file,
-            "ca_file": args.ca_file,
-        }
-        document["push"] = {k: v for k, v in push.items() if v is not None}
+        configure_logging(level="warning")  # the connection's log lines to stderr
+        document["push"] = broker_from_flags(
+            args.broker,
+            username=args.username,
+            password_file=args.password_file,
+            ca_file=args.ca_file,
+        )
     try:
         config = RetrainConfig.model_validate(document)
     except ValidationError as exc:
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
             {
                 "decision": result.decision,
                 "reason": result.reason,
-                "report": str(result.out_dir / "report.json"),
+                "report": str(result.out_dir / REPORT_JSON),
                 "model_dir": str(result.model_dir) if result.model_dir else None,
                 "release": str(result.release_dir) if result.release_dir else None,
                 "topic": result.topic,

@@ -1,0 +1,1 @@
+"""Champion/challenger retraining from pairs: a thin command over train, export, evaluate."""
