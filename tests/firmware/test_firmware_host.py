@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,7 +124,7 @@ def test_sketch_folder_is_assembled_with_generated_key_and_model(
     keys = keygen(tmp_path / "keys")
     subprocess.run(
         ["make", "-C", str(FIRMWARE), f"BUILD={build_dir}", "sketch",
-         f"RELEASE_KEY={keys.public_path}", f"PYTHON={ROOT / '.venv' / 'bin' / 'python'}"],
+         f"RELEASE_KEY={keys.public_path}", f"PYTHON={sys.executable}"],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     sketch = build_dir / "sketch" / "tesla_node"
