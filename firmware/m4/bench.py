@@ -26,7 +26,6 @@ KERNELS = ("cmsis-nn", "portable")
 NRF52840_HZ = 64_000_000
 NRF52840_FLASH = 1024 * 1024
 NRF52840_RAM = 256 * 1024
-SLOT_REGION = 0x20000  # two 60 KB slots + two 4 KB boot-record pages (firmware/m4/board.h)
 STACK = 16 * 1024  # firmware/m4/mps2_an386.ld _stack_size
 WINDOWS = 8
 
@@ -63,6 +62,7 @@ def measure(model: str, kernels: str) -> dict[str, object]:
     flash_firmware = sum(
         s.get(k, 0) for k in (".vectors", ".text", ".ARM.exidx", ".init_array", ".data")
     )
+    slot_region = s[".slots"]  # boot records + slots A/B, sized to the model (model_constants.h)
     ram_static = s.get(".data", 0) + s.get(".bss", 0)
     ram_total = ram_static + STACK + int(heap_used)
     return {
@@ -87,9 +87,9 @@ def measure(model: str, kernels: str) -> dict[str, object]:
         "arena_used_bytes": int(arena_used),
         "flash": {
             "text_rodata_data": flash_firmware,
-            "slot_region": SLOT_REGION,
-            "total": flash_firmware + SLOT_REGION,
-            "share": round((flash_firmware + SLOT_REGION) / NRF52840_FLASH, 3),
+            "slot_region": slot_region,
+            "total": flash_firmware + slot_region,
+            "share": round((flash_firmware + slot_region) / NRF52840_FLASH, 3),
         },
         "ram": {
             "data": s.get(".data", 0),

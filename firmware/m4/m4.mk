@@ -84,7 +84,8 @@ $(M4_KEY):
 
 # Per model: generated constants, the factory image, the node and the board layer.
 define M4_MODEL_RULES
-$(M4_BUILD)/$(1)/src/model_constants.h: ../models/$(1)/manifest.json ../models/$(1)/model_int8.tflite $(M4_KEY)
+$(M4_BUILD)/$(1)/src/model_constants.h: ../models/$(1)/manifest.json ../models/$(1)/model_int8.tflite $(M4_KEY) \
+    ../training/firmware_constants.py
 	cd .. && $(abspath $(PYTHON)) -m training firmware-constants --model models/$(1) \
 	  --out $(abspath $(M4_BUILD))/$(1)/src/model_constants.h --public-key $(abspath $(M4_KEY)) \
 	  --model-data $(abspath $(M4_BUILD))/$(1)/model_data.cpp
@@ -100,8 +101,10 @@ $(M4_BUILD)/$(1)/$(KERNELS)/core/%.o: src/%.cpp src/*.h
 $(M4_BUILD)/$(1)/$(KERNELS)/model_data.o: $(M4_BUILD)/$(1)/src/model_constants.h
 	$(M4_CXX) $(M4_CXXFLAGS) -c $(M4_BUILD)/$(1)/model_data.cpp -o $$@
 $(M4_BUILD)/$(1)/node-$(KERNELS).elf: $(addprefix $(M4_BUILD)/$(1)/$(KERNELS)/,$(addsuffix .o,$(M4_BOARD)) model_data.o tflm/device_op_resolver.o) \
-    $(patsubst src/%.cpp,$(M4_BUILD)/$(1)/$(KERNELS)/core/%.o,$(CORE)) $(M4_LIB_DIR)/libtflm.a m4/mps2_an386.ld
-	$(M4_CXX) $(M4_LDFLAGS) -Wl,-Map=$$(@:.elf=.map) -o $$@ $$(filter %.o %.a,$$^)
+    $(patsubst src/%.cpp,$(M4_BUILD)/$(1)/$(KERNELS)/core/%.o,$(CORE)) $(M4_LIB_DIR)/libtflm.a m4/mps2_an386.ld \
+    $(M4_BUILD)/$(1)/src/model_constants.h
+	$(M4_CXX) $(M4_LDFLAGS) -Wl,-Map=$$(@:.elf=.map) -o $$@ $$(filter %.o %.a,$$^) \
+	  -Wl,--defsym=__slot_region_base=$$$$(sed -n 's/.*kSlotRegionBase = \([0-9]*\)u.*/\1/p' $(M4_BUILD)/$(1)/src/model_constants.h)
 m4: $(M4_BUILD)/$(1)/node-$(KERNELS).elf
 endef
 $(foreach m,$(M4_MODELS),$(eval $(call M4_MODEL_RULES,$(m))))

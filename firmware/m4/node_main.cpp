@@ -38,7 +38,7 @@ namespace {
 constexpr char kNodeId[] = "node-m4";
 constexpr char kFirmwareVersion[] = "1.0.0";
 constexpr uint32_t kSlotBase = tesla::board::kSlotRegionBase;
-constexpr uint32_t kSlotBytes = 0xF000;  // 60 KB per slot, as the sketch
+constexpr uint32_t kSlotBytes = tesla::model::kSlotBytes;  // the model + headroom, as the sketch
 constexpr float kSelfTestLevel = 20.0f;
 
 tesla::board::Uart gateway;

@@ -24,6 +24,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from tests.firmware.serial_tap import LineFaults, SerialTap, TapLog
+from tests.support.pty_serial import PtySerial
+
 ROOT = Path(__file__).resolve().parents[2]
 FIRMWARE = ROOT / "firmware"
 INSTRUCTIONS_PER_TICK = 40  # 25 MHz SysTick under -icount shift=0 (1 ns per instruction)
@@ -146,6 +149,30 @@ def _wait_for_boot_hello(pty: Path, timeout_s: float = 60.0) -> None:
 def node_on_pty(elf: Path, link: Path) -> Iterator[subprocess.Popen[bytes]]:
     """qemu with UART0 on a pty of its own, reachable at ``link`` (as udev's by-id path would
     be); the gateway opens that path. No -icount: this run is about behaviour, not counts."""
+    with _qemu_on_pty(elf) as (process, pty):
+        link.unlink(missing_ok=True)
+        link.symlink_to(pty)
+        try:
+            yield process
+        finally:
+            link.unlink(missing_ok=True)
+
+
+@contextmanager
+def node_behind_tap(elf: Path, gateway_side: PtySerial, faults: LineFaults) -> Iterator[TapLog]:
+    """qemu as in :func:`node_on_pty`, reached through a :class:`SerialTap` that injects
+    ``faults`` between the gateway's pty (``gateway_side.path``) and the node's UART."""
+    with _qemu_on_pty(elf) as (_, pty):
+        tap = SerialTap(pty, gateway_side, faults)
+        tap.start()
+        try:
+            yield tap.log
+        finally:
+            tap.stop()
+
+
+@contextmanager
+def _qemu_on_pty(elf: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     process = subprocess.Popen(
         ["qemu-system-arm", "-M", "mps2-an386", "-display", "none", "-monitor", "none",
          "-serial", "pty", "-kernel", str(elf)],
@@ -156,17 +183,14 @@ def node_on_pty(elf: Path, link: Path) -> Iterator[subprocess.Popen[bytes]]:
         announced = process.stdout.readline().decode("ascii", "replace")
         if "/dev/pts/" not in announced:
             raise RuntimeError(f"qemu did not announce its pty: {announced!r}")
-        pty = announced.split("redirected to ", 1)[1].split()[0]
-        _wait_for_boot_hello(Path(pty))
-        link.unlink(missing_ok=True)
-        link.symlink_to(pty)
-        yield process
+        pty = Path(announced.split("redirected to ", 1)[1].split()[0])
+        _wait_for_boot_hello(pty)
+        yield process, pty
     finally:
         process.kill()
         process.wait(timeout=30)
         if process.stdout is not None:
             process.stdout.close()
-        link.unlink(missing_ok=True)
 
 
 @contextmanager
