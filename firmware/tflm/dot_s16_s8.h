@@ -4,7 +4,7 @@
 // instruction on a core with the DSP extension (Cortex-M4: SMLAD).
 //
 // Why it is exact: every product of an int16 and an int8 is at most 2^22 in magnitude, so a
-// block of 256 of them sums to at most 2^30 and fits the int32 accumulator of SMLAD; each
+// block of 256 of them (kDotBlock) sums to at most 2^30 and fits the int32 accumulator of SMLAD; each
 // block's sum goes into the int64 total. No rounding, no saturation: the same integer.
 #pragma once
 
@@ -17,6 +17,19 @@
 
 namespace tesla {
 
+#if defined(__ARM_FEATURE_DSP) && __ARM_FEATURE_DSP
+// Four int8 weights w0..w3 (one word) -> the halfword pairs (w0, w1) and (w2, w3), sign-extended:
+// SXTB16 and SXTB16 ROR #8, then PKHBT/PKHTB (GCC's ACLE has neither the rotation nor PKH).
+inline void widen_pairs(uint32_t w, uint32_t* w01, uint32_t* w23) {
+  uint32_t w02;
+  uint32_t w13;
+  __asm__("sxtb16 %0, %1" : "=r"(w02) : "r"(w));
+  __asm__("sxtb16 %0, %1, ror #8" : "=r"(w13) : "r"(w));
+  __asm__("pkhbt %0, %1, %2, lsl #16" : "=r"(*w01) : "r"(w02), "r"(w13));
+  __asm__("pkhtb %0, %1, %2, asr #16" : "=r"(*w23) : "r"(w13), "r"(w02));
+}
+#endif
+
 // Plain C, the reference's order of operations; also the fallback without the DSP extension.
 inline int64_t dot_s16_s8_reference(const int16_t* input, const int8_t* weights, int depth) {
   int64_t total = 0;
@@ -24,35 +37,39 @@ inline int64_t dot_s16_s8_reference(const int16_t* input, const int8_t* weights,
   return total;
 }
 
-inline int64_t dot_s16_s8(const int16_t* input, const int8_t* weights, int depth) {
-#if defined(__ARM_FEATURE_DSP) && __ARM_FEATURE_DSP
-  constexpr int kBlock = 256;  // products per int32 partial sum (see above)
-  int64_t total = 0;
+// At most kBlock products in an int32 (see above).
+constexpr int kDotBlock = 256;
+
+inline int32_t dot_s16_s8_block(const int16_t* input, const int8_t* weights, int depth) {
+  int32_t sum = 0;
   int d = 0;
-  while (depth - d >= 4) {
-    const int remaining = (depth - d) & ~3;
-    const int end = d + (remaining < kBlock ? remaining : kBlock);
-    int32_t block = 0;
-    for (; d < end; d += 4) {
-      uint32_t w;  // four int8 weights; memcpy is one (unaligned) LDR on the M4
-      uint32_t x01;
-      uint32_t x23;
-      memcpy(&w, weights + d, 4);
-      memcpy(&x01, input + d, 4);
-      memcpy(&x23, input + d + 2, 4);
-      const uint32_t w02 = __sxtb16(w);                      // w0 | w2 << 16, sign-extended
-      const uint32_t w13 = __sxtb16((w >> 8) | (w << 24));  // w1 | w3 << 16 (ROR 8)
-      const uint32_t w01 = (w02 & 0xFFFFu) | (w13 << 16);    // PKHBT
-      const uint32_t w23 = (w02 >> 16) | (w13 & 0xFFFF0000u);  // PKHTB
-      block = __smlad(w01, x01, block);  // + w0*x0 + w1*x1
-      block = __smlad(w23, x23, block);  // + w2*x2 + w3*x3
-    }
-    total += block;
+#if defined(__ARM_FEATURE_DSP) && __ARM_FEATURE_DSP
+  for (; d + 4 <= depth; d += 4) {
+    uint32_t w;  // four int8 weights; memcpy is one (unaligned) LDR on the M4
+    uint32_t x01;
+    uint32_t x23;
+    memcpy(&w, weights + d, 4);
+    memcpy(&x01, input + d, 4);
+    memcpy(&x23, input + d + 2, 4);
+    uint32_t w01;
+    uint32_t w23;
+    widen_pairs(w, &w01, &w23);
+    sum = __smlad(w01, x01, sum);  // + w0*x0 + w1*x1
+    sum = __smlad(w23, x23, sum);  // + w2*x2 + w3*x3
   }
-  return total + dot_s16_s8_reference(input + d, weights + d, depth - d);
-#else
-  return dot_s16_s8_reference(input, weights, depth);
 #endif
+  for (; d < depth; ++d) sum += int32_t(weights[d]) * int32_t(input[d]);
+  return sum;
+}
+
+inline int64_t dot_s16_s8(const int16_t* input, const int8_t* weights, int depth) {
+  if (depth <= kDotBlock) return dot_s16_s8_block(input, weights, depth);
+  int64_t total = 0;
+  for (int d = 0; d < depth; d += kDotBlock) {
+    const int n = depth - d < kDotBlock ? depth - d : kDotBlock;
+    total += dot_s16_s8_block(input + d, weights + d, n);
+  }
+  return total;
 }
 
 }  // namespace tesla
