@@ -41,9 +41,9 @@ def sections(elf: Path) -> dict[str, int]:
     return sizes
 
 
-def measure(model: str, kernels: str) -> dict[str, object]:
-    manifest = load_manifest(ROOT / "models" / model)
-    elf = build(model, kernels)
+def measure(model: str, kernels: str, model_root: Path = ROOT / "models") -> dict[str, object]:
+    manifest = load_manifest(model_root / model)
+    elf = build(model, kernels, model_root)
     rng = np.random.default_rng(0)
     low, high = manifest.input_range.p01, manifest.input_range.p99
     windows = [np.full(manifest.window_length, 20.0, np.float32)] + [
