@@ -166,7 +166,8 @@ def test_sketch_folder_is_assembled_with_generated_key_and_model(
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     sketch = build_dir / "sketch" / "tesla_node"
-    for name in ("tesla_node.ino", "arduino_flash.cpp", "arduino_signature.cpp", "model_data.cpp"):
+    names = ("tesla_node.ino", "arduino_flash.cpp", "arduino_signature.cpp", "model_data.cpp")
+    for name in (*names, "device_op_resolver.cpp", "dot_s16_s8.h"):
         assert (sketch / name).is_file(), name
     key_header = (sketch / "src" / "release_key.h").read_text()
     key = bytes.fromhex(keys.public_path.read_text())
