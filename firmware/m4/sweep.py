@@ -75,6 +75,7 @@ def plot(points: list[dict[str, object]], path: Path) -> None:
     for axis, (label, values) in zip(axes, series, strict=True):
         axis.plot(n, values, marker="o")
         axis.set_xscale("log")
+        axis.minorticks_off()
         axis.set_xticks(n, [str(v) for v in n])
         axis.set_xlabel("window length N (1-min readings)")
         axis.set_title(label)
