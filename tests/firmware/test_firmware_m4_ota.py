@@ -78,8 +78,8 @@ async def _update(
 
     with collecting(broker, [f"{STATUS_PREFIX}/#"]) as collector:
         # The harness's 0.5 s acknowledgement timeout is for the in-process virtual node; the
-        # emulated UART takes longer per chunk, and a resent chunk's second answer must not
-        # be taken for the commit's (see the report of issue 16).
+        # emulated UART takes longer per chunk (a late answer to an earlier frame is dropped
+        # by the relay, tests/gateway/ota/test_node_update.py's second-hello test).
         config = ota_config(kit, broker, ack_timeout_s=5.0, commit_timeout_s=30.0)
         async with gateway(config, port) as gw:  # type: ignore[arg-type]
             link = next(iter(gw.serial.links.values()))
