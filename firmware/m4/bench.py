@@ -26,7 +26,6 @@ KERNELS = ("cmsis-nn", "portable")
 NRF52840_HZ = 64_000_000
 NRF52840_FLASH = 1024 * 1024
 NRF52840_RAM = 256 * 1024
-SLOT_REGION = 0x20000  # two 60 KB slots + two 4 KB boot-record pages (firmware/m4/board.h)
 STACK = 16 * 1024  # firmware/m4/mps2_an386.ld _stack_size
 WINDOWS = 8
 
@@ -42,9 +41,9 @@ def sections(elf: Path) -> dict[str, int]:
     return sizes
 
 
-def measure(model: str, kernels: str) -> dict[str, object]:
-    manifest = load_manifest(ROOT / "models" / model)
-    elf = build(model, kernels)
+def measure(model: str, kernels: str, model_root: Path = ROOT / "models") -> dict[str, object]:
+    manifest = load_manifest(model_root / model)
+    elf = build(model, kernels, model_root)
     rng = np.random.default_rng(0)
     low, high = manifest.input_range.p01, manifest.input_range.p99
     windows = [np.full(manifest.window_length, 20.0, np.float32)] + [
@@ -63,6 +62,7 @@ def measure(model: str, kernels: str) -> dict[str, object]:
     flash_firmware = sum(
         s.get(k, 0) for k in (".vectors", ".text", ".ARM.exidx", ".init_array", ".data")
     )
+    slot_region = s[".slots"]  # boot records + slots A/B, sized to the model (model_constants.h)
     ram_static = s.get(".data", 0) + s.get(".bss", 0)
     ram_total = ram_static + STACK + int(heap_used)
     return {
@@ -87,9 +87,9 @@ def measure(model: str, kernels: str) -> dict[str, object]:
         "arena_used_bytes": int(arena_used),
         "flash": {
             "text_rodata_data": flash_firmware,
-            "slot_region": SLOT_REGION,
-            "total": flash_firmware + SLOT_REGION,
-            "share": round((flash_firmware + SLOT_REGION) / NRF52840_FLASH, 3),
+            "slot_region": slot_region,
+            "total": flash_firmware + slot_region,
+            "share": round((flash_firmware + slot_region) / NRF52840_FLASH, 3),
         },
         "ram": {
             "data": s.get(".data", 0),

@@ -1,6 +1,6 @@
 // The emulated board: qemu's mps2-an386 (Cortex-M4F). A second implementation of
 // src/hardware.h beside the Arduino shims (arduino_*.cpp), so the same node code runs on it:
-// the CMSDK UART0 is the line to the gateway, the last 128 KB of the 1 MB "flash" hold the A/B
+// the CMSDK UART0 is the line to the gateway, the end of the 1 MB "flash" holds the A/B
 // model slots with NOR rules, and SysTick on the 25 MHz core clock is the tick.
 #pragma once
 
@@ -8,13 +8,15 @@
 #include <stdint.h>
 
 #include "src/hardware.h"
+#include "src/model_constants.h"
 
 namespace tesla {
 namespace board {
 
 constexpr uint32_t kCoreClockHz = 25000000;  // mps2-an386 SYSCLK, SysTick's clock source
-constexpr uint32_t kSlotRegionBase = 0xE0000;  // as the sketch's kSlotBase
-constexpr uint32_t kSlotRegionBytes = 0x20000;
+// The sketch's layout (src/model_constants.h): boot records and slots A/B at the end of flash.
+constexpr uint32_t kSlotRegionBase = model::kSlotRegionBase;
+constexpr uint32_t kSlotRegionBytes = model::kSlotRegionBytes;
 
 // CMSDK APB UART0 (qemu's serial0), polled.
 class Uart : public ByteStream {

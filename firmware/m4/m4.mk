@@ -4,6 +4,8 @@
 #   make m4            both default models' firmware (CMSIS-NN kernels, as the Arduino library)
 #   make m4-bench      the docs/benchmarks/node-m4 figures (instructions, ms, flash, RAM)
 M4_MODELS ?= pm10-ispra-1min pm2_5-antwerp-1h
+# Where the model directories named in M4_MODELS are (the window sweep's are under the build).
+M4_MODEL_ROOT ?= $(abspath ../models)
 M4_BUILD ?= $(BUILD)/m4
 VENDOR_LIBRARIES ?= $(abspath $(CURDIR)/../../shared/vendor/arduino-libraries)
 LIBRARY_DIRS := $(ARDUINO_LIBRARIES) $(HOME)/Arduino/libraries $(VENDOR_LIBRARIES)
@@ -60,7 +62,7 @@ M4_LIB_OBJS = $(addprefix $(M4_LIB_DIR)/tflm/,$(addsuffix .o,$(TFLM_CPP) $(CMSIS
 M4_BOARD := startup board tflm_platform model_runner node_main
 M4_KEY ?= $(M4_BUILD)/keys/release_key.pub
 
-.PHONY: m4 m4-libraries m4-bench
+.PHONY: m4 m4-libraries m4-bench m4-sweep
 m4-libraries:
 	@test -n "$(TFLM_ROOT)" || { echo "skip: Arduino_TensorFlowLite not found in: $(LIBRARY_DIRS)" >&2; exit 3; }
 	@test -n "$(CRYPTO_ROOT)" || { echo "skip: Crypto (rweather) not found in: $(LIBRARY_DIRS)" >&2; exit 3; }
@@ -84,8 +86,9 @@ $(M4_KEY):
 
 # Per model: generated constants, the factory image, the node and the board layer.
 define M4_MODEL_RULES
-$(M4_BUILD)/$(1)/src/model_constants.h: ../models/$(1)/manifest.json ../models/$(1)/model_int8.tflite $(M4_KEY)
-	cd .. && $(abspath $(PYTHON)) -m training firmware-constants --model models/$(1) \
+$(M4_BUILD)/$(1)/src/model_constants.h: $(M4_MODEL_ROOT)/$(1)/manifest.json $(M4_MODEL_ROOT)/$(1)/model_int8.tflite $(M4_KEY) \
+    ../training/firmware_constants.py
+	cd .. && $(abspath $(PYTHON)) -m training firmware-constants --model $(M4_MODEL_ROOT)/$(1) \
 	  --out $(abspath $(M4_BUILD))/$(1)/src/model_constants.h --public-key $(abspath $(M4_KEY)) \
 	  --model-data $(abspath $(M4_BUILD))/$(1)/model_data.cpp
 $(M4_BUILD)/$(1)/$(KERNELS)/%.o: m4/%.cpp m4/*.h tflm/*.h $(M4_BUILD)/$(1)/src/model_constants.h
@@ -100,8 +103,10 @@ $(M4_BUILD)/$(1)/$(KERNELS)/core/%.o: src/%.cpp src/*.h
 $(M4_BUILD)/$(1)/$(KERNELS)/model_data.o: $(M4_BUILD)/$(1)/src/model_constants.h
 	$(M4_CXX) $(M4_CXXFLAGS) -c $(M4_BUILD)/$(1)/model_data.cpp -o $$@
 $(M4_BUILD)/$(1)/node-$(KERNELS).elf: $(addprefix $(M4_BUILD)/$(1)/$(KERNELS)/,$(addsuffix .o,$(M4_BOARD)) model_data.o tflm/device_op_resolver.o) \
-    $(patsubst src/%.cpp,$(M4_BUILD)/$(1)/$(KERNELS)/core/%.o,$(CORE)) $(M4_LIB_DIR)/libtflm.a m4/mps2_an386.ld
-	$(M4_CXX) $(M4_LDFLAGS) -Wl,-Map=$$(@:.elf=.map) -o $$@ $$(filter %.o %.a,$$^)
+    $(patsubst src/%.cpp,$(M4_BUILD)/$(1)/$(KERNELS)/core/%.o,$(CORE)) $(M4_LIB_DIR)/libtflm.a m4/mps2_an386.ld \
+    $(M4_BUILD)/$(1)/src/model_constants.h
+	$(M4_CXX) $(M4_LDFLAGS) -Wl,-Map=$$(@:.elf=.map) -o $$@ $$(filter %.o %.a,$$^) \
+	  -Wl,--defsym=__slot_region_base=$$$$(sed -n 's/.*kSlotRegionBase = \([0-9]*\)u.*/\1/p' $(M4_BUILD)/$(1)/src/model_constants.h)
 m4: $(M4_BUILD)/$(1)/node-$(KERNELS).elf
 endef
 $(foreach m,$(M4_MODELS),$(eval $(call M4_MODEL_RULES,$(m))))
@@ -110,3 +115,8 @@ $(foreach m,$(M4_MODELS),$(eval $(call M4_MODEL_RULES,$(m))))
 # into ../docs/benchmarks/node-m4/results.json (the README there explains the figures).
 m4-bench:
 	cd .. && PYTHONPATH=$(abspath ..) $(abspath $(PYTHON)) firmware/m4/bench.py
+
+# The paper's Figure 8 on the emulated node: trains and exports a short-training TESLA for each
+# N (15, 60, 360, 720, 1440; minutes each), measures it, writes docs/benchmarks/node-m4/figure8.
+m4-sweep:
+	cd .. && PYTHONPATH=$(abspath ..) $(abspath $(PYTHON)) firmware/m4/sweep.py $(SWEEP_WINDOWS)

@@ -8,6 +8,10 @@
 //   #I                    calibrate the window -> #O,<int16 output>,<value>,<ticks>,<sum of q>
 //   #C,<n>                run a loop of 2n instructions -> #C,<n>,<ticks> (counter check)
 //   #M                    -> #M,<arena used>,<arena size>,<model bytes>,<heap used>
+//   #R,<0|1>              1: the int16 FULLY_CONNECTED runs the library's reference kernel,
+//                         0: the DSP kernel (default) -> #R,<0|1>
+//   #K,<trials>           compare dot_s16_s8 with its plain-C reference on pseudo-random
+//                         vectors (lengths 1..1100, extremes included) -> #K,<trials>,<mismatches>
 //   #P                    calibrate the window once with a per-op profiler attached ->
 //                         #P,<op>,<calls>,<ticks> per op type, then #P,end
 //   #D                    after #I: every graph output as #D,<index>,<bytes>,<CRC-32 of bytes>
@@ -22,6 +26,8 @@
 
 #include "board.h"
 #include "model_runner.h"
+#include "tflm/device_op_resolver.h"
+#include "tflm/dot_s16_s8.h"
 #include "src/checksums.h"
 #include "src/line_protocol.h"
 #include "src/model_constants.h"
@@ -38,7 +44,7 @@ namespace {
 constexpr char kNodeId[] = "node-m4";
 constexpr char kFirmwareVersion[] = "1.0.0";
 constexpr uint32_t kSlotBase = tesla::board::kSlotRegionBase;
-constexpr uint32_t kSlotBytes = 0xF000;  // 60 KB per slot, as the sketch
+constexpr uint32_t kSlotBytes = tesla::model::kSlotBytes;  // the model + headroom, as the sketch
 constexpr float kSelfTestLevel = 20.0f;
 
 tesla::board::Uart gateway;
@@ -148,6 +154,36 @@ void counted_loop(uint32_t n) {
       : "+r"(n)::"cc");
 }
 
+// Trials of dot_s16_s8 against its reference: random lengths (every block boundary and
+// remainder), random values, and every third trial the extremes (-32768 x -128, the largest
+// products, for the int32 partial sums). Returns the number of trials that differ.
+uint32_t check_dot(unsigned long trials) {
+  constexpr int kMaxDepth = 1100;
+  int16_t input[kMaxDepth];
+  int8_t weights[kMaxDepth];
+  uint32_t state = 12345u;
+  auto next = [&state]() {
+    state = state * 1664525u + 1013904223u;  // LCG: reproducible, no libc rand
+    return state >> 8;
+  };
+  uint32_t mismatches = 0;
+  for (unsigned long t = 0; t < trials; ++t) {
+    const int depth = 1 + int(next() % kMaxDepth);
+    const int offset = int(next() % 2);  // odd start: unaligned loads
+    const bool extreme = t % 3 == 0;
+    for (int d = 0; d < depth; ++d) {
+      input[d] = extreme ? int16_t(-32768) : int16_t(next());
+      weights[d] = extreme ? int8_t(-128) : int8_t(next());
+    }
+    const int n = depth - offset;
+    if (tesla::dot_s16_s8(input + offset, weights + offset, n) !=
+        tesla::dot_s16_s8_reference(input + offset, weights + offset, n)) {
+      ++mismatches;
+    }
+  }
+  return mismatches;
+}
+
 void on_test_line(char* line) {
   char* fields[64];
   size_t count = 0;
@@ -171,6 +207,14 @@ void on_test_line(char* line) {
     tesla::format_value(value, text, sizeof(text));
     snprintf(out, sizeof(out), "#O,%d,%s,%lu,%ld\n", int(raw), text, (unsigned long)elapsed,
              long(sum));
+    send_text(out);
+  } else if (strcmp(fields[0], "#R") == 0 && count == 2) {
+    tesla::use_reference_fully_connected = strcmp(fields[1], "1") == 0;
+    snprintf(out, sizeof(out), "#R,%d\n", tesla::use_reference_fully_connected ? 1 : 0);
+    send_text(out);
+  } else if (strcmp(fields[0], "#K") == 0 && count == 2) {
+    unsigned long trials = strtoul(fields[1], nullptr, 10);
+    snprintf(out, sizeof(out), "#K,%lu,%lu\n", trials, (unsigned long)check_dot(trials));
     send_text(out);
   } else if (strcmp(fields[0], "#C") == 0 && count == 2) {
     uint32_t n = uint32_t(strtoul(fields[1], nullptr, 10));

@@ -14,6 +14,12 @@ constexpr uint32_t kPeriodSeconds = 60u;
 constexpr uint32_t kMaxInterpolatedPeriods = 30u;
 constexpr uint32_t kArenaBytes = 17616u;  // measured under TFLite Micro
 constexpr uint32_t kModelBytes = 29016u;
+// Flash layout at the end of the 1 MB flash: two boot-record pages, then slots A and B,
+// each this model + 10% headroom in whole 4096 B pages;
+// a larger release is refused with too_large.
+constexpr uint32_t kSlotBytes = 32768u;
+constexpr uint32_t kSlotRegionBytes = 73728u;
+constexpr uint32_t kSlotRegionBase = 974848u;
 constexpr float kInputScale = 0.005569627974182367f;
 constexpr int32_t kInputZeroPoint = 0;
 constexpr float kOutputScale = 0.002911699004471302f;

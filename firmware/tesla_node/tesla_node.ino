@@ -34,8 +34,9 @@ namespace {
 
 constexpr char kNodeId[] = "node-1";  // change per node (readings are published under it)
 constexpr char kFirmwareVersion[] = "1.0.0";
-constexpr uint32_t kSlotBase = 0xE0000;   // last 128 KB of the 1 MB flash
-constexpr uint32_t kSlotBytes = 0xF000;   // 60 KB per slot
+// Boot records and slots A/B at the end of the 1 MB flash, sized to the model (generated).
+constexpr uint32_t kSlotBase = tesla::model::kSlotRegionBase;
+constexpr uint32_t kSlotBytes = tesla::model::kSlotBytes;
 constexpr float kSelfTestLevel = 20.0f;   // µg/m³, the known window of the self-test
 
 tesla::ArduinoFlash flash;

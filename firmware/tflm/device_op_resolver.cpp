@@ -2,8 +2,10 @@
 
 #include <math.h>
 
+#include <algorithm>
 #include <limits>
 
+#include "dot_s16_s8.h"
 #include "tensorflow/lite/kernels/internal/common.h"
 #include "tensorflow/lite/kernels/internal/quantization_util.h"
 #include "tensorflow/lite/kernels/internal/reference/integer_ops/fully_connected.h"
@@ -14,6 +16,9 @@
 #include "tensorflow/lite/micro/micro_context.h"
 
 namespace tesla {
+
+bool use_reference_fully_connected = false;
+
 namespace {
 
 // Library's TRANSPOSE, kept for the types it handles and for its Prepare (type-agnostic checks).
@@ -172,6 +177,32 @@ TfLiteStatus fully_connected_prepare(TfLiteContext* context, TfLiteNode* node) {
   return status;
 }
 
+// The reference kernel's arithmetic with the dot products of dot_s16_s8.h (int16 inputs are
+// symmetric: zero point 0, which the caller checks), bit for bit the same outputs.
+void fully_connected_s16_s8(const FullyConnectedNode* node_data, const TfLiteEvalTensor* input,
+                            const TfLiteEvalTensor* filter, const TfLiteEvalTensor* bias,
+                            int batches, int channels, TfLiteEvalTensor* output) {
+  const tflite::RuntimeShape filter_shape = tflite::micro::GetTensorShape(filter);
+  const int depth = filter_shape.Dims(filter_shape.DimensionsCount() - 1);
+  const int16_t* in = tflite::micro::GetTensorData<int16_t>(input);
+  const int8_t* weights = tflite::micro::GetTensorData<int8_t>(filter);
+  const int64_t* biases = tflite::micro::GetOptionalTensorData<int64_t>(bias);
+  int16_t* out = tflite::micro::GetTensorData<int16_t>(output);
+  const tflite::OpDataFullyConnected& op = node_data->op;
+  for (int b = 0; b < batches; ++b) {
+    for (int c = 0; c < channels; ++c) {
+      int64_t acc = dot_s16_s8(in + b * depth, weights + c * depth, depth);
+      if (biases != nullptr) acc += biases[c];
+      int32_t scaled = tflite::MultiplyByQuantizedMultiplier(acc, node_data->multipliers[c],
+                                                             node_data->shifts[c]);
+      scaled += op.output_zero_point;
+      scaled = std::max(scaled, op.output_activation_min);
+      scaled = std::min(scaled, op.output_activation_max);
+      out[c + channels * b] = static_cast<int16_t>(scaled);
+    }
+  }
+}
+
 TfLiteStatus fully_connected_eval(TfLiteContext* context, TfLiteNode* node) {
   auto* node_data = static_cast<FullyConnectedNode*>(node->user_data);
   if (!node_data->per_channel) {
@@ -189,6 +220,10 @@ TfLiteStatus fully_connected_eval(TfLiteContext* context, TfLiteNode* node) {
   const int channels = output_shape.Dims(output_shape.DimensionsCount() - 1);
   const int32_t flat_dims[2] = {output_shape.FlatSize() / channels, channels};
   const tflite::RuntimeShape flat_output(2, flat_dims);
+  if (node_data->op.input_zero_point == 0 && !use_reference_fully_connected) {
+    fully_connected_s16_s8(node_data, input, filter, bias, flat_dims[0], channels, output);
+    return kTfLiteOk;
+  }
   tflite::reference_integer_ops::FullyConnectedPerChannel(
       tflite::FullyConnectedParamsQuantized(node_data->op), node_data->multipliers,
       node_data->shifts, tflite::micro::GetTensorShape(input),

@@ -9,6 +9,9 @@
 // answers TRANSPOSE and RSQRT with kernels of our own for int16 (TRANSPOSE moves elements with
 // the library's reference_ops::Transpose; RSQRT follows the library's integer int8 recipe) and
 // hands every other type to the library's kernels; all other ops are the library's.
+// FULLY_CONNECTED with int16 input and per-channel int8 weights (the library applies channel
+// 0's scale to every channel) gets its own kernel too: the reference arithmetic, with the dot
+// products two at a time on the M4's DSP (dot_s16_s8.h), bit for bit the same outputs.
 #pragma once
 
 #include "src/model_constants.h"
@@ -17,6 +20,11 @@
 #include "tensorflow/lite/micro/micro_op_resolver.h"
 
 namespace tesla {
+
+// The int16 per-channel FULLY_CONNECTED normally runs the DSP loop of dot_s16_s8.h; true runs the
+// library's reference FullyConnectedPerChannel instead (the emulated node's #R command, for the
+// test that both give the same outputs).
+extern bool use_reference_fully_connected;
 
 class DeviceOpResolver : public tflite::MicroOpResolver {
  public:

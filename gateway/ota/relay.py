@@ -12,6 +12,7 @@ active, rejected: reason, rolled back).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -54,6 +55,48 @@ _PERMANENT = frozenset(
 )
 _POLL_S = 0.1  # how often a pending frame checks that the link and the node are still there
 _RESEND = frozenset({OtaStatus.CRC_MISMATCH, OtaStatus.OUT_OF_SEQUENCE, OtaStatus.INCOMPLETE})
+# What a node can answer to each frame (docs/ota-protocol.md section 5); anything else is the
+# late answer to an earlier frame. BAD_FRAME and FLASH_ERROR can answer any frame.
+_ANY_FRAME = frozenset({OtaStatus.BAD_FRAME, OtaStatus.FLASH_ERROR})
+_BEGIN_ANSWERS = _ANY_FRAME | _PERMANENT | {OtaStatus.OK}
+_CHUNK_ERRORS = _ANY_FRAME | {
+    OtaStatus.CRC_MISMATCH,
+    OtaStatus.OUT_OF_SEQUENCE,
+    OtaStatus.NO_SESSION,
+}
+_FINISH_ANSWERS = _ANY_FRAME | {
+    OtaStatus.VERIFIED,
+    OtaStatus.INCOMPLETE,
+    OtaStatus.SHA_MISMATCH,
+    OtaStatus.NO_SESSION,
+    OtaStatus.BAD_SIGNATURE,
+}
+_COMMIT_ANSWERS = _ANY_FRAME | {
+    OtaStatus.ACTIVE,
+    OtaStatus.ROLLED_BACK,
+    OtaStatus.NOT_VERIFIED,
+    OtaStatus.NO_SESSION,
+}
+
+
+def _answers(message: OtaMessage, status: Status) -> bool:
+    """Whether ``status`` can be the node's answer to ``message`` (not one to an earlier frame).
+
+    A chunk's ``ok`` names the chunk after it, which tells a stale ``ok`` (to the handshake or
+    an earlier chunk) from the real one.
+    """
+    code = status.code
+    if isinstance(message, Begin):
+        return code in _BEGIN_ANSWERS
+    if isinstance(message, Chunk):
+        if code == OtaStatus.OK:
+            return status.next_seq == message.seq + 1
+        return code in _CHUNK_ERRORS
+    if isinstance(message, Finish):
+        return code in _FINISH_ANSWERS
+    if isinstance(message, Commit):
+        return code in _COMMIT_ANSWERS
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +195,9 @@ class _NodeWorker:
         self._activated: int | None = None  # version committed since the last hello
         self._committing: VerifiedRelease | None = None  # commit sent, outcome not yet known
         self._hellos = 0
+        # A frame abandoned on a hello may still be answered: wait this long for that answer
+        # before the next frame (loop time), so it is not taken for the next frame's.
+        self._stale_answer_until: float | None = None
         self.port = str(link.port)
         link.ota_handler = self._on_frame
         link.hello_handler = self._on_hello
@@ -219,25 +265,51 @@ class _NodeWorker:
     async def _exchange(self, message: OtaMessage, timeout_s: float) -> Status | None:
         """Send one frame and wait for the node's status (None after a timeout).
 
-        Raises :class:`_LinkLostError` as soon as the port closes or the node says hello again
-        (it restarted): waiting out the timeout would only delay the resumption.
+        Statuses that cannot answer ``message`` are late answers to earlier frames and are
+        dropped. Raises :class:`_LinkLostError` as soon as the port closes or the node says
+        hello again (it restarted): waiting out the timeout would only delay the resumption.
         """
-        while not self._statuses.empty():  # answers to earlier, timed-out frames
-            self._statuses.get_nowait()
+        await self._drop_stale_answers()
         hellos = self._hellos
         await self._send(message)
-        deadline = asyncio.get_running_loop().time() + timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         while True:
-            remaining = deadline - asyncio.get_running_loop().time()
+            remaining = deadline - loop.time()
             if remaining <= 0:
                 return None
             try:
-                return await asyncio.wait_for(self._statuses.get(), min(remaining, _POLL_S))
+                status = await asyncio.wait_for(self._statuses.get(), min(remaining, _POLL_S))
             except TimeoutError:
                 if not self._link.connected:
                     raise _LinkLostError("port closed while waiting for the node") from None
                 if self._hellos != hellos:
+                    # The hello may only be the answer to our hello request, read after this
+                    # frame: the node may still answer the frame.
+                    self._stale_answer_until = deadline
                     raise _LinkLostError("the node restarted while the frame was pending") from None
+                continue
+            if _answers(message, status):
+                return status
+            _log.info(
+                "ota_stale_answer_dropped",
+                port=self.port,
+                frame=type(message).__name__,
+                code=status.code,
+                next_seq=status.next_seq,
+            )
+
+    async def _drop_stale_answers(self) -> None:
+        """Forget answers to earlier frames, waiting for one still owed to an abandoned frame."""
+        until, self._stale_answer_until = self._stale_answer_until, None
+        if until is not None and self._statuses.empty() and self._link.connected:
+            remaining = until - asyncio.get_running_loop().time()
+            if remaining > 0:
+                with contextlib.suppress(TimeoutError):
+                    stale = await asyncio.wait_for(self._statuses.get(), remaining)
+                    _log.info("ota_stale_answer_dropped", port=self.port, code=stale.code)
+        while not self._statuses.empty():  # answers to earlier, timed-out frames
+            self._statuses.get_nowait()
 
     async def _begin(self, begin: Begin) -> int:
         """Handshake (also used to resynchronise); returns the node's next_seq."""

@@ -24,6 +24,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from devkit.pty import PtySerial
+from tests.firmware.serial_tap import LineFaults, SerialTap, TapLog
+
 ROOT = Path(__file__).resolve().parents[2]
 FIRMWARE = ROOT / "firmware"
 INSTRUCTIONS_PER_TICK = 40  # 25 MHz SysTick under -icount shift=0 (1 ns per instruction)
@@ -51,12 +54,13 @@ def missing_prerequisite() -> str | None:
     return None
 
 
-def build(model: str, kernels: str = "cmsis-nn") -> Path:
-    """Builds (or finds up to date) the firmware for one model directory under models/."""
+def build(model: str, kernels: str = "cmsis-nn", model_root: Path = ROOT / "models") -> Path:
+    """Builds (or finds up to date) the firmware for one model directory under ``model_root``."""
     elf = FIRMWARE / "build" / "m4" / model / f"node-{kernels}.elf"
     subprocess.run(
         ["make", "-C", str(FIRMWARE), "-j2", f"PYTHON={sys.executable}", f"KERNELS={kernels}",
-         f"M4_MODELS={model}", str(elf.relative_to(FIRMWARE))],
+         f"M4_MODELS={model}", f"M4_MODEL_ROOT={model_root.resolve()}",
+         str(elf.relative_to(FIRMWARE))],
         check=True, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     return elf
@@ -146,6 +150,30 @@ def _wait_for_boot_hello(pty: Path, timeout_s: float = 60.0) -> None:
 def node_on_pty(elf: Path, link: Path) -> Iterator[subprocess.Popen[bytes]]:
     """qemu with UART0 on a pty of its own, reachable at ``link`` (as udev's by-id path would
     be); the gateway opens that path. No -icount: this run is about behaviour, not counts."""
+    with _qemu_on_pty(elf) as (process, pty):
+        link.unlink(missing_ok=True)
+        link.symlink_to(pty)
+        try:
+            yield process
+        finally:
+            link.unlink(missing_ok=True)
+
+
+@contextmanager
+def node_behind_tap(elf: Path, gateway_side: PtySerial, faults: LineFaults) -> Iterator[TapLog]:
+    """qemu as in :func:`node_on_pty`, reached through a :class:`SerialTap` that injects
+    ``faults`` between the gateway's pty (``gateway_side.path``) and the node's UART."""
+    with _qemu_on_pty(elf) as (_, pty):
+        tap = SerialTap(pty, gateway_side, faults)
+        tap.start()
+        try:
+            yield tap.log
+        finally:
+            tap.stop()
+
+
+@contextmanager
+def _qemu_on_pty(elf: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     process = subprocess.Popen(
         ["qemu-system-arm", "-M", "mps2-an386", "-display", "none", "-monitor", "none",
          "-serial", "pty", "-kernel", str(elf)],
@@ -156,17 +184,14 @@ def node_on_pty(elf: Path, link: Path) -> Iterator[subprocess.Popen[bytes]]:
         announced = process.stdout.readline().decode("ascii", "replace")
         if "/dev/pts/" not in announced:
             raise RuntimeError(f"qemu did not announce its pty: {announced!r}")
-        pty = announced.split("redirected to ", 1)[1].split()[0]
-        _wait_for_boot_hello(Path(pty))
-        link.unlink(missing_ok=True)
-        link.symlink_to(pty)
-        yield process
+        pty = Path(announced.split("redirected to ", 1)[1].split()[0])
+        _wait_for_boot_hello(pty)
+        yield process, pty
     finally:
         process.kill()
         process.wait(timeout=30)
         if process.stdout is not None:
             process.stdout.close()
-        link.unlink(missing_ok=True)
 
 
 @contextmanager

@@ -85,6 +85,11 @@ class NodeFaults:
     cut_link_after_chunk: int | None = None  # unplug the "USB cable" after storing this chunk
     cut_link_s: float = 0.3
     usb_reboot: bool = False  # commit resets the board: the USB port drops before any answer
+    # The gateway read the boot hello from the port's buffer and started the update; the node's
+    # answer to the gateway's hello request ("Q") follows the first OTA frame, whose own answer
+    # lags by ``slow_first_answer_s`` (a slow UART): two hellos while the update is starting.
+    hello_during_first_frame: bool = False
+    slow_first_answer_s: float = 0.4
 
 
 @dataclass
@@ -312,6 +317,11 @@ class VirtualNode:
             self._device.replug()
 
     def _on_ota(self, fields: tuple[str, ...]) -> None:
+        if self._faults.hello_during_first_frame:
+            self._faults.hello_during_first_frame = False
+            self.events.append("second_hello")
+            self._write(self._hello())
+            time.sleep(self._faults.slow_first_answer_s)
         status = self.receiver.handle_fields(fields)
         if status is None:
             self._commit()

@@ -125,6 +125,28 @@ def test_a_cut_link_resumes_where_it_stopped(
     assert node.active_version == new
 
 
+def test_a_second_hello_while_the_update_starts_does_not_shift_the_answers(
+    release_kit: ReleaseKit, mosquitto: Mosquitto, pty_serial: PtySerial
+) -> None:
+    """The update restarts on the second hello; the first handshake's late answer is stale.
+
+    Taken as the answer to the next frame, it shifted every later exchange by one: each chunk
+    went twice (``out_of_sequence``) and the stale ``verified`` became the commit's answer, so
+    the gateway reported "rejected" while the node activated the new version.
+    """
+    new = release_kit.base_version + 7
+    faults = NodeFaults(hello_during_first_frame=True)
+    node = make_node(pty_serial, release_kit, faults=faults)
+    states = asyncio.run(
+        _update(release_kit, mosquitto, pty_serial, node, release_kit.release(new), "active")
+    )
+    assert "second_hello" in node.events
+    assert states[-2:] == ["verified", "active"], states
+    assert not any(s.startswith("rejected") for s in states), states
+    assert node.active_version == new
+    assert OtaStatus.OUT_OF_SEQUENCE not in node.status_codes()
+
+
 def test_a_board_that_resets_on_commit_reports_through_its_next_hello(
     release_kit: ReleaseKit, mosquitto: Mosquitto, pty_serial: PtySerial
 ) -> None:
