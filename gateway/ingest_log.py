@@ -44,6 +44,7 @@ from typing import Any
 import structlog
 
 from gateway.readings import Reading
+from gateway.set_aside import SetAsideLog
 
 __all__ = [
     "FIELD_CODES",
@@ -283,13 +284,14 @@ class IngestLog:
         fsync_interval_s: float | None,
         segment_bytes: int | None = None,
         clock: Callable[[], float] = time.time,
+        set_aside: SetAsideLog | None = None,
     ) -> None:
         self.directory = directory
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes or max(4096, min(8 * 1024 * 1024, max_bytes // 4))
         self.fsync_interval_s = fsync_interval_s
         self.stats = IngestLogStats()
-        self._clock = clock
+        self._aside = set_aside if set_aside is not None else SetAsideLog(clock=clock)
         self._segments: list[_Segment] = []  # oldest first; the last is the active one once open
         self._fd: int | None = None
         self._pending: list[Reading] = []  # put, not yet encoded and written
@@ -434,14 +436,7 @@ class IngestLog:
     def _set_aside(self, path: Path, reason: str) -> None:
         self.stats.corrupt_segments += 1
         self.stats.last_error = f"corrupt {path.name}: {reason}"
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}")
-        try:
-            path.replace(aside)
-        except OSError as exc:
-            _log.error("ingest_log_corrupt", path=str(path), reason=reason, move_error=str(exc))
-            return
-        _log.error("ingest_log_corrupt", path=str(path), reason=reason, set_aside=str(aside))
+        self._aside.set_aside(path, kind="ingest log", reason=reason)
 
     # -- appending (on the event loop) ----------------------------------------------------------
 

@@ -139,6 +139,7 @@ class GatewayService:
             max_bytes=config.state.ingest_log_max_bytes,
             fsync_interval_s=config.state.ingest_log_fsync_s,
             clock=clock,
+            set_aside=self.set_aside,
         )
         self._queue: asyncio.Queue[Reading] | None = None
         self._tick_lock = asyncio.Lock()  # a snapshot never falls between a tick and its submit
