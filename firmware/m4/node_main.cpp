@@ -131,18 +131,15 @@ bool load_and_test(int slot) {
 }
 
 void boot_model() {
-  if (!slots.load()) {
-    slots.install_factory(kModelDescriptor, kModelData, kModelDataSize);
-  }
-  int slot = slots.select_boot();
-  bool trial = slots.is_trial(slot);
-  if (load_and_test(slot)) {
-    if (trial) slots.confirm(slot);
-  } else if (trial) {
-    slots.reject(slot);
-    tesla::board::reboot();
-  } else {
-    tesla::board::panic("no working model");
+  switch (tesla::boot_from_slots(slots, kModelDescriptor, kModelData, kModelDataSize,
+                                 load_and_test)) {
+    case tesla::BootResult::kServing:
+      break;
+    case tesla::BootResult::kTrialRejected:
+      tesla::board::reboot();  // the previous slot boots
+      break;
+    case tesla::BootResult::kNoWorkingModel:
+      tesla::board::panic("no working model");
   }
 }
 

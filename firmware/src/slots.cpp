@@ -143,4 +143,21 @@ bool SlotManager::reject(int slot) {
   return persist();
 }
 
+BootResult boot_from_slots(SlotManager& slots, const uint8_t factory_descriptor[kDescriptorSize],
+                           const uint8_t* factory_image, uint32_t factory_size,
+                           bool (*self_test)(int slot)) {
+  if (!slots.load()) slots.install_factory(factory_descriptor, factory_image, factory_size);
+  int slot = slots.select_boot();
+  bool trial = slots.is_trial(slot);
+  if (slot != SlotManager::kNone && self_test(slot)) {
+    if (trial) slots.confirm(slot);
+    return BootResult::kServing;
+  }
+  if (trial) {
+    slots.reject(slot);
+    return BootResult::kTrialRejected;
+  }
+  return BootResult::kNoWorkingModel;
+}
+
 }  // namespace tesla

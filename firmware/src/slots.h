@@ -72,4 +72,13 @@ class SlotManager {
   int record_page_ = 0;
 };
 
+// The boot rule every board runs (the Arduino sketch and the emulated Cortex-M4 node): a fresh
+// device installs the model built into its firmware, the selected slot runs its self-test, and
+// a trial is confirmed when it passes or rejected when it fails. The board acts on the result:
+// reboot after a rejected trial (the previous slot boots), halt when no model works.
+enum class BootResult : uint8_t { kServing, kTrialRejected, kNoWorkingModel };
+BootResult boot_from_slots(SlotManager& slots, const uint8_t factory_descriptor[kDescriptorSize],
+                           const uint8_t* factory_image, uint32_t factory_size,
+                           bool (*self_test)(int slot));
+
 }  // namespace tesla

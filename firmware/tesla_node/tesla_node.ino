@@ -114,18 +114,15 @@ bool load_and_test(int slot) {
 }
 
 void boot_model() {
-  if (!slots.load()) {
-    slots.install_factory(kModelDescriptor, kModelData, kModelDataSize);
-  }
-  int slot = slots.select_boot();
-  bool trial = slots.is_trial(slot);
-  if (load_and_test(slot)) {
-    if (trial) slots.confirm(slot);
-  } else if (trial) {
-    slots.reject(slot);  // back to the previous slot on the next boot
-    tesla::reboot();
-  } else {
-    while (true) delay(1000);  // no working model at all: never reached with a factory image
+  switch (tesla::boot_from_slots(slots, kModelDescriptor, kModelData, kModelDataSize,
+                                 load_and_test)) {
+    case tesla::BootResult::kServing:
+      break;
+    case tesla::BootResult::kTrialRejected:
+      tesla::reboot();  // back to the previous slot on the next boot
+      break;
+    case tesla::BootResult::kNoWorkingModel:
+      while (true) delay(1000);  // no working model at all: never reached with a factory image
   }
 }
 

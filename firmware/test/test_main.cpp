@@ -305,6 +305,41 @@ void test_slots() {
   CHECK(confirmed.take_outcome() == tesla::SlotManager::Outcome::kNone, "outcome reported once");
 }
 
+// The boot rule both boards run (tesla::boot_from_slots).
+bool passing_self_test(int) { return true; }
+bool failing_self_test(int) { return false; }
+
+void test_boot_from_slots() {
+  tesla_test::RamFlash flash(2 * 4096 + 2 * 16384);
+  uint8_t descriptor[88] = {'T', 'M', 'D', 'L', 1, 1, 0, 0};
+  std::vector<uint8_t> image(5000, 0x5A);
+  tesla::SlotManager fresh(flash, 0, 16384);
+  CHECK(tesla::boot_from_slots(fresh, descriptor, image.data(), uint32_t(image.size()),
+                               passing_self_test) == tesla::BootResult::kServing,
+        "a fresh device serves its factory model");
+  CHECK(fresh.active() == 0 && fresh.has_model(0), "factory model in slot 0");
+  CHECK(fresh.stage_trial(1, descriptor), "stage a trial");
+  tesla::SlotManager trial(flash, 0, 16384);
+  CHECK(tesla::boot_from_slots(trial, descriptor, image.data(), uint32_t(image.size()),
+                               failing_self_test) == tesla::BootResult::kTrialRejected,
+        "a failing trial is rejected");
+  tesla::SlotManager after(flash, 0, 16384);
+  CHECK(tesla::boot_from_slots(after, descriptor, image.data(), uint32_t(image.size()),
+                               passing_self_test) == tesla::BootResult::kServing &&
+            after.active() == 0,
+        "the previous slot serves after the rejected trial");
+  CHECK(after.stage_trial(1, descriptor), "stage again");
+  tesla::SlotManager good(flash, 0, 16384);
+  CHECK(tesla::boot_from_slots(good, descriptor, image.data(), uint32_t(image.size()),
+                               passing_self_test) == tesla::BootResult::kServing &&
+            good.active() == 1 && !good.trial_pending(),
+        "a passing trial is confirmed");
+  tesla::SlotManager broken(flash, 0, 16384);
+  CHECK(tesla::boot_from_slots(broken, descriptor, image.data(), uint32_t(image.size()),
+                               failing_self_test) == tesla::BootResult::kNoWorkingModel,
+        "no working model is reported, not booted");
+}
+
 void test_pms5003() {
   uint8_t frame[32] = {0x42, 0x4D, 0x00, 28};
   uint16_t words[13] = {1, 2, 3, 11, 22, 33, 0, 0, 0, 0, 0, 0, 0};
@@ -376,6 +411,7 @@ int main(int argc, char** argv) {
   test_frames(ota_vectors);
   test_receiver_scenarios(ota_vectors);
   test_slots();
+  test_boot_from_slots();
   test_pms5003();
   test_window();
   std::printf("%d checks, %d failures\n", g_checks, g_failures);
