@@ -18,18 +18,23 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.readings import SEQ_MAX, Reading, ReadingRejectedError, RejectReason, validate_reading
+from gateway.sources.payloads_fast import (
+    MAX_ISO_LENGTH,
+    MILLISECONDS_THRESHOLD,
+    decode_plain_payload,
+)
 
 __all__ = [
     "DecodedPayload",
     "PayloadRules",
     "ReadingPayload",
     "decode_payload",
+    "decode_payload_fully",
     "parse_timestamp",
 ]
 
-# Epoch numbers at or above this are milliseconds: 1e11 s is the year 5138, 1e11 ms is 1973.
-_MILLISECONDS_THRESHOLD = 1e11
-_MAX_ISO_LENGTH = 40
+_MILLISECONDS_THRESHOLD = MILLISECONDS_THRESHOLD
+_MAX_ISO_LENGTH = MAX_ISO_LENGTH
 
 _Number = Annotated[float, Field(strict=True)]
 _Fields = tuple[str | None, float | str | None, dict[str, float], int | None]
@@ -143,8 +148,35 @@ def decode_payload(
 
     Problems with the payload as a whole (too large, not UTF-8, not JSON, wrong shape) raise
     :class:`ReadingRejectedError`; in a batch, each bad element is rejected on its own and the
-    good ones are kept.
+    good ones are kept. Plainly valid payloads take the C path of :mod:`payloads_fast`.
     """
+    plain = decode_plain_payload(
+        payload,
+        topic_sensor_id=topic_sensor_id,
+        received_at=received_at,
+        source=source,
+        rules=rules,
+    )
+    if plain is not None:
+        return DecodedPayload(readings=plain, rejects=())
+    return decode_payload_fully(
+        payload,
+        topic_sensor_id=topic_sensor_id,
+        received_at=received_at,
+        source=source,
+        rules=rules,
+    )
+
+
+def decode_payload_fully(
+    payload: bytes,
+    *,
+    topic_sensor_id: str | None,
+    received_at: float,
+    source: str,
+    rules: PayloadRules,
+) -> DecodedPayload:
+    """:func:`decode_payload` without the C path: every rule, every reject explained."""
     if len(payload) > rules.max_payload_bytes:
         raise ReadingRejectedError(
             RejectReason.TOO_LARGE,

@@ -7,12 +7,12 @@ import json
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from gateway.readings import ReadingRejectedError, RejectReason
-from gateway.sources import payloads
+from gateway.sources import payloads, payloads_fast
 from gateway.sources.payloads import DecodedPayload, PayloadRules, decode_payload
 
 NOW = 1_700_000_000.0
@@ -239,3 +239,146 @@ def test_a_sequence_number_must_be_a_uint32(seq: str) -> None:
     with pytest.raises(ReadingRejectedError) as info:
         decode_one(f'{{"sensor": "s1", "seq": {seq}, "pm10": 1}}')
     assert info.value.reason is RejectReason.SCHEMA
+
+
+# -- the C path (msgspec) against the full rules ------------------------------------------------
+
+needs_msgspec = pytest.mark.skipif(
+    not payloads_fast.FAST_DECODE_AVAILABLE, reason="msgspec is not installed on this platform"
+)
+
+any_value = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**20), max_value=10**20)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5)
+)
+times = st.sampled_from(
+    [NOW - 30, NOW, NOW * 1000, NOW + 299, NOW + 301, NOW - 59, NOW - 61, NOW - 10**7, -1.0]
+) | st.sampled_from(["2023-11-14T22:12:20Z", "2023-11-14T22:12:20", "junk"])
+CHANNEL_KEYS = ["pm1", "pm2_5", "pm25", "pm10", "rh", "humidity", "temp_c", "temperature"]
+# Mostly what nodes send, with every kind of near miss: the two paths must part nowhere.
+value_of_key = {
+    "sensor": st.sampled_from(["s1", "s2", "bad id", "", "x" * 65]),
+    "seq": st.integers(min_value=-2, max_value=2**32 + 1) | st.sampled_from([0, 2**32 - 1]),
+    **dict.fromkeys(("ts", "timestamp", "time"), times),
+    **{
+        key: st.floats(min_value=0, max_value=85)
+        | st.integers(min_value=0, max_value=85)
+        | st.sampled_from([-0.0, -1.0, 100.0, 100.5, 1000.0, 1000.5, -40.0, -40.5, 85.5])
+        for key in CHANNEL_KEYS
+    },
+}
+
+
+@st.composite
+def plain_elements(draw: st.DrawFn) -> dict[str, object]:
+    rare = st.integers(0, 19).map(lambda n: n == 0)
+    keys = [draw(st.sampled_from(["ts", "ts", "timestamp", "time", "none"]))]
+    if draw(rare):
+        keys.append(draw(st.sampled_from(["ts", "timestamp", "time"])))  # two spellings
+    keys += draw(st.lists(st.sampled_from(["sensor", "seq"]), max_size=2, unique=True))
+    keys += draw(st.lists(st.sampled_from(CHANNEL_KEYS), max_size=3, unique=True))
+    if draw(rare):
+        keys.append("x")
+    element: dict[str, object] = {}
+    for key in keys:
+        if key == "none":
+            continue
+        near_miss = key == "x" or draw(rare)
+        element[key] = draw(any_value if near_miss else value_of_key[key])
+    return element
+
+
+RULE_VARIANTS = [
+    RULES,
+    PayloadRules(max_payload_bytes=200, max_batch=3, max_age_s=None),
+    PayloadRules(allowed_sensors=frozenset({"s1"}), max_future_s=0.0, max_age_s=60.0),
+]
+
+
+@needs_msgspec
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.one_of(plain_elements(), st.lists(plain_elements(), max_size=4)),
+    st.sampled_from([None, "s1", "s2"]),
+    st.sampled_from(range(len(RULE_VARIANTS))),
+)
+@example({"ts": NOW + 301, "pm10": 3.0}, "s1", 0)  # the boundaries, always tried
+@example({"ts": NOW - 61, "pm10": 3.0}, "s1", 2)
+@example({"ts": NOW * 1000, "rh": 100, "humidity": None}, None, 0)
+@example([{"sensor": "s2", "pm10": 1}], "s1", 0)
+@example({"sensor": "s2", "pm10": 1}, None, 2)
+def test_the_c_path_reads_exactly_what_the_full_rules_read(
+    document: object, topic_sensor_id: str | None, rules_index: int
+) -> None:
+    """Whatever msgspec accepts, the full rules accept identically; the rest it defers."""
+    payload = json.dumps(document).encode()
+    rules = RULE_VARIANTS[rules_index]
+    kwargs = {
+        "topic_sensor_id": topic_sensor_id,
+        "received_at": NOW,
+        "source": "test",
+        "rules": rules,
+    }
+    fast = payloads_fast.decode_plain_payload(payload, **kwargs)  # type: ignore[arg-type]
+    if fast is None:
+        return  # deferring is always allowed
+    try:
+        full = payloads.decode_payload_fully(payload, **kwargs)  # type: ignore[arg-type]
+    except ReadingRejectedError as exc:
+        raise AssertionError(f"the C path took what the rules reject: {exc}") from exc
+    assert full.rejects == ()
+    assert fast == full.readings
+    for a, b in zip(fast, full.readings, strict=True):
+        assert list(a.values) == list(b.values)  # same order of channels
+        assert all(type(v) is float for v in a.values.values())
+        assert math.copysign(1.0, a.timestamp) == math.copysign(1.0, b.timestamp)
+
+
+@needs_msgspec
+@pytest.mark.parametrize(
+    "payload",
+    [
+        '{"ts": 1699999940, "pm10": 12.5, "seq": 3}',
+        '{"sensor": "s1", "timestamp": 1699999940123, "pm25": 3, "humidity": 40.5}',
+        '[{"ts": 1699999940, "pm10": 1}, {"time": 1699999941, "pm10": 2, "temp_c": -3}]',
+        '{"sensor": "s1", "pm1": 0, "pm2_5": 1000, "pm10": 7, "rh": 100, "temperature": 85}',
+    ],
+)
+def test_the_c_path_takes_what_nodes_send(payload: str) -> None:
+    fast = payloads_fast.decode_plain_payload(
+        payload.encode(), topic_sensor_id="s1", received_at=NOW, source="test", rules=RULES
+    )
+    assert fast is not None
+    assert fast == decode(payload, topic_sensor_id="s1").readings
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        '{"ts": 1699999940, "pm10": 12.5, "pm10": 13.5}',  # duplicate key: the last wins
+        '{"ts": 1699999940, "pm10": -1}',
+        '{"ts": 1699999940, "pm2_5": 1, "pm25": 2}',
+        '{"ts": "2023-11-14T22:12:20Z", "pm10": 1e400}',
+        '{"ts": NaN, "pm10": 1}',
+        '{"ts": 1699999940, "pm10": 1, "x": 2}',
+        '[{"pm10": 1}, {"pm10": true}]',
+    ],
+)
+def test_with_and_without_the_c_path_every_payload_ends_the_same(
+    payload: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The platforms without msgspec (32-bit Raspberry Pi OS) get the same answers."""
+
+    def outcome() -> object:
+        try:
+            decoded = decode(payload, topic_sensor_id="s1")
+        except ReadingRejectedError as exc:
+            return exc.reason, exc.detail
+        return decoded.readings, [(r.reason, r.detail) for r in decoded.rejects]
+
+    with_c_path = outcome()
+    monkeypatch.setattr(payloads_fast, "_DECODER", None)
+    assert outcome() == with_c_path
