@@ -5,12 +5,14 @@
 # its C library headers, which --no-install-recommends would leave out); libstdc++-arm-none-eabi-newlib +
 # qemu-system-arm: the node firmware linked for the Cortex-M4F and run on qemu's mps2-an386
 # (tests/firmware/test_firmware_m4.py); libsodium-dev: Ed25519 in the firmware tests;
-# systemd: systemd-analyze verify for the unit files.
+# systemd: systemd-analyze verify for the unit files; mosquitto-clients: mosquitto_sub, the C
+# subscriber against which make bench measures the broker's own limit.
 set -euo pipefail
 
 need=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 command -v socat >/dev/null 2>&1 || need+=(socat)
+command -v mosquitto_sub >/dev/null 2>&1 || need+=(mosquitto-clients)
 command -v arm-none-eabi-gcc >/dev/null 2>&1 || need+=(gcc-arm-none-eabi)
 [ -f /usr/lib/arm-none-eabi/include/string.h ] || need+=(libnewlib-arm-none-eabi)
 dpkg -s libstdc++-arm-none-eabi-newlib >/dev/null 2>&1 || need+=(libstdc++-arm-none-eabi-newlib)

@@ -37,7 +37,7 @@ __all__ = ["main"]
 _CHUNK_S = 0.002  # realtime/paced: send what is due every 2 ms
 
 
-class _Sensors:
+class SensorLoad:
     """Payloads of S sensors, round by round, continuing one event-time sequence."""
 
     def __init__(self, sensors: int, t0: int, stride: int, batch: int, seed: int = 7) -> None:
@@ -83,7 +83,9 @@ def _ingested(status_file: Path) -> tuple[float, int] | None:
         return None
 
 
-def _realtime(pub: WirePublisher, sensors: _Sensors, rounds: int, period: int) -> dict[str, object]:
+def _realtime(
+    pub: WirePublisher, sensors: SensorLoad, rounds: int, period: int
+) -> dict[str, object]:
     s = sensors.count
     boundaries: list[dict[str, object]] = []
     start = time.monotonic() + 0.05
@@ -114,7 +116,7 @@ def _realtime(pub: WirePublisher, sensors: _Sensors, rounds: int, period: int) -
 
 
 def _closed_loop(
-    pub: WirePublisher, sensors: _Sensors, duration: float, backlog: int, status: Path
+    pub: WirePublisher, sensors: SensorLoad, duration: float, backlog: int, status: Path
 ) -> dict[str, object]:
     base = _ingested(status)
     if base is None:
@@ -161,7 +163,7 @@ def _poll(  # noqa: PLR0917 - the loop's state, passed on every poll
 
 
 def _paced(
-    pub: WirePublisher, sensors: _Sensors, rate: float, duration: float, status: Path
+    pub: WirePublisher, sensors: SensorLoad, rate: float, duration: float, status: Path
 ) -> dict[str, object]:
     base = _ingested(status)
     if base is None:
@@ -214,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--status", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    sensors = _Sensors(args.sensors, args.t0, args.stride, args.batch)
+    sensors = SensorLoad(args.sensors, args.t0, args.stride, args.batch)
     pub = WirePublisher("127.0.0.1", args.port, f"bench-loadgen-{args.mode}")
     try:
         if args.mode == "realtime":

@@ -166,6 +166,20 @@ def main(argv: list[str]) -> int:
     )
     results.update(e2e)
     _print_end_to_end(e2e, e2e_counts)
+    limit = _child("devkit.bench.broker_limit", "--sensors", str(max(e2e_counts)))
+    results.update(limit)
+    for s in e2e_counts:
+        results[f"fraction_of_broker_{s}"] = (
+            e2e[f"e2e_readings_per_s_{s}"] / limit["broker_forward_per_s"]
+        )
+    _row(
+        "broker limit: the same load to mosquitto_sub (C)",
+        f"{limit['broker_forward_per_s']:>10,.0f} /s  (devkit/bench/broker_limit.py)",
+    )
+    _row(
+        f"daemon at {max(e2e_counts):,} sensors, 1 per message / broker limit",
+        f"{100 * results[f'fraction_of_broker_{max(e2e_counts)}']:.0f} %",
+    )
 
     print("4. Footprint (a process holding the daemon's model and windows)")
     footprint = _child(
