@@ -77,6 +77,13 @@ def build_wheel(target: Path) -> Path:
     return wheels
 
 
+def adopt_venv(installed_root: InstalledRoot, root: Path) -> None:
+    """Give ``root`` the shared install's venv: install.sh finds it up to date (its stamp) and
+    skips pip, so a test's private install takes seconds."""
+    venv = Path("opt/tesla-gateway/venv")
+    shutil.copytree(installed_root.root / venv, root / venv, symlinks=True)
+
+
 @pytest.fixture(scope="package")
 def installed_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InstalledRoot]:
     base = tmp_path_factory.mktemp("deploy")

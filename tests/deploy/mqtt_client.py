@@ -74,7 +74,6 @@ class Client:
         self.client.disconnect()
         self.client.loop_stop()
 
-
     def received(self, count: int) -> list[tuple[str, bytes]]:
         """The messages received, once there are ``count`` (or the wait is over)."""
         deadline = time.monotonic() + WAIT_S

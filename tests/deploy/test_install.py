@@ -17,6 +17,7 @@ from tests.deploy.conftest import (
     NODES,
     UNINSTALL,
     InstalledRoot,
+    adopt_venv,
     make_base_root,
 )
 
@@ -162,6 +163,7 @@ def test_uninstall_then_purge(tmp_path: Path, installed_root: InstalledRoot) -> 
     # A second, private install: the shared one is used by the other tests.
     root = tmp_path / "root"
     make_base_root(root)
+    adopt_venv(installed_root, root)
     args = installed_root.install_args()
     args[args.index("--root") + 1] = str(root)
     subprocess.run(args, capture_output=True, check=True)
