@@ -62,15 +62,15 @@ Z2M_PASSWORD = "z2m-secret"
 @dataclass
 class SharedBroker:
     root: Path
-    plain_port: int
-    tls_port: int
+    ports: dict[int, int]  # configured listener port -> where it listens in the test
     install_output: str
 
-    def client(self, user: str | None, password: str | None = None) -> Client:
-        """A client on the existing plain listener; our users' passwords as installed."""
+    def client(self, user: str | None, password: str | None = None, port: int = 1883) -> Client:
+        """A plain client on listener ``port`` (as configured); our users' passwords as
+        installed."""
         if user is not None and password is None:
             password = (self.root / "etc/tesla-gateway/credentials" / user).read_text().strip()
-        return Client(self.plain_port, user, password)
+        return Client(self.ports[port], user, password)
 
     def conf(self, name: str) -> str:
         return (self.root / "etc/mosquitto" / name).read_text()
@@ -108,8 +108,8 @@ def install_over(
 
 @contextlib.contextmanager
 def running_broker(root: Path, log: Path, install_output: str) -> Iterator[SharedBroker]:
-    """mosquitto on the root's configuration (see the module docstring)."""
-    plain_port, tls_port = free_ports(2)
+    """mosquitto on the root's configuration (see the module docstring); every listener is
+    moved to a free loopback port (``ports`` maps the configured port to it)."""
     mosq = root / "etc/mosquitto"
     parts = [mosq / "mosquitto.conf", *sorted((mosq / "conf.d").glob("*.conf"))]
     text = "\n".join(part.read_text() for part in parts)
@@ -120,8 +120,14 @@ def running_broker(root: Path, log: Path, install_output: str) -> Iterator[Share
         flags=re.MULTILINE,
     )
     text = text.replace("/etc/mosquitto/", f"{mosq}/")
-    text = re.sub(r"^listener 1883\b.*$", f"listener {plain_port} 127.0.0.1", text, flags=re.M)
-    text = re.sub(r"^listener 8883\b.*$", f"listener {tls_port} 127.0.0.1", text, flags=re.M)
+    configured = sorted({int(p) for p in re.findall(r"^listener (\d+)", text, flags=re.M)})
+    ports = dict(zip(configured, free_ports(len(configured)), strict=True))
+    text = re.sub(
+        r"^listener (\d+)\b.*$",
+        lambda match: f"listener {ports[int(match[1])]} 127.0.0.1",
+        text,
+        flags=re.MULTILINE,
+    )
     if os.geteuid() == 0:
         text = "user root\n" + text
     conf = log.with_suffix(".conf")
@@ -130,11 +136,11 @@ def running_broker(root: Path, log: Path, install_output: str) -> Iterator[Share
         process = subprocess.Popen([str(MOSQUITTO), "-c", str(conf)], stdout=out, stderr=out)
     try:
         deadline = time.monotonic() + WAIT_S
-        while not all(_listening(port) for port in (plain_port, tls_port)):
+        while not all(_listening(port) for port in ports.values()):
             assert process.poll() is None, log.read_text()
             assert time.monotonic() < deadline, "mosquitto did not start: " + log.read_text()
             time.sleep(0.05)
-        yield SharedBroker(root, plain_port, tls_port, install_output)
+        yield SharedBroker(root, ports, install_output)
     finally:
         process.terminate()
         process.wait(timeout=WAIT_S)
@@ -160,11 +166,11 @@ def anonymous_and_users(
         yield broker
 
 
-def gateway_users_work(broker: SharedBroker) -> None:
+def gateway_users_work(broker: SharedBroker, port: int = 1883) -> None:
     """The gateway reads its node's raw readings; the reader reads all it publishes."""
-    gateway = broker.client("tesla-gateway")
-    node = broker.client("node-01")
-    reader = broker.client("tesla-reader")
+    gateway = broker.client("tesla-gateway", port=port)
+    node = broker.client("node-01", port=port)
+    reader = broker.client("tesla-reader", port=port)
     try:
         for client in (gateway, node, reader):
             assert client.connack is not None and not client.connack.is_failure
@@ -274,3 +280,31 @@ def test_a_real_install_into_an_empty_root_says_why_it_cannot(
     result = subprocess.run(args, capture_output=True, text=True, check=False)
     assert result.returncode == 1
     assert "etc/passwd or /etc/group is missing" in result.stderr
+
+
+def test_per_listener_settings_give_the_gateway_its_own_listener(
+    tmp_path: Path, installed_root: InstalledRoot
+) -> None:
+    """With per_listener_settings true, the gateway's auth lives on its own listeners; 1883 is
+    taken, so its loopback listener is 1884 and its configuration says so."""
+    files = {
+        "conf.d/a-ha.conf": "per_listener_settings true\nlistener 1883\nallow_anonymous true\n"
+    }
+    root, output = install_over(tmp_path, installed_root, files)
+    ours = (root / "etc/mosquitto/conf.d/tesla-gateway.conf").read_text()
+    assert "listener 1884 127.0.0.1\nallow_anonymous false\npassword_file" in ours
+    config = (root / "etc/tesla-gateway/gateway.toml").read_text()
+    assert "port = 1884" in config and "port = 1883" not in config
+    with running_broker(root, tmp_path / "mosquitto.log", output) as broker:
+        anonymous = broker.client(None)  # on their listener, as before
+        refused = broker.client(None, port=1884)  # not on ours
+        try:
+            assert anonymous.connack is not None and not anonymous.connack.is_failure
+            assert anonymous.subscribe("zigbee2mqtt/#")
+            assert anonymous.publish("zigbee2mqtt/bridge/state", b"online")
+            assert anonymous.received(1) == [("zigbee2mqtt/bridge/state", b"online")]
+            assert refused.connack is not None and refused.connack.is_failure
+        finally:
+            anonymous.close()
+            refused.close()
+        gateway_users_work(broker, port=1884)
