@@ -60,6 +60,7 @@ def preflight(config: GatewayConfig, *, load_models: bool) -> list[Finding]:
         *_check_brokers(config),
         _check_state_dir(config.state_dir),
         *_check_serial_ports(config),
+        *_check_sensor_id_levels(config),
     ]
     if load_models:
         findings.extend(_check_models(config))
@@ -159,6 +160,30 @@ def _check_serial_ports(config: GatewayConfig) -> Iterator[Finding]:
             )
         else:
             yield Finding(f"serial {port}", Severity.OK, "present")
+
+
+def _check_sensor_id_levels(config: GatewayConfig) -> Iterator[Finding]:
+    """A topic filter that has no level ``sensor_id_topic_level`` (and no ``#`` before it) can
+    only deliver messages that are all rejected as bad_sensor_id."""
+    for index, source in enumerate(config.sources):
+        level = getattr(source, "sensor_id_topic_level", None)
+        topics = getattr(source, "topics", None)
+        if not isinstance(level, int) or not isinstance(topics, list):
+            continue
+        short = [
+            topic
+            for topic in topics
+            if isinstance(topic, str)
+            and "#" not in topic.split("/")[: level + 1]
+            and len(topic.split("/")) <= level
+        ]
+        if short:
+            yield Finding(
+                f"sources[{index}].topics",
+                Severity.DEGRADED,
+                f"{short} have no level {level} (sensor_id_topic_level): every message on them "
+                "would be rejected as bad_sensor_id",
+            )
 
 
 def _check_models(config: GatewayConfig) -> Iterator[Finding]:

@@ -131,3 +131,16 @@ def test_a_state_dir_that_cannot_be_a_directory_is_refused(
     code, out = check(tmp_path / "gateway.toml", capsys)
     assert code == 1
     assert "state_dir: REFUSED" in out and "is not a directory" in out
+
+
+def test_a_topic_without_the_sensor_id_level_is_refused(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = '[[sources]]\nkind = "mqtt"\ntopics = ["sensors/{}"]\nsensor_id_topic_level = 2\n'
+    code, out = check(write(tmp_path, source.format("+/raw")), capsys)
+    assert code == 0, out  # sensors/<id>/raw has a level 2
+    code, out = check(write(tmp_path, source.format("+")), capsys)
+    assert code == 1
+    assert "have no level 2" in out and "bad_sensor_id" in out
+    code, out = check(write(tmp_path, source.format("#")), capsys)
+    assert code == 0, out  # '#' may hold any number of levels
