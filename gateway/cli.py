@@ -65,7 +65,12 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--config", type=Path, required=True, help="TOML configuration file")
         if name == "check-config":
             command.add_argument(
-                "--skip-models", action="store_true", help="do not load the model directories"
+                "--skip-models",
+                action="store_true",
+                help=(
+                    "do not load the models nor check that state_dir is writable (the daemon "
+                    "starts degraded without them; systemd's ExecStartPre)"
+                ),
             )
         if name == "status":
             command.add_argument("--json", action="store_true", help="print the raw status JSON")

@@ -54,15 +54,18 @@ class PreflightError(GatewayError):
 
 
 def preflight(config: GatewayConfig, *, load_models: bool) -> list[Finding]:
-    """Every start-up check; with ``load_models`` also load each model by the daemon's rule."""
+    """Every start-up check. With ``load_models`` also what the daemon starts degraded without
+    and repairs while it runs: each model, loaded by the daemon's rule (a release repairs it),
+    and a writable state directory (a disk that comes back); systemd's ExecStartPre skips those,
+    so a read-only SD card or a missing model never keeps the daemon from starting."""
     findings = [
         _check_release_key(config),
         *_check_brokers(config),
-        _check_state_dir(config.state_dir),
         *_check_serial_ports(config),
         *_check_sensor_id_levels(config),
     ]
     if load_models:
+        findings.append(_check_state_dir(config.state_dir))
         findings.extend(_check_models(config))
     return findings
 

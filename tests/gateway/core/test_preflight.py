@@ -131,6 +131,8 @@ def test_a_state_dir_that_cannot_be_a_directory_is_refused(
     code, out = check(tmp_path / "gateway.toml", capsys)
     assert code == 1
     assert "state_dir: REFUSED" in out and "is not a directory" in out
+    code, out = check(tmp_path / "gateway.toml", capsys, "--skip-models")
+    assert code == 0, out  # ExecStartPre: the daemon runs without a writable state_dir
 
 
 def test_a_topic_without_the_sensor_id_level_is_refused(
