@@ -31,14 +31,19 @@ _lock = threading.Lock()  # fd 2 is one per process: one capture at a time
 def native_stderr_logged(during: str) -> Iterator[None]:
     """Capture fd 2 for the ``with`` block and log each line as ``native_stderr``."""
     with _lock:
-        sys.stderr.flush()
-        saved = os.dup(2)
+        with contextlib.suppress(ValueError, OSError, AttributeError):
+            sys.stderr.flush()
+        try:
+            saved = os.dup(2)
+        except OSError:  # no fd 2 at all (closed by whoever started us): nothing to protect
+            yield
+            return
         with tempfile.TemporaryFile() as capture:
             os.dup2(capture.fileno(), 2)
             try:
                 yield
             finally:
-                with contextlib.suppress(ValueError, OSError):
+                with contextlib.suppress(ValueError, OSError, AttributeError):
                     sys.stderr.flush()
                 os.dup2(saved, 2)
                 os.close(saved)

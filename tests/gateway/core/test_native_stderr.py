@@ -71,3 +71,17 @@ def test_the_real_interpreter_leaves_only_json_on_stderr() -> None:
         assert [e["message"] for e in events if e["event"] == "native_stderr"] == [
             "Created TensorFlow Lite XNNPACK delegate for CPU."
         ]
+
+
+def test_without_a_file_descriptor_2_the_block_still_runs() -> None:
+    """A daemon started with fd 2 closed must still load its models."""
+    saved = os.dup(2)
+    os.close(2)
+    try:
+        ran = False
+        with native_stderr_logged("a test"):
+            ran = True
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    assert ran
