@@ -19,6 +19,7 @@
 # /var/lib/tesla-gateway, /etc/systemd/system/tesla-gateway.service, /etc/mosquitto/conf.d/
 # tesla-gateway.conf with its password file, ACL and TLS certificates under /etc/mosquitto.
 set -euo pipefail
+trap 'echo "install.sh: failed (exit $?) at line $LINENO: $BASH_COMMAND" >&2' ERR
 
 SOURCE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ROOT="/"
@@ -80,8 +81,16 @@ act() {  # run a command, or only show it with --dry-run
 }
 
 # Numeric ids from the target root's own /etc/passwd and /etc/group (not the host's).
-uid_of() { awk -F: -v n="$1" '$1 == n { print $3 }' "$R/etc/passwd" 2>/dev/null; }
-gid_of() { awk -F: -v n="$1" '$1 == n { print $3 }' "$R/etc/group" 2>/dev/null; }
+uid_of() { [[ -r "$R/etc/passwd" ]] || return 0; awk -F: -v n="$1" '$1 == n { print $3 }' "$R/etc/passwd"; }
+gid_of() { [[ -r "$R/etc/group" ]] || return 0; awk -F: -v n="$1" '$1 == n { print $3 }' "$R/etc/group"; }
+if [[ ! -r "$R/etc/passwd" || ! -r "$R/etc/group" ]]; then
+    if [[ $DRY_RUN -eq 0 ]]; then
+        echo "install.sh: $ROOT/etc/passwd or /etc/group is missing: --root needs a target with" \
+            "a Debian /etc (passwd, group, shadow, gshadow) to create the service user in" >&2
+        exit 1
+    fi
+    say "note: $ROOT/etc has no passwd/group: users and ownership are shown, not resolved"
+fi
 
 ensure_dir() {  # ensure_dir PATH MODE OWNER GROUP
     local path="$R$1"
@@ -111,7 +120,40 @@ ensure_content() {  # ensure_content TARGET MODE OWNER GROUP < content
     local temp
     temp="$(mktemp)"
     cat > "$temp"
-    ensure_file "$temp" "$1" "$2" "$3" "$4"
+    if [[ $DRY_RUN -eq 1 ]] && ! cmp -s "$temp" "$R$1"; then
+        preview "$temp" "$1"
+        CHANGED=$((CHANGED + 1))
+        ensure_meta "$1" "$2" "$3" "$4"
+    else
+        ensure_file "$temp" "$1" "$2" "$3" "$4"
+    fi
+    rm -f "$temp"
+}
+
+preview() {  # preview NEW_CONTENT_FILE TARGET: what --dry-run would write there
+    if [[ -e "$R$2" ]]; then
+        echo "would: change $2:"
+        diff -u --label "$2 (now)" --label "$2 (new)" "$R$2" "$1" | sed 's/^/    /' || true
+    else
+        echo "would: write $2:"
+        sed 's/^/    /' "$1"
+    fi
+}
+
+ensure_block() {  # ensure_block TARGET < block: our marked block in a file someone else owns
+    local target="$R$1" temp
+    temp="$(mktemp)"
+    { awk '/^# BEGIN tesla-gateway/ { skip = 1 } !skip { print } /^# END tesla-gateway/ { skip = 0 }' \
+          "$target" 2>/dev/null || true
+      echo "# BEGIN tesla-gateway (deploy/install.sh: rerun it instead of editing this block)"
+      cat
+      echo "# END tesla-gateway"
+    } > "$temp"
+    if ! cmp -s "$temp" "$target"; then
+        CHANGED=$((CHANGED + 1))
+        if [[ $DRY_RUN -eq 1 ]]; then preview "$temp" "$1"
+        else cat "$temp" > "$target"; fi  # in place: the owner's mode and ownership stay
+    fi
     rm -f "$temp"
 }
 
@@ -177,6 +219,48 @@ ensure_dir /etc/systemd/system 0755 root root
 ensure_file "$SOURCE/systemd/tesla-gateway.service" /etc/systemd/system/tesla-gateway.service \
     0644 root root
 
+# --- an existing broker configuration (Zigbee2MQTT, Home Assistant, ...) is kept working ----
+# mosquitto reads mosquitto.conf and (Debian) every conf.d/*.conf. What those already set is not
+# set again: a second password_file or a global "allow_anonymous false" would lock out the
+# clients already using the broker. docs/deployment.md, "A broker already in use".
+existing_conf=()
+for file in "$R$MOSQ_DIR/mosquitto.conf" "$R$MOSQ_DIR"/conf.d/*.conf; do
+    if [[ -f "$file" && "$(basename "$file")" != tesla-gateway.conf ]]; then
+        existing_conf+=("$file")
+    fi
+done
+conf_value() {  # conf_value KEY: its last value in the existing files (the one mosquitto keeps)
+    [[ ${#existing_conf[@]} -gt 0 ]] || return 0
+    awk -v k="$1" '$1 == k { v = $2 } END { if (v != "") print v }' "${existing_conf[@]}"
+}
+EX_PASSWD="$(conf_value password_file)"
+EX_ACL="$(conf_value acl_file)"
+EX_ANON="$(conf_value allow_anonymous)"
+EX_PER_LISTENER="$(conf_value per_listener_settings)"
+EX_PORTS=" "
+if [[ ${#existing_conf[@]} -gt 0 ]]; then
+    EX_PORTS+="$(awk '$1 == "listener" || $1 == "port" { printf "%s ", $2 }' "${existing_conf[@]}")"
+fi
+port_taken() { [[ "$EX_PORTS" == *" $1 "* ]]; }
+free_port_from() { local port="$1"; while port_taken "$port"; do port=$((port + 1)); done; echo "$port"; }
+MQTT_MODE="own"  # own: the broker is ours; shared: global settings exist; listener: per listener
+if [[ "$EX_PER_LISTENER" == "true" ]]; then
+    MQTT_MODE="listener"
+elif [[ -n "$EX_PASSWD$EX_ACL$EX_ANON" || -n "${EX_PORTS// /}" ]]; then
+    MQTT_MODE="shared"
+fi
+PLAIN_PORT=1883
+TLS_PORT=8883
+if [[ "$MQTT_MODE" == "listener" ]]; then  # our own listeners, on ports nobody else uses
+    PLAIN_PORT="$(free_port_from 1883)"
+    TLS_PORT="$(free_port_from 8883)"
+fi
+if [[ "$MQTT_MODE" != "own" ]]; then
+    say "existing mosquitto configuration found (${existing_conf[*]#"$R"}): mode $MQTT_MODE" \
+        "(password_file ${EX_PASSWD:-none}, acl_file ${EX_ACL:-none}," \
+        "allow_anonymous ${EX_ANON:-unset}, listeners${EX_PORTS% })"
+fi
+
 # --- configuration -------------------------------------------------------------------------
 ensure_dir "$CONF_DIR" 0750 root "$SERVICE_USER"
 ensure_dir "$STATE_DIR" 0750 "$SERVICE_USER" "$SERVICE_USER"
@@ -184,7 +268,8 @@ ensure_file "$SOURCE/deploy/gateway.example.toml" "$CONF_DIR/gateway.example.tom
     "$SERVICE_USER"
 if [[ ! -e "$R$CONF_DIR/gateway.toml" ]]; then  # never overwrite the operator's configuration
     ensure_content "$CONF_DIR/gateway.toml" 0640 root "$SERVICE_USER" \
-        < <(sed -e "s/@GATEWAY_ID@/$GATEWAY_ID/g" "$SOURCE/deploy/gateway.toml.in")
+        < <(sed -e "s/@GATEWAY_ID@/$GATEWAY_ID/g" -e "s/^port = 1883$/port = $PLAIN_PORT/" \
+            "$SOURCE/deploy/gateway.toml.in")
 else
     ensure_meta "$CONF_DIR/gateway.toml" 0640 root "$SERVICE_USER"
 fi
@@ -197,10 +282,16 @@ ensure_content "$CONF_DIR/mqtt-nodes" 0640 root root < <(printf '%s\n' "$all_nod
 
 # --- MQTT credentials: one random password per user, created once ------------------------
 ensure_dir "$CONF_DIR/credentials" 0750 root "$SERVICE_USER"
-PASSWD_FILE="$MOSQ_DIR/tesla-gateway.passwd"
+OWN_PASSWD="$MOSQ_DIR/tesla-gateway.passwd"
+OWN_ACL="$MOSQ_DIR/tesla-gateway.acl"
+PASSWD_FILE="$OWN_PASSWD"
+[[ "$MQTT_MODE" == "shared" && -n "$EX_PASSWD" ]] && PASSWD_FILE="$EX_PASSWD"  # add our users
 ensure_dir "$MOSQ_DIR" 0755 root root
 ensure_dir "$MOSQ_DIR/certs" 0755 root root
 if [[ ! -e "$R$PASSWD_FILE" ]]; then act install -m 0640 /dev/null "$R$PASSWD_FILE"; fi
+# Users of the existing password file (not ours): their access is kept (see the ACL below).
+existing_users="$(if [[ "$PASSWD_FILE" != "$OWN_PASSWD" ]]; then
+    cut -d: -f1 "$R$PASSWD_FILE" 2>/dev/null | grep -E "$ID_PATTERN" || true; fi)"
 users=("$MQTT_GATEWAY_USER" "$MQTT_READER_USER" "$MQTT_RELEASE_USER")
 while IFS= read -r node; do [[ -n "$node" ]] && users+=("$node"); done <<< "$all_nodes"
 for user in "${users[@]}"; do
@@ -219,13 +310,11 @@ for user in "${users[@]}"; do
         else act mosquitto_passwd -b "$R$PASSWD_FILE" "$user" "$(cat "$R$secret")"; fi
     fi
 done
-ensure_meta "$PASSWD_FILE" 0640 root "$MOSQ_GROUP"
+[[ "$PASSWD_FILE" == "$OWN_PASSWD" ]] && ensure_meta "$PASSWD_FILE" 0640 root "$MOSQ_GROUP"
+existing_users="$(grep -vxF -f <(printf '%s\n' "${users[@]}") <<< "$existing_users" || true)"
 
 # --- MQTT ACL ----------------------------------------------------------------------------------
-acl_text() {
-    echo "# Generated by deploy/install.sh from $CONF_DIR/mqtt-nodes; rerun it after editing."
-    echo "# Anonymous clients are refused (allow_anonymous false); no line applies to them."
-    echo
+gateway_acl() {  # the gateway's users: what each may read and write
     echo "# The gateway: reads raw readings and releases, publishes its calibrated topics."
     echo "user $MQTT_GATEWAY_USER"
     echo "topic read sensors/+/raw"
@@ -233,10 +322,10 @@ acl_text() {
     echo "topic readwrite tesla/$GATEWAY_ID/#"
     echo "topic write homeassistant/#"
     echo
-    echo "# Subscribers (dashboards, Home Assistant): calibrated readings, status and stats only."
+    echo "# Subscribers (dashboards, Home Assistant): everything the gateway publishes"
+    echo "# (calibrated, batched, health, drift, stats, status, OTA status) and discovery."
     echo "user $MQTT_READER_USER"
-    echo "topic read tesla/$GATEWAY_ID/+/+"
-    echo "topic read tesla/$GATEWAY_ID/status"
+    echo "topic read tesla/$GATEWAY_ID/#"
     echo "topic read homeassistant/#"
     echo
     echo "# The release-key holder: the only client that may publish model releases."
@@ -250,7 +339,40 @@ acl_text() {
         echo "topic write sensors/$node/raw"
     done <<< "$all_nodes"
 }
-ensure_content "$MOSQ_DIR/tesla-gateway.acl" 0640 root "$MOSQ_GROUP" < <(acl_text)
+kept_acl() {  # an ACL file now restricts everyone: the broker's earlier clients keep it all
+    if [[ "$EX_ANON" == "true" ]]; then
+        echo "# Anonymous clients (allow_anonymous true in the existing configuration):"
+        echo "# unrestricted, as before this file existed."
+        echo "topic readwrite #"
+        echo
+    fi
+    while IFS= read -r user; do
+        [[ -z "$user" ]] && continue
+        echo "# $user (from $PASSWD_FILE, before the gateway): unrestricted, as before."
+        echo "user $user"
+        echo "topic readwrite #"
+        echo
+    done <<< "$existing_users"
+}
+ACL_FILE="$OWN_ACL"
+if [[ "$MQTT_MODE" == "shared" && -n "$EX_ACL" ]]; then
+    ACL_FILE="$EX_ACL"  # the operator's ACL: our users go into a marked block at its end
+    ensure_block "$EX_ACL" < <(gateway_acl)
+else
+    ensure_content "$OWN_ACL" 0640 root "$MOSQ_GROUP" < <(
+        echo "# Generated by deploy/install.sh from $CONF_DIR/mqtt-nodes; rerun it after editing."
+        [[ "$MQTT_MODE" == "shared" ]] && kept_acl
+        echo "# No other client may read or write anything."
+        echo
+        gateway_acl
+    )
+fi
+# What uninstall.sh must take out of files that are not ours.
+ensure_content "$CONF_DIR/mqtt-shared" 0640 root root < <(
+    [[ "$PASSWD_FILE" != "$OWN_PASSWD" ]] && echo "password_file $PASSWD_FILE"
+    [[ "$ACL_FILE" != "$OWN_ACL" ]] && echo "acl_file $ACL_FILE"
+    true
+)
 
 # --- TLS: a local CA and a server certificate, created once (replace with your own) ---------
 CA="$MOSQ_DIR/certs/tesla-ca.pem"
@@ -280,32 +402,67 @@ ensure_meta "$MOSQ_DIR/certs/tesla-server.pem" 0644 root root
 ensure_meta "$MOSQ_DIR/certs/tesla-server.key" 0640 root "$MOSQ_GROUP"
 ensure_meta "$CONF_DIR/credentials/tesla-ca.key" 0600 root root
 
+unset_global() {  # unset_global KEY VALUE: the line, unless the existing configuration sets KEY
+    [[ -n "$(conf_value "$1")" ]] || echo "$1 $2"
+}
+listener_auth() {  # per_listener_settings true: our listeners carry their own settings
+    if [[ "$MQTT_MODE" == "listener" ]]; then
+        echo "allow_anonymous false"
+        echo "password_file $PASSWD_FILE"
+        echo "acl_file $ACL_FILE"
+    fi
+}
+mosquitto_conf() {
+    echo "# Generated by deploy/install.sh (tesla-gateway), mode $MQTT_MODE (docs/deployment.md)."
+    case "$MQTT_MODE" in
+        own)
+            echo "# Every client authenticates; per-user ACLs."
+            echo "per_listener_settings false"
+            echo "allow_anonymous false"
+            echo "password_file $PASSWD_FILE"
+            echo "acl_file $ACL_FILE" ;;
+        shared)
+            echo "# The broker was already configured: its allow_anonymous, listeners and (if set)"
+            echo "# password_file and acl_file are kept; the gateway's users were added to them."
+            [[ -z "$EX_PASSWD" ]] && echo "password_file $PASSWD_FILE"
+            [[ -z "$EX_ACL" ]] && echo "acl_file $ACL_FILE" ;;
+        listener)
+            echo "# per_listener_settings true: the gateway has its own listeners and settings." ;;
+    esac
+    unset_global set_tcp_nodelay true
+    unset_global max_queued_messages 100000
+    echo "# Also the MQTT 5 Receive Maximum announced to clients: the gateway keeps up to"
+    echo "# publisher.in_flight (256) calibrated messages awaiting PUBACK; mosquitto's default 20"
+    echo "# throttles per-sensor topics at thousands of sensors."
+    unset_global max_inflight_messages 1000
+    if [[ "$MQTT_MODE" == "own" ]]; then
+        echo "# Bounded input: no MQTT packet above 1 MiB (release bundles fit; readings are tiny)."
+        echo "max_packet_size 1048576"
+    fi
+    if port_taken "$PLAIN_PORT"; then
+        echo
+        echo "# Port $PLAIN_PORT is already a listener of this broker: the gateway connects to it."
+    else
+        echo
+        echo "# Local clients (the gateway on this machine): loopback only, still authenticated."
+        echo "listener $PLAIN_PORT 127.0.0.1"
+        listener_auth
+    fi
+    echo
+    if port_taken "$TLS_PORT"; then
+        echo "# Port $TLS_PORT is already a listener of this broker: remote clients use it."
+    else
+        echo "# Everyone else: TLS."
+        echo "listener $TLS_PORT"
+        listener_auth
+        echo "cafile $CA"
+        echo "certfile $MOSQ_DIR/certs/tesla-server.pem"
+        echo "keyfile $MOSQ_DIR/certs/tesla-server.key"
+        echo "tls_version tlsv1.2"
+    fi
+}
 ensure_dir "$MOSQ_DIR/conf.d" 0755 root root
-ensure_content "$MOSQ_DIR/conf.d/tesla-gateway.conf" 0644 root root <<EOF
-# Generated by deploy/install.sh (tesla-gateway). Every client authenticates; per-user ACLs.
-per_listener_settings false
-allow_anonymous false
-password_file $PASSWD_FILE
-acl_file $MOSQ_DIR/tesla-gateway.acl
-set_tcp_nodelay true
-max_queued_messages 100000
-# Also the MQTT 5 Receive Maximum announced to clients: the gateway keeps up to
-# publisher.in_flight (256) calibrated messages awaiting PUBACK; mosquitto's default 20
-# throttles per-sensor topics at thousands of sensors.
-max_inflight_messages 1000
-# Bounded input: no MQTT packet above 1 MiB (release bundles of issue 5 fit; readings are tiny).
-max_packet_size 1048576
-
-# Local clients (the gateway on this machine): loopback only, still authenticated.
-listener 1883 127.0.0.1
-
-# Everyone else: TLS.
-listener 8883
-cafile $CA
-certfile $MOSQ_DIR/certs/tesla-server.pem
-keyfile $MOSQ_DIR/certs/tesla-server.key
-tls_version tlsv1.2
-EOF
+ensure_content "$MOSQ_DIR/conf.d/tesla-gateway.conf" 0644 root root < <(mosquitto_conf)
 
 # --- activate (real installs only) ------------------------------------------------------
 if [[ -z "$ROOT" && $CHANGED -gt 0 ]]; then

@@ -41,6 +41,31 @@ if [[ -z "$ROOT" ]]; then
         act systemctl disable --now tesla-gateway.service || true
     fi
 fi
+# A broker that was already in use kept its own password and ACL files; install.sh added the
+# gateway's users to them (listed in /etc/tesla-gateway/mqtt-shared): take those out again.
+shared="$R/etc/tesla-gateway/mqtt-shared"
+if [[ -s "$shared" ]]; then
+    ours=(tesla-gateway tesla-reader tesla-release)
+    while IFS= read -r node; do [[ -n "$node" ]] && ours+=("$node"); done \
+        < <(cat "$R/etc/tesla-gateway/mqtt-nodes" 2>/dev/null || true)
+    while read -r kind path; do
+        [[ -f "$R$path" ]] || continue
+        if [[ "$kind" == "password_file" ]]; then
+            for user in "${ours[@]}"; do
+                if grep -q "^$user:" "$R$path"; then act mosquitto_passwd -D "$R$path" "$user"; fi
+            done
+        elif [[ "$kind" == "acl_file" ]] && grep -q "^# BEGIN tesla-gateway" "$R$path"; then
+            CHANGED=$((CHANGED + 1))
+            if [[ $DRY_RUN -eq 1 ]]; then echo "would: remove the tesla-gateway block of $path"
+            else
+                kept="$(awk '/^# BEGIN tesla-gateway/ { skip = 1 } !skip { print }
+                    /^# END tesla-gateway/ { skip = 0 }' "$R$path")"
+                printf '%s\n' "$kept" > "$R$path"  # in place: mode and owner stay
+            fi
+        fi
+    done < "$shared"
+    if [[ $DRY_RUN -eq 0 ]]; then : > "$shared"; fi
+fi
 remove /etc/systemd/system/tesla-gateway.service /opt/tesla-gateway \
     /etc/mosquitto/conf.d/tesla-gateway.conf /etc/mosquitto/tesla-gateway.passwd \
     /etc/mosquitto/tesla-gateway.acl /etc/mosquitto/certs/tesla-server.pem \

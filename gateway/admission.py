@@ -106,6 +106,7 @@ class SensorAdmission:
             self._rejects.reject(
                 RejectReason.UNKNOWN_SENSOR,
                 source=reading.source,
+                sensor=reading.sensor_id,
                 detail=f"sensor {sensor_id} is not in sensors.known",
             )
             return False
@@ -121,6 +122,7 @@ class SensorAdmission:
                 self._rejects.reject(
                     RejectReason.UNKNOWN_SENSOR,
                     source=reading.source,
+                    sensor=reading.sensor_id,
                     detail=(
                         f"new sensor {sensor_id}: sensors.max_sensors={policy.max_sensors} "
                         f"reached, none idle for evict_idle_s={policy.evict_idle_s:g}"

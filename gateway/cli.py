@@ -1,7 +1,9 @@
 """``tesla-gateway``: run the daemon, check a configuration, show status, trigger a reload.
 
-Exit codes: 0 success; 1 runtime failure (daemon error, not running, model refused); 2 invalid
-configuration or usage.
+Exit codes: 0 success; 1 runtime failure (daemon error; ``status``/``reload``: no daemon
+running; ``check-config``: the daemon would start degraded, e.g. a model that would not load);
+2 invalid configuration or usage, or a start-up check that ``run`` refuses on
+(gateway/preflight.py); 3 ``status``: the daemon is not running (the LSB code).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ __all__ = ["main"]
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
+EXIT_NOT_RUNNING = 3  # status: the LSB init-script code for "program is not running"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,7 +65,12 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--config", type=Path, required=True, help="TOML configuration file")
         if name == "check-config":
             command.add_argument(
-                "--skip-models", action="store_true", help="do not load the model directories"
+                "--skip-models",
+                action="store_true",
+                help=(
+                    "do not load the models nor check that state_dir is writable (the daemon "
+                    "starts degraded without them; systemd's ExecStartPre)"
+                ),
             )
         if name == "status":
             command.add_argument("--json", action="store_true", help="print the raw status JSON")
@@ -75,6 +83,13 @@ def _run(config: GatewayConfig) -> int:
     from gateway.service import GatewayService
 
     pin_mmap_threshold()  # before the first large array (the window snapshot) is freed
+    from gateway.preflight import PreflightError, preflight, refuse_on_fatal
+
+    try:  # the same checks as check-config (models excepted: a degraded start repairs itself)
+        refuse_on_fatal(preflight(config, load_models=False))
+    except PreflightError as exc:
+        print(f"tesla-gateway: refusing to start: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     configure_logging(config.logging.format, config.logging.level)
     service = GatewayService(config)
     code = EXIT_FAILURE
@@ -87,43 +102,28 @@ def _run(config: GatewayConfig) -> int:
 
 
 def _check_config(config: GatewayConfig, *, check_models: bool) -> int:
-    print(f"configuration OK: gateway {config.gateway_id}, state_dir {config.state_dir}")
-    print(f"  sources: {', '.join(s.kind for s in config.sources) or 'none'}")
-    if not check_models:
-        return EXIT_OK
-    from gateway.model_watch import ModelSet
+    """Every check ``run`` makes at start (gateway/preflight.py), and the models unless
+    ``--skip-models``; "configuration OK" only when all pass."""
+    from gateway.preflight import Severity, preflight
 
-    try:
-        trust = config.model_trust()
-    except GatewayError as exc:
-        print(f"  release key: REFUSED: {exc}", file=sys.stderr)
+    findings = preflight(config, load_models=check_models)
+    print(f"gateway {config.gateway_id}, state_dir {config.state_dir}")
+    print(f"  sources: {', '.join(s.kind for s in config.sources) or 'none'}")
+    for finding in findings:
+        if finding.passed:
+            mark = "WARNING: " if finding.severity is Severity.WARNING else ""
+            print(f"  {finding.check}: {mark}{finding.detail}")
+        else:
+            print(f"  {finding.check}: REFUSED: {finding.detail}", file=sys.stderr)
+    severities = {finding.severity for finding in findings}
+    if Severity.FATAL in severities:
+        print("configuration NOT OK: the daemon would refuse to start", file=sys.stderr)
+        return EXIT_CONFIG
+    if Severity.DEGRADED in severities:
+        print("configuration NOT OK: the daemon would start degraded", file=sys.stderr)
         return EXIT_FAILURE
-    # The daemon's own loading rule: the current slot, else the previous one, else the files.
-    models = ModelSet(
-        config.model_dirs,
-        config.runtime.preference,
-        num_threads=config.runtime.num_threads,
-        trust=trust,
-    )
-    results = {result.feature: result for result in models.refresh(force=True)}
-    stats = models.stats()
-    for model in config.models:
-        calibrator = models.get(model.feature)
-        if calibrator is None:
-            print(
-                f"  model {model.feature}: REFUSED: {results[model.feature].error}",
-                file=sys.stderr,
-            )
-            continue
-        manifest = calibrator.manifest
-        fallback = stats[model.feature]["fallback"]
-        print(
-            f"  model {model.feature}: {manifest.name} v{manifest.version} "
-            f"(N={manifest.window_length}, period {manifest.period_seconds}s) "
-            f"on {calibrator.runtime_name} {calibrator.runtime_version}; {calibrator.trust}"
-            + (f"; FALLBACK to {stats[model.feature]['slot']} ({fallback})" if fallback else "")
-        )
-    return EXIT_FAILURE if models.missing() else EXIT_OK
+    print("configuration OK" + (" (models not loaded: --skip-models)" if not check_models else ""))
+    return EXIT_OK
 
 
 def _status(config: GatewayConfig, *, as_json: bool) -> int:
@@ -134,15 +134,16 @@ def _status(config: GatewayConfig, *, as_json: bool) -> int:
         status = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         print(f"no status file at {path}: has the gateway ever run here?", file=sys.stderr)
-        return EXIT_FAILURE
+        return EXIT_NOT_RUNNING
     except (OSError, json.JSONDecodeError) as exc:
         print(f"cannot read {path}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    running = read_pid_file(config.pid_file)
     if as_json:
         print(json.dumps(status, indent=2, sort_keys=True))
     else:
-        print(_summary(status, running=read_pid_file(config.pid_file)))
-    return EXIT_OK
+        print(_summary(status, running=running))
+    return EXIT_OK if running else EXIT_NOT_RUNNING
 
 
 def _model_lines(models: object) -> list[str]:

@@ -61,6 +61,7 @@ class ClockSanity:
             self._rejects.reject(
                 RejectReason.LATE,
                 source=reading.source,
+                sensor=reading.sensor_id,
                 detail=(
                     f"sensor {reading.sensor_id}: reading at {reading.timestamp:.0f} is for a "
                     f"period already closed in its {', '.join(late)} window"
@@ -108,6 +109,7 @@ class ClockSanity:
         self._rejects.reject(
             RejectReason.CLOCK_OUTLIER,
             source=held.source,
+            sensor=held.sensor_id,
             detail=(
                 f"sensor {held.sensor_id}: reading at {held.timestamp:.0f} was "
                 f"{held.timestamp - held_arrival:.0f} s ahead of the gateway clock and its next "

@@ -80,10 +80,11 @@ class RejectReason(enum.StrEnum):
 class ReadingRejectedError(GatewayError):
     """An input was refused; ``reason`` is what the stats count, the message what the log says."""
 
-    def __init__(self, reason: RejectReason, detail: str) -> None:
+    def __init__(self, reason: RejectReason, detail: str, *, sensor_id: str | None = None) -> None:
         super().__init__(f"{reason.value}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.sensor_id = sensor_id  # whose input it was, when known (for the operator's log)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +109,36 @@ def validate_reading(
     max_age_s: float | None = None,
     seq: int | None = None,
 ) -> Reading:
-    """Apply the acceptance rules shared by every source; raise :class:`ReadingRejectedError`."""
+    """Apply the acceptance rules shared by every source; raise :class:`ReadingRejectedError`
+    (naming the sensor, so the reject log can say whose reading it was)."""
+    try:
+        return _validated(
+            sensor_id,
+            timestamp,
+            values,
+            now=now,
+            source=source,
+            max_future_s=max_future_s,
+            max_age_s=max_age_s,
+            seq=seq,
+        )
+    except ReadingRejectedError as exc:
+        if exc.sensor_id is None and exc.reason is not RejectReason.BAD_SENSOR_ID:
+            exc.sensor_id = sensor_id
+        raise
+
+
+def _validated(
+    sensor_id: str,
+    timestamp: float,
+    values: Mapping[str, float],
+    *,
+    now: float,
+    source: str,
+    max_future_s: float,
+    max_age_s: float | None,
+    seq: int | None,
+) -> Reading:
     if not SENSOR_ID_PATTERN.fullmatch(sensor_id):
         raise ReadingRejectedError(
             RejectReason.BAD_SENSOR_ID,

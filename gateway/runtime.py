@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.errors import ModelLoadError
+from gateway.native_stderr import native_stderr_logged
 
 __all__ = [
     "DEFAULT_RUNTIME_PREFERENCE",
@@ -102,7 +103,11 @@ def _load(name: RuntimeName) -> Runtime:
     version = str(getattr(top, "__version__", "unknown"))
 
     def factory(model_content: bytes, num_threads: int | None) -> Interpreter:
-        return interpreter_class(model_content=model_content, num_threads=num_threads)
+        # The first allocation creates the XNNPACK delegate, which announces itself on fd 2.
+        with native_stderr_logged(f"{name} interpreter"):
+            interpreter = interpreter_class(model_content=model_content, num_threads=num_threads)
+            interpreter.allocate_tensors()
+        return interpreter
 
     return Runtime(name=name, version=version, factory=factory)
 

@@ -207,6 +207,7 @@ class GatewayService:
             for signum in handled:
                 loop.remove_signal_handler(signum)
             self._phase = "stopped"
+            self.rejects.flush(final=True)
             self.monitor.close()  # fsync the pairs dataset
             self._save_windows_and_checkpoint()  # also after a crash: keep what we have
             self._write_status()
@@ -467,6 +468,7 @@ class GatewayService:
     async def _status_loop(self, publisher: Publisher) -> None:
         while True:
             self._write_status()
+            self.rejects.flush()  # the count of a reject flood that has stopped
             publisher.submit_stats(self._stats())
             self.notifier.status(self._status_line())
             await asyncio.sleep(self.config.state.status_interval_s)

@@ -205,6 +205,7 @@ class MqttSource:
                 self._started.clear()
 
     def _decode(self, message: InboundMessage, rejects: RejectCounter) -> list[Reading]:
+        topic_sensor_id: str | None = None
         try:
             topic_sensor_id = self._topic_sensor_id(message.topic)
             shard = self._config.shard
@@ -223,10 +224,14 @@ class MqttSource:
                 rules=self._rules,
             )
         except ReadingRejectedError as exc:
-            rejects.reject_error(exc, source=SOURCE_NAME)
+            rejects.reject_error(
+                exc, source=SOURCE_NAME, sensor=topic_sensor_id, where=message.topic
+            )
             return []
         for reject in decoded.rejects:
-            rejects.reject_error(reject, source=SOURCE_NAME)
+            rejects.reject_error(
+                reject, source=SOURCE_NAME, sensor=topic_sensor_id, where=message.topic
+            )
         shard = self._config.shard
         if shard is None:
             return list(decoded.readings)

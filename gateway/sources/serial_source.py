@@ -349,7 +349,13 @@ class _PortWorker:
                         self._log.debug("serial_partial_first_line", detail=exc.detail)
                         synced = True
                         continue
-                    rejects.reject_error(exc, source=self._source)
+                    hello = link.hello if link is not None else None
+                    rejects.reject_error(
+                        exc,
+                        source=self._source,
+                        sensor=hello.node_id if hello is not None else None,
+                        where=str(config.port),
+                    )
                     continue
                 if reading is not None:
                     readings.append(reading)
@@ -440,7 +446,9 @@ class _PortWorker:
                         raise item
                     readings.append(self._from_frame(item, config))
                 except ReadingRejectedError as exc:
-                    rejects.reject_error(exc, source=self._source)
+                    rejects.reject_error(
+                        exc, source=self._source, sensor=config.sensor_id, where=str(config.port)
+                    )
             return readings
 
         return handle

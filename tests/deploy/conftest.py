@@ -9,6 +9,7 @@ Pi pip fetches them), so the venv holds the gateway but not its dependencies.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -39,12 +40,17 @@ class InstalledRoot:
     first_run: str
 
     def install_args(self, *extra: str) -> list[str]:
-        args = [str(INSTALL), "--root", str(self.root), "--arch", "arm64"]
-        args += ["--gateway-id", GATEWAY_ID, "--wheelhouse", str(self.wheelhouse)]
-        args += ["--pip-args", "--no-index --no-deps"]
-        for node in NODES:
-            args += ["--node", node]
-        return [*args, *extra]
+        return install_command(self.root, *extra, wheelhouse=self.wheelhouse)
+
+
+def install_command(root: Path, *extra: str, wheelhouse: Path | None = None) -> list[str]:
+    """install.sh into ``root`` for this test gateway and its nodes (a dry run needs no wheel)."""
+    args = [str(INSTALL), "--root", str(root), "--arch", "arm64", "--gateway-id", GATEWAY_ID]
+    if wheelhouse is not None:
+        args += ["--wheelhouse", str(wheelhouse), "--pip-args", "--no-index --no-deps"]
+    for node in NODES:
+        args += ["--node", node]
+    return [*args, *extra]
 
 
 def make_base_root(root: Path) -> None:
@@ -77,8 +83,17 @@ def build_wheel(target: Path) -> Path:
     return wheels
 
 
+def adopt_venv(installed_root: InstalledRoot, root: Path) -> None:
+    """Give ``root`` the shared install's venv: install.sh finds it up to date (its stamp) and
+    skips pip, so a test's private install takes seconds."""
+    venv = Path("opt/tesla-gateway/venv")
+    shutil.copytree(installed_root.root / venv, root / venv, symlinks=True)
+
+
 @pytest.fixture(scope="package")
 def installed_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InstalledRoot]:
+    if os.geteuid() != 0:  # useradd --root and chown; the dry-run tests still run
+        pytest.skip("install.sh installs as root (useradd --root, chown): run as root to test it")
     base = tmp_path_factory.mktemp("deploy")
     root = base / "root"
     make_base_root(root)

@@ -10,21 +10,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from paho.mqtt import client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
-from paho.mqtt.reasoncodes import ReasonCode
 
 from devkit.broker import MOSQUITTO, free_ports
 from tests.deploy.conftest import GATEWAY_ID, InstalledRoot
-
-WAIT_S = 10.0
+from tests.deploy.mqtt_client import WAIT_S, Client
 
 
 @dataclass
@@ -36,6 +31,12 @@ class Broker:
 
     def password(self, user: str) -> str:
         return (self.credentials / user).read_text().strip()
+
+    def client(self, user: str | None, password: str | None = None) -> Client:
+        """A TLS client; without a password, the one install.sh created for ``user``."""
+        if user is not None and password is None:
+            password = self.password(user)
+        return Client(self.tls_port, user, password, ca=self.ca)
 
 
 @pytest.fixture
@@ -80,73 +81,18 @@ def _listening(port: int) -> bool:
         return False
 
 
-class Client:
-    """A synchronous MQTT 5 client over TLS: connect result, publish and subscribe outcomes."""
-
-    def __init__(self, broker: Broker, user: str | None, password: str | None = None) -> None:
-        self.connack: ReasonCode | None = None
-        self.messages: list[tuple[str, bytes]] = []
-        self._connected = threading.Event()
-        self._acks: dict[int, list[ReasonCode]] = {}
-        self._acked = threading.Condition()
-        self.client = paho.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
-        self.client.tls_set(ca_certs=str(broker.ca))
-        if user is not None:
-            self.client.username_pw_set(
-                user, password if password is not None else broker.password(user)
-            )
-        self.client.on_connect = self._on_connect
-        self.client.on_publish = self._on_ack
-        self.client.on_subscribe = lambda _c, _u, mid, codes, _p: self._record(mid, list(codes))
-        self.client.on_message = lambda _c, _u, m: self.messages.append((m.topic, bytes(m.payload)))
-        self.client.connect("127.0.0.1", broker.tls_port)
-        self.client.loop_start()
-        assert self._connected.wait(WAIT_S), "no CONNACK"
-
-    def _on_connect(self, _c: object, _u: object, _f: object, rc: ReasonCode, _p: object) -> None:
-        self.connack = rc
-        self._connected.set()
-
-    def _on_ack(self, _c: object, _u: object, mid: int, rc: ReasonCode, _p: object) -> None:
-        self._record(mid, [rc])
-
-    def _record(self, mid: int, codes: list[ReasonCode]) -> None:
-        with self._acked:
-            self._acks[mid] = codes
-            self._acked.notify_all()
-
-    def _wait(self, mid: int) -> list[ReasonCode]:
-        with self._acked:
-            assert self._acked.wait_for(lambda: mid in self._acks, WAIT_S), "no acknowledgement"
-            return self._acks.pop(mid)
-
-    def publish(self, topic: str, payload: bytes = b"{}") -> bool:
-        """True if the broker accepted the QoS 1 publish (PUBACK without a failure code)."""
-        info = self.client.publish(topic, payload, qos=1)
-        return not self._wait(info.mid)[0].is_failure
-
-    def subscribe(self, topic: str) -> bool:
-        _, mid = self.client.subscribe(topic, qos=1)
-        assert mid is not None
-        return not self._wait(mid)[0].is_failure
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-
-
 def test_acl_and_authentication_over_tls(broker: Broker) -> None:
-    anonymous = Client(broker, None)
+    anonymous = broker.client(None)
     assert anonymous.connack is not None and anonymous.connack.is_failure
     anonymous.close()
-    wrong = Client(broker, "node-01", "not-the-password")
+    wrong = broker.client("node-01", "not-the-password")
     assert wrong.connack is not None and wrong.connack.is_failure
     wrong.close()
 
-    gateway = Client(broker, "tesla-gateway")
-    reader = Client(broker, "tesla-reader")
-    node = Client(broker, "node-01")
-    release = Client(broker, "tesla-release")
+    gateway = broker.client("tesla-gateway")
+    reader = broker.client("tesla-reader")
+    node = broker.client("node-01")
+    release = broker.client("tesla-release")
     try:
         for client in (gateway, reader, node, release):
             assert client.connack is not None and not client.connack.is_failure
@@ -170,6 +116,17 @@ def test_acl_and_authentication_over_tls(broker: Broker) -> None:
             time.sleep(0.02)
         assert gateway.messages == [("sensors/node-01/raw", b"own")]
         assert reader.messages == [(f"tesla/{GATEWAY_ID}/node-01/pm10", b"calibrated")]
+        # The reader account reads everything the gateway publishes: stats, health, drift.
+        published = [
+            f"tesla/{GATEWAY_ID}/stats",
+            f"tesla/{GATEWAY_ID}/node-01/pm10/health",
+            f"tesla/{GATEWAY_ID}/node-01/pm10/drift",
+        ]
+        assert reader.subscribe(f"tesla/{GATEWAY_ID}/#")
+        reader.messages.clear()
+        for topic in published:
+            assert gateway.publish(topic, b"doc")
+        assert [topic for topic, _ in reader.received(len(published))] == sorted(published)
     finally:
         for client in (gateway, reader, node, release):
             client.close()

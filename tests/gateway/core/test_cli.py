@@ -40,7 +40,7 @@ def test_reload_ignores_a_stale_pid_file(config: Path, capsys: pytest.CaptureFix
 
 
 def test_status_without_a_status_file(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["status", "--config", str(config)]) == 1
+    assert main(["status", "--config", str(config)]) == 3  # LSB: not running
     assert "no status file" in capsys.readouterr().err
 
 
@@ -53,12 +53,12 @@ def test_status_of_a_stopped_daemon(config: Path, capsys: pytest.CaptureFixture[
         ' "ticker": {"published": 4}, "models": {"pm10": {"model": "m", "version": 3,'
         ' "runtime": "ai_edge_litert", "reloads": 1, "rejected": 0, "last_error": null}}}'
     )
-    assert main(["status", "--config", str(config)]) == 0
+    assert main(["status", "--config", str(config)]) == 3  # LSB: not running
     out = capsys.readouterr().out
     assert "not running (last phase stopped)" in out
     assert "rejected 1 {'bad_json': 1}" in out
     assert "model pm10: m v3 on ai_edge_litert" in out
-    assert main(["status", "--json", "--config", str(config)]) == 0
+    assert main(["status", "--json", "--config", str(config)]) == 3
     assert '"readings_in": 5' in capsys.readouterr().out
 
 
@@ -72,7 +72,7 @@ def test_status_shows_set_aside_files_and_a_degraded_start(
         ' {"count": 2, "files": []}, "problems": ["pid file state/gateway.pid not written:'
         ' Read-only file system"]}}'
     )
-    assert main(["status", "--config", str(config)]) == 0
+    assert main(["status", "--config", str(config)]) == 3  # the pid file names no daemon
     out = capsys.readouterr().out
     assert "2 unreadable file(s) set aside" in out
     assert "degraded: pid file state/gateway.pid not written: Read-only file system" in out

@@ -279,12 +279,14 @@ def test_daemon_end_to_end(
             )
         capture = daemons[-1]
         assert capture.stop() == 0
-        summary = subprocess.run(
+        stopped = subprocess.run(
             [sys.executable, "-m", "gateway", "status", "--config", str(config)],
             capture_output=True,
             text=True,
-            check=True,
-        ).stdout
+            check=False,
+        )
+        assert stopped.returncode == 3  # the LSB code for "not running"
+        summary = stopped.stdout
         assert "not running" in summary and "model pm10: test-tesla v2" in summary
     finally:
         sensors.close()

@@ -77,6 +77,33 @@ def stats_show(calibrated: Calibrated, expected: dict[str, dict[str, int]]) -> d
     return rejected if rejected.get("by_source") == expected else {}
 
 
+def assert_rejects_logged(log: Path, port: Path, serial_source: str) -> None:
+    """Every line the daemon wrote (stdout and stderr, JSON logging) is a JSON object, LiteRT's
+    XNNPACK line included; each reject has its own line naming the sensor when known and the
+    topic or port it came in on."""
+    lines = log.read_text(encoding="utf-8").splitlines()
+    events = [json.loads(line) for line in lines]  # raises on any raw line
+    assert all(isinstance(event, dict) for event in events)
+    assert any(e["event"] == "native_stderr" and "XNNPACK" in e["message"] for e in events)
+    logged = {
+        (e["source"], e["reason"]): (e["sensor"], e["where"])
+        for e in events
+        if e["event"] == "reading_rejected"
+    }
+    for reason in mqtt_malformed(0.0):
+        sensor, where = logged["mqtt", reason]
+        if reason == "bad_sensor_id":
+            assert (sensor, where) == (None, "sensors/-bad/raw")
+        elif reason == "unknown_sensor":  # refused at admission, after the source
+            assert sensor == "stranger"
+        else:
+            assert (sensor, where) == ("mq-ok", "sensors/mq-ok/raw"), reason
+    for reason in serial_malformed():
+        sensor, where = logged[serial_source, reason]
+        assert where == str(port), reason
+        assert sensor == "node-ok", reason  # the node of that port (its hello), the offender
+
+
 def test_malformed_input_is_counted_by_reason_and_survived(
     tmp_path: Path,
     mosquitto: Mosquitto,
@@ -126,6 +153,7 @@ def test_malformed_input_is_counted_by_reason_and_survived(
         assert status["readings_in"] == 2 * PERIODS
         assert status["windows"]["pm10"]["sensors"] == 2
         assert daemons[-1].stop() == 0
+        assert_rejects_logged(daemons[-1].log, pty_serial.path, serial_source)
     finally:
         mqtt.close()
         calibrated.close()
