@@ -1,0 +1,395 @@
+"""The fleet sources' mappings: each device's documented payload (tests/fixtures/fleet) becomes
+the validated reading named in the fixture, and each kind of bad payload is refused with its
+reason. Pure functions on real config objects; the daemon end to end is in
+tests/gateway/e2e/test_fleet_sources.py."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.config import GatewayConfig
+from gateway.readings import Reading, ReadingRejectedError, RejectReason
+from gateway.sources.esphome import EsphomeGrouper, EsphomeSourceConfig, parse_state, split_topic
+from gateway.sources.http_io import (
+    HttpFetchError,
+    HttpRequestError,
+    basic_auth_matches,
+    http_get,
+    read_request,
+)
+from gateway.sources.purpleair import PurpleAirSourceConfig, decode_purpleair
+from gateway.sources.sensor_community import (
+    SensorCommunitySourceConfig,
+    decode_sensor_community,
+)
+from gateway.sources.tasmota import TasmotaSourceConfig, decode_tasmota
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "fleet"
+
+
+def fixture(name: str) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads((FIXTURES / name).read_text(encoding="utf-8"))
+    return document
+
+
+def utc(text: str) -> float:
+    return datetime.fromisoformat(text).astimezone(UTC).timestamp()
+
+
+def assert_reading(reading: Reading, expected: dict[str, Any]) -> None:
+    assert reading.sensor_id == expected["sensor_id"]
+    assert dict(reading.values) == pytest.approx(expected["values"])
+    if "timestamp_utc" in expected:
+        assert reading.timestamp == utc(expected["timestamp_utc"])
+
+
+# -- Tasmota -----------------------------------------------------------------------------------
+
+TASMOTA = TasmotaSourceConfig(kind="tasmota")
+
+
+def tasmota(document: dict[str, Any], config: TasmotaSourceConfig = TASMOTA) -> Reading:
+    stamp = fixture("tasmota_sensor.json")["expected"]["timestamp_utc"]
+    return decode_tasmota(
+        json.dumps(document).encode(),
+        device="tasmota_9229FE",
+        received_at=utc(stamp) + 30,
+        config=config,
+    )
+
+
+def test_tasmota_sensor_payload_maps_onto_a_reading() -> None:
+    case = fixture("tasmota_sensor.json")
+    assert_reading(tasmota(case["payload"]), case["expected"])
+
+
+def test_tasmota_cf1_fahrenheit_zone_and_epoch() -> None:
+    payload = fixture("tasmota_sensor.json")["payload"]
+    cf1 = tasmota(payload, TasmotaSourceConfig(kind="tasmota", pm_kind="cf_1"))
+    assert (cf1.values["pm1"], cf1.values["pm2_5"], cf1.values["pm10"]) == (7, 11, 13)
+    fahrenheit = tasmota({**payload, "TempUnit": "F", "BME280": {"Temperature": 50.0}})
+    assert fahrenheit.values["temp_c"] == pytest.approx(10.0)
+    assert "rh" not in fahrenheit.values
+    rome = TasmotaSourceConfig(kind="tasmota", timezone="Europe/Rome")  # CEST: UTC+2 in May
+    assert tasmota(payload, rome).timestamp == utc("2024-05-08T18:27:22Z")
+    with_offset = {**payload, "Time": "2024-05-08T22:27:22+02:00"}
+    assert tasmota(with_offset).timestamp == utc("2024-05-08T20:27:22Z")
+    epoch = {**payload, "Time": "garbage is ignored when Epoch is there", "Epoch": 1715200042}
+    assert tasmota(epoch).timestamp == 1715200042
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"\xff\xfe", RejectReason.BAD_ENCODING),
+        (b"{not json", RejectReason.BAD_JSON),
+        (b"[1, 2]", RejectReason.SCHEMA),
+        (b'{"Time": "2024-05-08T20:27:22", "BME280": {"Temperature": 20}}', RejectReason.NO_VALUES),
+        (b'{"PMS5003": {"PM2.5": "x"}}', RejectReason.SCHEMA),
+        (b'{"PMS5003": {"PM2.5": 9}, "Time": "yesterday"}', RejectReason.SCHEMA),
+        (b'{"PMS5003": {"PM2.5": 9, "PM10": 5000}}', RejectReason.OUT_OF_RANGE),
+        (b'{"PMS5003": {"PM2.5": 9}, "Time": "2019-01-01T00:00:00"}', RejectReason.STALE_TIMESTAMP),
+        (b" " * 20_000, RejectReason.TOO_LARGE),
+    ],
+)
+def test_tasmota_bad_payloads_are_refused_with_their_reason(
+    payload: bytes, reason: RejectReason
+) -> None:
+    with pytest.raises(ReadingRejectedError) as caught:
+        decode_tasmota(
+            payload, device="t1", received_at=utc("2024-05-08T20:28:00Z"), config=TASMOTA
+        )
+    assert caught.value.reason is reason
+
+
+# -- ESPHome -----------------------------------------------------------------------------------
+
+
+def test_esphome_states_of_one_node_group_into_one_reading() -> None:
+    case = fixture("esphome_states.json")
+    config = EsphomeSourceConfig(kind="esphome", channels=case["channels"], group_s=60)
+    grouper = EsphomeGrouper(config, group_s=60, grace_s=5)
+    start = 1_715_200_040.0  # 20 s into a 60 s window
+    for offset, (topic, payload) in enumerate(case["messages"]):
+        node, object_id = split_topic(topic)
+        assert node == case["node"]
+        channel = config.channels.get(object_id)
+        if channel is None:
+            assert object_id == "wifi_signal"  # not mapped: ignored
+            continue
+        assert grouper.add(node, channel, parse_state(payload.encode()), start + offset) == ([], [])
+    assert grouper.close_due(start + 40 + 4.9) == ([], [])  # window end + grace not reached
+    readings, rejects = grouper.close_due(start + 40 + 5)
+    assert rejects == []
+    (reading,) = readings
+    assert_reading(reading, case["expected"])
+    assert reading.timestamp == start + 4  # the receive time of the window's latest value
+
+
+def test_esphome_window_closes_on_a_later_value_and_averages() -> None:
+    config = EsphomeSourceConfig(kind="esphome", channels={"pm2_5": "pm2_5"}, group_s=10)
+    grouper = EsphomeGrouper(config, group_s=10, grace_s=5)
+    grouper.add("n1", "pm2_5", 4.0, 1_715_200_000.0)
+    grouper.add("n1", "pm2_5", 8.0, 1_715_200_003.0)
+    readings, _ = grouper.add("n1", "pm2_5", 30.0, 1_715_200_011.0)
+    assert [dict(r.values) for r in readings] == [{"pm2_5": 6.0}]
+    grouper.add("n2", "rh", 50.0, 1_715_200_012.0)  # covariate only: no reading
+    readings, rejects = grouper.close_due(1_715_200_030.0)
+    assert [dict(r.values) for r in readings] == [{"pm2_5": 30.0}]
+    assert [exc.reason for exc in rejects] == [RejectReason.NO_VALUES]
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"nan", RejectReason.NOT_FINITE),
+        (b"ON", RejectReason.SCHEMA),
+        (b"\xff", RejectReason.SCHEMA),
+        (b"1" * 64, RejectReason.TOO_LARGE),
+    ],
+)
+def test_esphome_bad_states_are_refused(payload: bytes, reason: RejectReason) -> None:
+    with pytest.raises(ReadingRejectedError) as caught:
+        parse_state(payload)
+    assert caught.value.reason is reason
+
+
+def test_esphome_topic_shape_is_checked() -> None:
+    assert split_topic("home/air/sensor/pm2_5/state") == ("home/air", "pm2_5")
+    with pytest.raises(ReadingRejectedError):
+        split_topic("air/binary_sensor/x/state")
+
+
+# -- sensor.community -------------------------------------------------------------------------
+
+SENSOR_COMMUNITY = SensorCommunitySourceConfig(kind="sensor_community")
+
+
+def sensor_community(
+    document: object, config: SensorCommunitySourceConfig = SENSOR_COMMUNITY
+) -> Reading:
+    return decode_sensor_community(
+        json.dumps(document).encode(), received_at=1_715_200_042.0, config=config
+    )
+
+
+def test_sensor_community_post_maps_onto_a_reading() -> None:
+    case = fixture("sensor_community_post.json")
+    reading = sensor_community(case["payload"])
+    assert_reading(reading, case["expected"])
+    assert reading.timestamp == 1_715_200_042.0  # the station sends no time: receive time
+
+
+def test_sensor_community_sds_and_choice_of_sensor() -> None:
+    sds = {
+        "esp8266id": 77,
+        "sensordatavalues": [
+            {"value_type": "SDS_P1", "value": "20.5"},
+            {"value_type": "SDS_P2", "value": "10.25"},
+            {"value_type": "PMS_P2", "value": "3"},
+            {"value_type": "temperature", "value": "11.0"},
+            {"value_type": "humidity", "value": "80.0"},
+        ],
+    }
+    auto = sensor_community(sds)  # PMS comes first, and has PM2.5
+    assert auto.sensor_id == "airrohr-77"
+    assert dict(auto.values) == {"pm2_5": 3.0, "temp_c": 11.0, "rh": 80.0}
+    chosen = sensor_community(
+        sds, SensorCommunitySourceConfig(kind="sensor_community", pm_sensor="SDS")
+    )
+    assert dict(chosen.values) == {"pm10": 20.5, "pm2_5": 10.25, "temp_c": 11.0, "rh": 80.0}
+
+
+@pytest.mark.parametrize(
+    ("document", "reason"),
+    [
+        ([], RejectReason.SCHEMA),
+        ({"sensordatavalues": []}, RejectReason.BAD_SENSOR_ID),
+        ({"esp8266id": "1", "sensordatavalues": {}}, RejectReason.SCHEMA),
+        ({"esp8266id": "1", "sensordatavalues": [{"value": "3"}]}, RejectReason.SCHEMA),
+        (
+            {
+                "esp8266id": "1",
+                "sensordatavalues": [{"value_type": "BME280_humidity", "value": "40"}],
+            },
+            RejectReason.NO_VALUES,
+        ),
+        (
+            {"esp8266id": "1", "sensordatavalues": [{"value_type": "PMS_P2", "value": "n/a"}]},
+            RejectReason.SCHEMA,
+        ),
+        (
+            {"esp8266id": "1", "sensordatavalues": [{"value_type": "PMS_P2", "value": "-4"}]},
+            RejectReason.NEGATIVE,
+        ),
+        (
+            {"esp8266id": "bad id!", "sensordatavalues": [{"value_type": "PMS_P2", "value": "4"}]},
+            RejectReason.BAD_SENSOR_ID,
+        ),
+    ],
+)
+def test_sensor_community_bad_posts_are_refused(document: object, reason: RejectReason) -> None:
+    with pytest.raises(ReadingRejectedError) as caught:
+        sensor_community(document)
+    assert caught.value.reason is reason
+
+
+def test_sensor_community_auth_must_be_a_pair() -> None:
+    with pytest.raises(ValidationError, match="both username and password"):
+        SensorCommunitySourceConfig(kind="sensor_community", username="station")
+
+
+# -- PurpleAir ---------------------------------------------------------------------------------
+
+PURPLEAIR = PurpleAirSourceConfig(
+    kind="purpleair", units=[{"url": "http://192.168.1.40/json"}], max_age_s=None
+)
+
+
+def purpleair(document: dict[str, Any], config: PurpleAirSourceConfig = PURPLEAIR) -> Reading:
+    return decode_purpleair(
+        json.dumps(document).encode(),
+        received_at=utc("2025-05-08T20:28:00Z"),
+        sensor_id=None,
+        config=config,
+    )
+
+
+def test_purpleair_json_maps_onto_a_reading_averaging_agreeing_channels() -> None:
+    case = fixture("purpleair_json.json")
+    assert_reading(purpleair(case["payload"]), case["expected"])
+    atm = PURPLEAIR.model_copy(update={"pm_kind": "atm"})
+    assert purpleair(case["payload"], atm).values["pm2_5"] == pytest.approx(9.5)  # 8 and 11
+
+
+def test_purpleair_channel_rule() -> None:
+    payload = fixture("purpleair_json.json")["payload"]
+    # 40 and 60: 20 µg/m³ apart (> 5) but 40 % of their mean (<= 70 %): agree, averaged.
+    assert purpleair({**payload, "pm2_5_cf_1": 40, "pm2_5_cf_1_b": 60}).values["pm2_5"] == 50
+    # 2 and 7: 111 % of their mean apart, but within 5 µg/m³: agree.
+    assert purpleair({**payload, "pm2_5_cf_1": 2, "pm2_5_cf_1_b": 7}).values["pm2_5"] == 4.5
+    # 10 and 40: 30 apart and 120 % of the mean: a failing laser, rejected.
+    with pytest.raises(ReadingRejectedError) as caught:
+        purpleair({**payload, "pm2_5_cf_1": 10, "pm2_5_cf_1_b": 40})
+    assert caught.value.reason is RejectReason.CHANNEL_DISAGREEMENT
+    single = {k: v for k, v in payload.items() if not k.endswith("_b")}
+    assert purpleair(single).values["pm2_5"] == 8  # single-laser unit: channel A
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"SensorId": None}, RejectReason.BAD_SENSOR_ID),
+        ({"DateTime": "08/05/2025 20:27"}, RejectReason.SCHEMA),
+        ({"pm2_5_cf_1": "high"}, RejectReason.SCHEMA),
+        ({"current_humidity": 140}, RejectReason.OUT_OF_RANGE),
+        ({"DateTime": "2031/05/08T20:27:22z"}, RejectReason.FUTURE_TIMESTAMP),
+    ],
+)
+def test_purpleair_bad_answers_are_refused(change: dict[str, Any], reason: RejectReason) -> None:
+    payload = {**fixture("purpleair_json.json")["payload"], **change}
+    payload = {k: v for k, v in payload.items() if v is not None}
+    with pytest.raises(ReadingRejectedError) as caught:
+        purpleair(payload)
+    assert caught.value.reason is reason
+
+
+# -- configuration and the HTTP helper ---------------------------------------------------------
+
+
+def test_fleet_sources_are_configured_by_kind_and_strictly(tmp_path: Path) -> None:
+    base = {
+        "gateway_id": "gw",
+        "state_dir": str(tmp_path),
+        "models": [{"feature": "pm2_5", "model_dir": "m"}],
+    }
+    sources = [
+        {"kind": "tasmota", "timezone": "Europe/Rome"},
+        {"kind": "esphome", "channels": {"pm2_5": "pm2_5"}},
+        {"kind": "sensor_community", "port": 8123},
+        {"kind": "purpleair", "units": [{"url": "http://10.0.0.5/json"}]},
+    ]
+    config = GatewayConfig.model_validate({**base, "sources": sources})
+    assert [type(s).__name__ for s in config.sources] == [
+        "TasmotaSourceConfig",
+        "EsphomeSourceConfig",
+        "SensorCommunitySourceConfig",
+        "PurpleAirSourceConfig",
+    ]
+    for bad in (
+        {"kind": "tasmota", "timezone": "Mars/Olympus"},
+        {"kind": "tasmota", "unknown": 1},
+        {"kind": "esphome", "channels": {"pm2_5": "pm25"}},
+        {"kind": "purpleair", "units": [{"url": "https://10.0.0.5/json"}]},
+    ):
+        with pytest.raises(ValidationError):
+            GatewayConfig.model_validate({**base, "sources": [bad]})
+
+
+def request_bytes(body: bytes, *, extra: str = "") -> bytes:
+    return (
+        f"POST /data.php HTTP/1.1\r\nHost: gw\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+    ).encode() + body
+
+
+async def parse(raw: bytes, max_body: int = 100) -> object:
+    reader = asyncio.StreamReader()
+    reader.feed_data(raw)
+    reader.feed_eof()
+    return await read_request(reader, max_header_bytes=1000, max_body_bytes=max_body)
+
+
+def test_read_request_bounds_and_errors() -> None:
+    request = asyncio.run(parse(request_bytes(b'{"a": 1}', extra="X-Sensor: esp8266-1\r\n")))
+    assert request.method == "POST" and request.path == "/data.php"  # type: ignore[attr-defined]
+    assert request.body == b'{"a": 1}'  # type: ignore[attr-defined]
+    assert request.headers["x-sensor"] == "esp8266-1"  # type: ignore[attr-defined]
+    for raw, status in (
+        (request_bytes(b"x" * 101), 413),
+        (b"POST / HTTP/1.1\r\nHost: gw\r\n\r\n", 411),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 411),
+        (b"garbage\r\n\r\n", 400),
+        (b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\nshort", 400),
+    ):
+        with pytest.raises(HttpRequestError) as caught:
+            asyncio.run(parse(raw))
+        assert caught.value.status == status
+
+
+def test_basic_auth() -> None:
+    token = base64.b64encode(b"station:s3cret").decode()
+    assert basic_auth_matches({"authorization": f"Basic {token}"}, "station", "s3cret")
+    assert not basic_auth_matches({"authorization": f"Basic {token}"}, "station", "other")
+    assert not basic_auth_matches({"authorization": "Basic !!"}, "station", "s3cret")
+    assert not basic_auth_matches({}, "station", "s3cret")
+
+
+def test_http_get_refused_and_oversized() -> None:
+    async def scenario() -> None:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n" + b"x" * 5000)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            with pytest.raises(HttpFetchError, match="exceeds"):
+                await http_get(f"http://127.0.0.1:{port}/json", timeout_s=5, max_bytes=1000)
+            assert (
+                len(await http_get(f"http://127.0.0.1:{port}/json", timeout_s=5, max_bytes=9000))
+                == 5000
+            )
+        with pytest.raises(HttpFetchError):
+            await http_get(f"http://127.0.0.1:{port}/json", timeout_s=5, max_bytes=1000)
+
+    asyncio.run(scenario())
