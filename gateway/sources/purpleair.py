@@ -70,7 +70,7 @@ class PurpleAirSourceConfig(FleetLimits):
     kind: Literal["purpleair"] = Field(description="Source kind: PurpleAir local /json polling.")
     units: list[PurpleAirUnit] = Field(min_length=1, description="Units to poll.")
     poll_interval_s: float = Field(
-        default=120.0, ge=1, le=3600, description="Seconds between polls of each unit."
+        default=120.0, ge=0.1, le=3600, description="Seconds between polls of each unit."
     )
     timeout_s: float = Field(default=10.0, gt=0, le=120, description="Deadline of one poll.")
     pm_kind: PmKind = Field(
