@@ -70,6 +70,15 @@ class EsphomeSourceConfig(FleetMqttConfig):
     grace_s: float = Field(
         default=5.0, ge=0, le=600, description="Wait this long after a window for late values."
     )
+    max_nodes: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Most nodes with an open window at once: values from further new prefixes are "
+            "rejected (unknown_sensor), so topics from the wire cannot grow memory without bound."
+        ),
+    )
 
 
 def parse_state(payload: bytes) -> float:
@@ -116,10 +125,13 @@ class _Window:
 class EsphomeGrouper:
     """Groups each node's single-value states into readings (the rule in the module doc)."""
 
-    def __init__(self, limits: FleetLimits, *, group_s: float, grace_s: float) -> None:
+    def __init__(
+        self, limits: FleetLimits, *, group_s: float, grace_s: float, max_nodes: int = 10_000
+    ) -> None:
         self._limits = limits
         self._group_s = group_s
         self._grace_s = grace_s
+        self._max_nodes = max_nodes
         self._open: dict[str, _Window] = {}
 
     def add(self, node: str, channel: str, value: float, at: float) -> _Outcome:
@@ -133,6 +145,15 @@ class EsphomeGrouper:
             self._close(node, window, at, outcome)
             window = None
         if window is None:
+            if len(self._open) >= self._max_nodes:
+                outcome[1].append(
+                    ReadingRejectedError(
+                        RejectReason.UNKNOWN_SENSOR,
+                        f"node {node[:64]!r}: already {self._max_nodes} nodes with open windows "
+                        "(max_nodes)",
+                    )
+                )
+                return outcome
             window = self._open[node] = _Window(index=index, last_at=at)
         window.add(channel, value, at)
         return outcome
@@ -177,7 +198,9 @@ class EsphomeSource:
         self._config = config
         self._client_id = config.client_id or client_id
         self._clock = clock
-        self._grouper = EsphomeGrouper(config, group_s=config.group_s, grace_s=config.grace_s)
+        self._grouper = EsphomeGrouper(
+            config, group_s=config.group_s, grace_s=config.grace_s, max_nodes=config.max_nodes
+        )
         self._connection: MqttConnection | None = None
         self._accepted = 0
         self._ignored = 0

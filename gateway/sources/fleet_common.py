@@ -117,7 +117,10 @@ def number(value: object, where: str) -> float:
     if isinstance(value, bool):
         raise ReadingRejectedError(RejectReason.SCHEMA, f"{where} is a boolean, not a number")
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError as exc:  # a JSON integer beyond any float
+            raise ReadingRejectedError(RejectReason.OUT_OF_RANGE, f"{where} is too large") from exc
     if isinstance(value, str) and len(value) <= 32:
         try:
             return float(value)

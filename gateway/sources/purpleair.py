@@ -21,9 +21,10 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.readings import Reading, ReadingRejectedError, RejectReason
 from gateway.rejects import RejectCounter
@@ -54,7 +55,7 @@ class PurpleAirUnit(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str = Field(
-        pattern=r"^http://[A-Za-z0-9.:\[\]-]+(/[^\s]*)?$",
+        pattern=r"^http://[A-Za-z0-9.:\[\]-]+(/[!-~]*)?$",
         description="The unit's local JSON, e.g. http://192.168.1.40/json.",
     )
     sensor_id: str | None = Field(
@@ -62,6 +63,18 @@ class PurpleAirUnit(BaseModel):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
         description="Sensor id; default 'purpleair-' + its SensorId (MAC) without colons.",
     )
+
+    @field_validator("url")
+    @classmethod
+    def _host_and_port(cls, value: str) -> str:
+        parts = urlsplit(value)
+        try:
+            parts.port  # noqa: B018 - raises for a port outside 0-65535
+        except ValueError as exc:
+            raise ValueError(f"{value!r}: {exc}") from exc
+        if not parts.hostname:
+            raise ValueError(f"{value!r} names no host")
+        return value
 
 
 class PurpleAirSourceConfig(FleetLimits):

@@ -178,7 +178,10 @@ def _timestamp(document: dict[str, Any], received_at: float, zone: ZoneInfo) -> 
         raise ReadingRejectedError(RejectReason.SCHEMA, f"Time {value!r} is not ISO-8601") from exc
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=zone)
-    stamp = parsed.timestamp()
+    try:
+        stamp = parsed.timestamp()
+    except (OverflowError, OSError, ValueError) as exc:
+        raise ReadingRejectedError(RejectReason.SCHEMA, f"Time {value!r} is out of range") from exc
     if not math.isfinite(stamp):
         raise ReadingRejectedError(RejectReason.NOT_FINITE, f"Time {value!r}")
     return stamp

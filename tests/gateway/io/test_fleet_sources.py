@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from gateway.config import GatewayConfig
@@ -98,6 +101,7 @@ def test_tasmota_cf1_fahrenheit_zone_and_epoch() -> None:
         (b'{"PMS5003": {"PM2.5": 9, "PM10": 5000}}', RejectReason.OUT_OF_RANGE),
         (b'{"PMS5003": {"PM2.5": 9}, "Time": "2019-01-01T00:00:00"}', RejectReason.STALE_TIMESTAMP),
         (b" " * 20_000, RejectReason.TOO_LARGE),
+        (b'{"PMS5003": {"PM2.5": 9}, "Epoch": 1' + b"0" * 400 + b"}", RejectReason.OUT_OF_RANGE),
     ],
 )
 def test_tasmota_bad_payloads_are_refused_with_their_reason(
@@ -329,6 +333,9 @@ def test_fleet_sources_are_configured_by_kind_and_strictly(tmp_path: Path) -> No
         {"kind": "tasmota", "unknown": 1},
         {"kind": "esphome", "channels": {"pm2_5": "pm25"}},
         {"kind": "purpleair", "units": [{"url": "https://10.0.0.5/json"}]},
+        {"kind": "purpleair", "units": [{"url": "http://10.0.0.5:99999/json"}]},
+        {"kind": "purpleair", "units": [{"url": "http://10.0.0.5/jsön"}]},
+        {"kind": "sensor_community", "password": "only a password"},
     ):
         with pytest.raises(ValidationError):
             GatewayConfig.model_validate({**base, "sources": [bad]})
@@ -393,3 +400,76 @@ def test_http_get_refused_and_oversized() -> None:
             await http_get(f"http://127.0.0.1:{port}/json", timeout_s=5, max_bytes=1000)
 
     asyncio.run(scenario())
+
+
+# -- robustness: nothing from the wire raises anything but a counted reject -------------------
+
+fleet_keys = st.sampled_from(
+    [
+        "PMS5003",
+        "PM2.5",
+        "PM10",
+        "Time",
+        "Epoch",
+        "TempUnit",
+        "BME280",
+        "Temperature",
+        "Humidity",
+        "esp8266id",
+        "sensordatavalues",
+        "PMS_P2",
+        "SDS_P1",
+        "SensorId",
+        "DateTime",
+        "pm2_5_cf_1",
+        "pm2_5_cf_1_b",
+        "pm10_0_cf_1",
+        "current_temp_f",
+    ]
+)
+leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**40), max_value=2**40)
+    | st.just(10**400)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=12)
+)
+values = leaves | st.lists(leaves, max_size=3) | st.dictionaries(fleet_keys, leaves, max_size=4)
+items = st.lists(st.fixed_dictionaries({"value_type": fleet_keys, "value": leaves}), max_size=4)
+fleet_like = leaves | st.dictionaries(fleet_keys, values | items, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleet_like)
+def test_fuzz_every_decoder_raises_only_rejects(document: object) -> None:
+    payload = json.dumps(document).encode()
+    now = utc("2024-05-08T20:28:00Z")
+    decoders = (
+        lambda: decode_tasmota(payload, device="t1", received_at=now, config=TASMOTA),
+        lambda: decode_sensor_community(payload, received_at=now, config=SENSOR_COMMUNITY),
+        lambda: decode_purpleair(payload, received_at=now, sensor_id=None, config=PURPLEAIR),
+    )
+    for decode in decoders:
+        with contextlib.suppress(ReadingRejectedError):
+            decode()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=40))
+def test_fuzz_esphome_states_raise_only_rejects(payload: bytes) -> None:
+    with contextlib.suppress(ReadingRejectedError):
+        parse_state(payload)
+
+
+def test_esphome_node_count_is_bounded() -> None:
+    config = EsphomeSourceConfig(kind="esphome", channels={"pm2_5": "pm2_5"}, max_nodes=2)
+    grouper = EsphomeGrouper(config, group_s=60, grace_s=5, max_nodes=2)
+    at = 1_715_200_000.0
+    assert grouper.add("a", "pm2_5", 1.0, at) == ([], [])
+    assert grouper.add("b", "pm2_5", 1.0, at) == ([], [])
+    _, rejects = grouper.add("c", "pm2_5", 1.0, at)
+    assert [exc.reason for exc in rejects] == [RejectReason.UNKNOWN_SENSOR]
+    assert grouper.add("a", "pm2_5", 2.0, at + 1) == ([], [])  # known nodes go on
+    readings, _ = grouper.close_due(at + 70)
+    assert sorted(r.sensor_id for r in readings) == ["a", "b"]
