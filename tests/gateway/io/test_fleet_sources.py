@@ -9,6 +9,8 @@ import asyncio
 import base64
 import contextlib
 import json
+import re
+import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -473,3 +475,21 @@ def test_esphome_node_count_is_bounded() -> None:
     assert grouper.add("a", "pm2_5", 2.0, at + 1) == ([], [])  # known nodes go on
     readings, _ = grouper.close_due(at + 70)
     assert sorted(r.sensor_id for r in readings) == ["a", "b"]
+
+
+def test_the_examples_in_docs_sources_md_are_valid_configuration(tmp_path: Path) -> None:
+    text = (Path(__file__).resolve().parents[3] / "docs" / "sources.md").read_text("utf-8")
+    blocks = re.findall(r"```toml\n(.*?)```", text, flags=re.DOTALL)
+    assert len(blocks) == 4
+    head = f'gateway_id = "gw"\nstate_dir = "{tmp_path}"\n'
+    head += '[[models]]\nfeature = "pm2_5"\nmodel_dir = "m"\n'
+    kinds = [
+        type(GatewayConfig.model_validate(tomllib.loads(head + block)).sources[0]).__name__
+        for block in blocks
+    ]
+    assert kinds == [
+        "TasmotaSourceConfig",
+        "EsphomeSourceConfig",
+        "SensorCommunitySourceConfig",
+        "PurpleAirSourceConfig",
+    ]
