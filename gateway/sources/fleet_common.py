@@ -9,8 +9,9 @@ the gateway's queue.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Mapping
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,6 +28,7 @@ __all__ = [
     "PmKind",
     "enqueue",
     "fahrenheit_to_celsius",
+    "json_object",
     "number",
     "run_mqtt_subscription",
     "validated",
@@ -127,6 +129,23 @@ def number(value: object, where: str) -> float:
         except ValueError:
             pass
     raise ReadingRejectedError(RejectReason.SCHEMA, f"{where} is not a number: {str(value)[:32]!r}")
+
+
+def json_object(payload: bytes, *, max_bytes: int, what: str = "payload") -> dict[str, Any]:
+    """A bounded, UTF-8, JSON object payload; every other shape is a counted reject."""
+    if len(payload) > max_bytes:
+        raise ReadingRejectedError(
+            RejectReason.TOO_LARGE, f"{what} of {len(payload)} bytes exceeds {max_bytes}"
+        )
+    try:
+        document = json.loads(payload.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ReadingRejectedError(RejectReason.BAD_ENCODING, f"{what} is not UTF-8") from exc
+    except (ValueError, RecursionError) as exc:
+        raise ReadingRejectedError(RejectReason.BAD_JSON, f"{what} is not JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise ReadingRejectedError(RejectReason.SCHEMA, f"{what} is not a JSON object")
+    return document
 
 
 def fahrenheit_to_celsius(value: float) -> float:

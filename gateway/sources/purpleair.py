@@ -16,7 +16,6 @@ reading as ``channel_disagreement``. A single-laser unit (no ``_b`` fields) give
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -33,6 +32,7 @@ from gateway.sources.fleet_common import (
     PmKind,
     enqueue,
     fahrenheit_to_celsius,
+    json_object,
     number,
     validated,
 )
@@ -105,14 +105,7 @@ def decode_purpleair(
     body: bytes, *, received_at: float, sensor_id: str | None, config: PurpleAirSourceConfig
 ) -> Reading:
     """One ``/json`` answer into a reading; raise :class:`ReadingRejectedError` otherwise."""
-    try:
-        document = json.loads(body.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ReadingRejectedError(RejectReason.BAD_ENCODING, "answer is not UTF-8") from exc
-    except (ValueError, RecursionError) as exc:
-        raise ReadingRejectedError(RejectReason.BAD_JSON, f"answer is not JSON: {exc}") from exc
-    if not isinstance(document, dict):
-        raise ReadingRejectedError(RejectReason.SCHEMA, "answer is not a JSON object")
+    document = json_object(body, max_bytes=config.max_payload_bytes, what="answer")
     if sensor_id is None:
         mac = document.get("SensorId")
         if not isinstance(mac, str) or not mac:

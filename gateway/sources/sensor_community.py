@@ -16,7 +16,6 @@ status and counted, never raised.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -27,7 +26,7 @@ from pydantic import Field, SecretStr, model_validator
 from gateway.ingest_log import commit_queued
 from gateway.readings import Reading, ReadingRejectedError, RejectReason
 from gateway.rejects import RejectCounter
-from gateway.sources.fleet_common import FleetLimits, number, validated
+from gateway.sources.fleet_common import FleetLimits, json_object, number, validated
 from gateway.sources.http_io import (
     HttpRequest,
     HttpRequestError,
@@ -109,14 +108,7 @@ def decode_sensor_community(
     body: bytes, *, received_at: float, config: SensorCommunitySourceConfig
 ) -> Reading:
     """One POSTed document into a reading; raise :class:`ReadingRejectedError` otherwise."""
-    try:
-        document = json.loads(body.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ReadingRejectedError(RejectReason.BAD_ENCODING, "body is not UTF-8") from exc
-    except (ValueError, RecursionError) as exc:
-        raise ReadingRejectedError(RejectReason.BAD_JSON, f"body is not JSON: {exc}") from exc
-    if not isinstance(document, dict):
-        raise ReadingRejectedError(RejectReason.SCHEMA, "body is not a JSON object")
+    document = json_object(body, max_bytes=config.max_payload_bytes, what="body")
     chip = document.get("esp8266id")
     if isinstance(chip, int) and not isinstance(chip, bool):
         chip = str(chip)

@@ -14,7 +14,6 @@ by default, with one when SetOption52 is on, Unix seconds with time format 2, an
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections.abc import Callable
@@ -29,10 +28,10 @@ from gateway.mqtt.topics import TopicFilter
 from gateway.readings import SENSOR_ID_PATTERN, Reading, ReadingRejectedError, RejectReason
 from gateway.rejects import RejectCounter
 from gateway.sources.fleet_common import (
-    FleetLimits,
     FleetMqttConfig,
     PmKind,
     fahrenheit_to_celsius,
+    json_object,
     number,
     run_mqtt_subscription,
     validated,
@@ -116,7 +115,7 @@ def decode_tasmota(
     config: TasmotaSourceConfig,
 ) -> Reading:
     """One SENSOR message into a reading; raise :class:`ReadingRejectedError` otherwise."""
-    document = _json_object(payload, config)
+    document = json_object(payload, max_bytes=config.max_payload_bytes)
     block = document.get(config.block)
     if not isinstance(block, dict):
         raise ReadingRejectedError(
@@ -142,23 +141,6 @@ def decode_tasmota(
                 break
     timestamp = _timestamp(document, received_at, ZoneInfo(config.timezone))
     return validated(device, timestamp, values, limits=config, now=received_at, source=SOURCE_NAME)
-
-
-def _json_object(payload: bytes, limits: FleetLimits) -> dict[str, Any]:
-    if len(payload) > limits.max_payload_bytes:
-        raise ReadingRejectedError(
-            RejectReason.TOO_LARGE,
-            f"payload of {len(payload)} bytes exceeds max_payload_bytes={limits.max_payload_bytes}",
-        )
-    try:
-        document = json.loads(payload.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ReadingRejectedError(RejectReason.BAD_ENCODING, "payload is not UTF-8") from exc
-    except (ValueError, RecursionError) as exc:
-        raise ReadingRejectedError(RejectReason.BAD_JSON, f"payload is not JSON: {exc}") from exc
-    if not isinstance(document, dict):
-        raise ReadingRejectedError(RejectReason.SCHEMA, "payload is not a JSON object")
-    return document
 
 
 def _timestamp(document: dict[str, Any], received_at: float, zone: ZoneInfo) -> float:
