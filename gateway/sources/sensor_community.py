@@ -163,7 +163,7 @@ class SensorCommunitySource:
         self._config = config
         self._clock = clock
         self._log = structlog.get_logger("gateway.sources.sensor_community")
-        self._listening = False
+        self._listening = asyncio.Event()
         self._accepted = 0
         self._refused: dict[int, int] = {}
         self._slots = asyncio.Semaphore(config.max_connections)
@@ -171,10 +171,14 @@ class SensorCommunitySource:
     def stats(self) -> dict[str, object]:
         return {
             "kind": SOURCE_NAME,
-            "connected": self._listening,
+            "connected": self._listening.is_set(),
             "accepted": self._accepted,
             "http_refused": {str(code): n for code, n in sorted(self._refused.items())},
         }
+
+    async def wait_listening(self) -> None:
+        """Return once the listener accepts connections (tests and start-up ordering)."""
+        await self._listening.wait()
 
     async def run(self, queue: asyncio.Queue[Reading], rejects: RejectCounter) -> None:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -194,14 +198,14 @@ class SensorCommunitySource:
             handle, self._config.host, self._config.port, limit=_MAX_HEADER_BYTES
         )
         async with server:
-            self._listening = True
+            self._listening.set()
             self._log.info(
                 "sensor_community_listening", host=self._config.host, port=self._config.port
             )
             try:
                 await server.serve_forever()
             finally:
-                self._listening = False
+                self._listening.clear()
 
     async def _answer(self, writer: asyncio.StreamWriter, status: int, text: str) -> None:
         if status != 200:

@@ -20,8 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from devkit.broker import free_port
 from gateway.config import GatewayConfig
 from gateway.readings import Reading, ReadingRejectedError, RejectReason
+from gateway.rejects import RejectCounter
 from gateway.sources.esphome import EsphomeGrouper, EsphomeSourceConfig, parse_state, split_topic
 from gateway.sources.http_io import (
     HttpFetchError,
@@ -32,6 +34,7 @@ from gateway.sources.http_io import (
 )
 from gateway.sources.purpleair import PurpleAirSourceConfig, decode_purpleair
 from gateway.sources.sensor_community import (
+    SensorCommunitySource,
     SensorCommunitySourceConfig,
     decode_sensor_community,
 )
@@ -493,3 +496,54 @@ def test_the_examples_in_docs_sources_md_are_valid_configuration(tmp_path: Path)
         "SensorCommunitySourceConfig",
         "PurpleAirSourceConfig",
     ]
+
+
+def test_sensor_community_listener_answers_and_bounds_each_request() -> None:
+    """The listener on loopback, spoken to over real sockets (the daemon test covers the rest)."""
+    port = free_port()
+    config = SensorCommunitySourceConfig(
+        kind="sensor_community",
+        host="127.0.0.1",
+        port=port,
+        max_payload_bytes=1024,
+        request_timeout_s=0.3,
+    )
+    body = json.dumps(fixture("sensor_community_post.json")["payload"]).encode()
+
+    async def exchange(raw: bytes) -> int:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(raw)
+        await writer.drain()
+        status_line = await reader.readline()  # a stalled request gets its 408 on its own
+        writer.close()
+        return int(status_line.split()[1])
+
+    async def scenario() -> tuple[dict[str, int], RejectCounter, asyncio.Queue[Reading]]:
+        source = SensorCommunitySource(config, clock=lambda: 1_715_200_042.0)
+        queue: asyncio.Queue[Reading] = asyncio.Queue()
+        rejects = RejectCounter()
+        task = asyncio.create_task(source.run(queue, rejects))
+        await source.wait_listening()
+        statuses = {
+            "good": await exchange(request_bytes(body)),
+            "wrong_path": await exchange(request_bytes(body).replace(b"/data.php", b"/x", 1)),
+            "get": await exchange(b"GET /data.php HTTP/1.1\r\nHost: gw\r\n\r\n"),
+            "too_large": await exchange(request_bytes(b"x" * 2000)),
+            "stalled": await exchange(b"POST /data.php HTTP/1.1\r\nContent-Length: 10\r\n\r\n"),
+        }
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return statuses, rejects, queue
+
+    statuses, rejects, queue = asyncio.run(scenario())
+    assert statuses == {
+        "good": 200,
+        "wrong_path": 404,
+        "get": 405,
+        "too_large": 413,
+        "stalled": 408,
+    }
+    assert rejects.snapshot()["by_source"] == {"sensor_community": {"too_large": 1}}
+    assert queue.qsize() == 1
+    assert queue.get_nowait().sensor_id == "airrohr-12331981"
