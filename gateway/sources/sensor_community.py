@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import structlog
@@ -56,6 +56,7 @@ _TEMPERATURE = (
 )
 _MAX_VALUES = 64
 _MAX_HEADER_BYTES = 8_192
+_MAX_LISTEN_RETRY_S = 30.0
 
 
 class SensorCommunitySourceConfig(FleetLimits):
@@ -194,9 +195,7 @@ class SensorCommunitySource:
             finally:
                 writer.close()
 
-        server = await asyncio.start_server(
-            handle, self._config.host, self._config.port, limit=_MAX_HEADER_BYTES
-        )
+        server = await self._listen(handle)
         async with server:
             self._listening.set()
             self._log.info(
@@ -206,6 +205,28 @@ class SensorCommunitySource:
                 await server.serve_forever()
             finally:
                 self._listening.clear()
+
+    async def _listen(
+        self,
+        handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    ) -> asyncio.Server:
+        """Bind, retrying with backoff: a taken port must not take the other sources down."""
+        delay = 1.0
+        while True:
+            try:
+                return await asyncio.start_server(
+                    handle, self._config.host, self._config.port, limit=_MAX_HEADER_BYTES
+                )
+            except OSError as exc:
+                self._log.error(
+                    "sensor_community_listen_failed",
+                    host=self._config.host,
+                    port=self._config.port,
+                    error=str(exc),
+                    retry_in_s=delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _MAX_LISTEN_RETRY_S)
 
     async def _answer(self, writer: asyncio.StreamWriter, status: int, text: str) -> None:
         if status != 200:

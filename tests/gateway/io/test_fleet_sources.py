@@ -10,12 +10,14 @@ import base64
 import contextlib
 import json
 import re
+import socket
 import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -547,3 +549,29 @@ def test_sensor_community_listener_answers_and_bounds_each_request() -> None:
     assert rejects.snapshot()["by_source"] == {"sensor_community": {"too_large": 1}}
     assert queue.qsize() == 1
     assert queue.get_nowait().sensor_id == "airrohr-12331981"
+
+
+def test_sensor_community_listener_retries_a_taken_port() -> None:
+    """A port held by another program is logged and retried; nothing else is taken down."""
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    port = blocker.getsockname()[1]
+    config = SensorCommunitySourceConfig(kind="sensor_community", host="127.0.0.1", port=port)
+
+    async def scenario() -> list[dict[str, Any]]:
+        with structlog.testing.capture_logs() as logs:
+            source = SensorCommunitySource(config)
+            task = asyncio.create_task(source.run(asyncio.Queue(), RejectCounter()))
+            await asyncio.sleep(0.2)
+            assert not source.stats()["connected"] and not task.done()
+            blocker.close()
+            await asyncio.wait_for(source.wait_listening(), 10)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        return logs
+
+    logs = asyncio.run(scenario())
+    failed = [entry for entry in logs if entry["event"] == "sensor_community_listen_failed"]
+    assert failed and failed[0]["port"] == port
