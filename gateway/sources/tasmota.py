@@ -14,7 +14,6 @@ by default, with one when SetOption52 is on, Unix seconds with time format 2, an
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -161,12 +160,9 @@ def _timestamp(document: dict[str, Any], received_at: float, zone: ZoneInfo) -> 
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=zone)
     try:
-        stamp = parsed.timestamp()
+        return parsed.timestamp()
     except (OverflowError, OSError, ValueError) as exc:
         raise ReadingRejectedError(RejectReason.SCHEMA, f"Time {value!r} is out of range") from exc
-    if not math.isfinite(stamp):
-        raise ReadingRejectedError(RejectReason.NOT_FINITE, f"Time {value!r}")
-    return stamp
 
 
 class TasmotaSource:
