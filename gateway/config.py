@@ -36,6 +36,7 @@ from gateway.ota.config import OtaConfig
 from gateway.publish.publisher import PublisherConfig
 from gateway.readings import GATEWAY_ID_PATTERN, SENSOR_ID_PATTERN, Feature
 from gateway.runtime import DEFAULT_RUNTIME_PREFERENCE, RuntimeName
+from gateway.sources.fleet import FLEET_KINDS, FleetSourceConfig
 from gateway.sources.mqtt_source import MqttSourceConfig
 from gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig
 
@@ -69,7 +70,8 @@ class MqttSourceEntry(MqttSourceConfig):
 
 
 SourceConfig = Annotated[
-    MqttSourceEntry | NodePortConfig | Pms5003PortConfig, Field(discriminator="kind")
+    MqttSourceEntry | NodePortConfig | Pms5003PortConfig | FleetSourceConfig,
+    Field(discriminator="kind"),
 ]
 
 
@@ -223,7 +225,7 @@ class GatewayConfig(_Section):
     models: list[ModelConfig] = Field(min_length=1, description="Models in service.")
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     sources: list[SourceConfig] = Field(
-        default_factory=list, description="Where readings come from (mqtt, node, pms5003)."
+        default_factory=list, description="Where readings come from (docs/sources.md)."
     )
     publisher: PublisherConfig = Field(
         default_factory=PublisherConfig, description="Where calibrated readings go."
@@ -391,7 +393,8 @@ def _describe(path: Path, exc: ValidationError, env_keys: Mapping[str, str]) -> 
 def _env_origin(key: str, env_keys: Mapping[str, str]) -> str | None:
     # Discriminated unions add the tag to the location (sources.0.mqtt.broker...): drop it.
     # A [[references]] entry has a plain 'mqtt' section, so the key is tried as it is as well.
-    plain = ".".join(part for part in key.split(".") if part not in {"mqtt", "node", "pms5003"})
+    tags = {"mqtt", "node", "pms5003", *FLEET_KINDS}
+    plain = ".".join(part for part in key.split(".") if part not in tags)
     for dotted, variable in env_keys.items():
         for candidate in (key, plain):
             if (

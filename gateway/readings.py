@@ -75,6 +75,7 @@ class RejectReason(enum.StrEnum):
     SENSOR_NOT_OWNED = "sensor_not_owned"  # a serial node reporting for an id it did not announce
     LATE = "late"  # its period was already closed in a window (out of order, or after a restart)
     CLOCK_OUTLIER = "clock_outlier"  # ahead of the gateway clock, contradicted by the next one
+    CHANNEL_DISAGREEMENT = "channel_disagreement"  # a dual-laser unit's A and B disagree
 
 
 class ReadingRejectedError(GatewayError):

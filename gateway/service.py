@@ -43,6 +43,8 @@ from gateway.readings import Reading
 from gateway.rejects import RejectCounter
 from gateway.sd_notify import SdNotifier
 from gateway.set_aside import SetAsideLog
+from gateway.sources.fleet import make_fleet_source
+from gateway.sources.fleet_common import FleetSource
 from gateway.sources.mqtt_source import MqttSource, MqttSourceConfig
 from gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig, SerialSource
 from gateway.state import StateStore
@@ -153,6 +155,7 @@ class GatewayService:
         self._reload: asyncio.Event | None = None
         self._tick_wanted: asyncio.Event | None = None
         self._mqtt_sources: dict[str, MqttSource] = {}
+        self._fleet_sources: dict[str, FleetSource] = {}
         self.admission = SensorAdmission(config.sensors, self.ticker, self.rejects, clock=clock)
         self._serial_source: SerialSource | None = None
         self.ota: OtaService | None = None
@@ -330,8 +333,14 @@ class GatewayService:
                 mqtt = MqttSource(source, gateway_id=self.config.gateway_id, clock=self._clock)
                 self._mqtt_sources[f"mqtt-source-{index}"] = mqtt
                 made.append((f"mqtt-source-{index}", mqtt.run))
-            else:
+            elif isinstance(source, NodePortConfig | Pms5003PortConfig):
                 serial_ports.append(source)
+            else:
+                fleet = make_fleet_source(
+                    source, gateway_id=self.config.gateway_id, index=index, clock=self._clock
+                )
+                self._fleet_sources[f"{source.kind}-source-{index}"] = fleet
+                made.append((f"{source.kind}-source-{index}", fleet.run))
         if serial_ports:
             self._serial_source = SerialSource(serial_ports, clock=self._clock)
             made.append(("serial-sources", self._serial_source.run))
@@ -548,6 +557,7 @@ class GatewayService:
             "mqtt_sources_connected": {name: s.connected for name, s in sources.items()},
             "mqtt_other_shard": {name: s.other_shard for name, s in sources.items()},
             "mqtt_inbox": {name: s.inbox for name, s in sources.items()},
+            "fleet_sources": {name: s.stats() for name, s in self._fleet_sources.items()},
             "references_connected": {
                 name: source.connected for name, source in self._reference_sources.items()
             },
