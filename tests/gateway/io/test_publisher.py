@@ -228,13 +228,17 @@ def test_discovery_and_stats(mosquitto: Mosquitto, tmp_path: Path) -> None:
 
     with collecting(mosquitto, ["homeassistant/#", "site/a/stats"]) as live:
         asyncio.run(scenario())
-        live.wait_for(lambda m: len([x for x in m if x.topic.startswith("homeassistant")]) == 2)
+        # the gateway's device, then calibrated and raw per (sensor, feature)
+        live.wait_for(lambda m: len([x for x in m if x.topic.startswith("homeassistant")]) == 5)
         live.wait_for(lambda m: any(x.topic == "site/a/stats" for x in m))
         pm10 = json.loads(live.on("homeassistant/sensor/tesla_gw5/s1_pm10/config")[0])
         assert pm10["device_class"] == "pm10"
         assert pm10["unit_of_measurement"] == "µg/m³"
         assert pm10["state_topic"] == "site/a/s1/pm10"
-        assert pm10["availability_topic"] == "site/a/status"
+        assert pm10["availability"][0]["topic"] == "site/a/status"
+        assert pm10["availability"][1]["topic"] == "site/a/s1/availability"
+        assert pm10["availability_mode"] == "all"
+        assert pm10["device"]["via_device"] == "tesla_gw5"
         assert pm10["value_template"] == "{{ value_json.calibrated }}"
         pm25 = json.loads(live.on("homeassistant/sensor/tesla_gw5/s1_pm2_5/config")[0])
         assert pm25["device_class"] == "pm25"
