@@ -31,7 +31,9 @@ FEATURES = tuple(DEVICE_CLASSES)
 _FEATURE_NAMES = {"pm1": "PM1", "pm2_5": "PM2.5", "pm10": "PM10"}
 _UNSAFE_TOPIC = re.compile(r"[^A-Za-z0-9_-]")
 _UNSAFE_SLUG = re.compile(r"[^a-z0-9]+")
-_UNIT = "µg/m³"
+# Home Assistant's CONCENTRATION_MICROGRAMS_PER_CUBIC_METER, with the Greek mu (U+03BC) its
+# constants now use (home-assistant/core pylint/plugins/hass_enforce_greek_micro_char.py).
+_UNIT = "\u03bcg/m\u00b3"
 _DISPLAY_PRECISION = 1  # µg/m³ to a tenth: the sensors' own resolution is 1 µg/m³
 _ORIGIN_NAME = "tesla-gateway"
 _MANUFACTURER = "tesla-gateway"

@@ -233,7 +233,7 @@ def test_discovery_and_stats(mosquitto: Mosquitto, tmp_path: Path) -> None:
         live.wait_for(lambda m: any(x.topic == "site/a/stats" for x in m))
         pm10 = json.loads(live.on("homeassistant/sensor/tesla_gw5/s1_pm10/config")[0])
         assert pm10["device_class"] == "pm10"
-        assert pm10["unit_of_measurement"] == "µg/m³"
+        assert pm10["unit_of_measurement"] == "\u03bcg/m\u00b3"  # HA's constant (Greek mu)
         assert pm10["state_topic"] == "site/a/s1/pm10"
         assert pm10["availability"][0]["topic"] == "site/a/status"
         assert pm10["availability"][1]["topic"] == "site/a/s1/availability"
