@@ -20,7 +20,10 @@ def split_listen(listen: str) -> tuple[str, int]:
         raise ValueError(f"listen = {listen!r}: expected 'host:port', e.g. '127.0.0.1:9108'")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-        ipaddress.IPv6Address(host)  # ValueError names the bad address
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError as exc:
+            raise ValueError(f"listen = {listen!r}: [{host}] is not an IPv6 address") from exc
     port = int(port_text)
     if not 0 < port < 65_536:
         raise ValueError(f"listen = {listen!r}: port must be 1-65535")
