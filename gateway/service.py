@@ -206,6 +206,7 @@ class GatewayService:
                 set_aside=self.set_aside,
             )
             self._evicted(self._evicted_early)
+            self.publisher.adopt_sensors(self.admission.idle_seconds())
             await self._serve(self.publisher)
         finally:
             for signum in handled:

@@ -11,7 +11,7 @@ cannot turn every sensor offline.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 __all__ = ["SensorAvailability"]
 
@@ -46,6 +46,23 @@ class SensorAvailability:
         for sensor_id in quiet:
             del self._last[sensor_id]
         return quiet
+
+    def adopt(self, idle_s: Mapping[str, float]) -> tuple[list[str], list[str]]:
+        """Sensors known at start (restored windows), by seconds since their last reading:
+        (online, offline). The recent ones are tracked as online; the others are offline now.
+        The retained state of the previous run is unknown, so both are to be published."""
+        now = self._monotonic()
+        online: list[str] = []
+        offline: list[str] = []
+        for sensor_id, idle in sorted(idle_s.items(), key=lambda item: -item[1]):
+            if sensor_id in self._last:
+                continue
+            if idle < self.offline_after_s:
+                self._last[sensor_id] = now - idle
+                online.append(sensor_id)
+            else:
+                offline.append(sensor_id)
+        return online, offline
 
     def forget(self, sensor_ids: Iterable[str]) -> None:
         """Evicted sensors: no longer tracked (their topic is cleared by the publisher)."""

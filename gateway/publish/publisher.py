@@ -243,6 +243,17 @@ class Publisher:
         if self._availability.seen(sensor_id):
             self._enqueue([self._retained(self.topics.availability(sensor_id), b"online")])
 
+    def adopt_sensors(self, idle_s: Mapping[str, float]) -> None:
+        """Sensors with restored windows, by seconds since their last reading: each gets its
+        true availability now (the previous run's retained state may be stale)."""
+        if self._availability is None or self._closed_counts is not None:
+            return
+        online, offline = self._availability.adopt(idle_s)
+        self._enqueue(
+            [self._retained(self.topics.availability(s), b"online") for s in online]
+            + [self._retained(self.topics.availability(s), b"offline") for s in offline]
+        )
+
     def expire_quiet_sensors(self) -> list[str]:
         """Sensors quiet for ``sensor_offline_after_s`` go ``offline``; the ids (also run by the
         availability task)."""

@@ -48,3 +48,14 @@ def test_forgotten_sensors_are_no_longer_tracked() -> None:
     clock.now += 10
     assert availability.expire() == []
     assert availability.seen("a") is True
+
+
+def test_sensors_restored_at_start_get_their_true_state() -> None:
+    clock = Clock()
+    availability = SensorAvailability(60.0, monotonic=clock)
+    online, offline = availability.adopt({"recent": 10.0, "older": 50.0, "gone": 3_600.0})
+    assert (online, offline) == (["older", "recent"], ["gone"])
+    assert availability.seen("recent") is False  # already online: nothing new to publish
+    assert availability.seen("gone") is True  # back: online again
+    clock.now += 15  # "older" has now been quiet for 65 s
+    assert availability.expire() == ["older"]
