@@ -69,8 +69,10 @@ class SensorAdmission:
         *,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        on_evicted: Callable[[list[str]], None] | None = None,
     ) -> None:
         self._policy = policy
+        self._on_evicted = on_evicted  # e.g. the publisher removes their discovery configs
         self._store = store
         self._rejects = rejects
         self._clock = clock
@@ -153,7 +155,14 @@ class SensorAdmission:
             sensors=sorted(idle)[:_LOGGED_IDS],
             remaining=len(self._last_seen),
         )
+        if self._on_evicted is not None:
+            self._on_evicted(idle)
         return idle
+
+    def idle_seconds(self) -> dict[str, float]:
+        """Per admitted sensor, seconds since its last reading (per-sensor metrics)."""
+        now = self._monotonic()
+        return {sensor_id: now - seen for sensor_id, seen in self._last_seen.items()}
 
     def snapshot(self) -> dict[str, object]:
         """JSON-ready state for the stats topic."""

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gateway.config_errors import input_hint, redacted_message
 from gateway.errors import ConfigError
 from gateway.logging import LogFormat, LogLevel
+from gateway.metrics.config import MetricsConfig
 from gateway.model_trust import ModelTrust, SignaturePolicy
 from gateway.monitor.drift import DriftConfig
 from gateway.monitor.health import HealthConfig
@@ -249,6 +250,10 @@ class GatewayConfig(_Section):
     )
     drift: DriftConfig = Field(
         default_factory=DriftConfig, description="Rolling error vs reference and drift events."
+    )
+    metrics: MetricsConfig | None = Field(
+        default=None,
+        description="Prometheus /metrics endpoint (the 'metrics' extra); omit to disable.",
     )
 
     @field_validator("models")

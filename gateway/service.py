@@ -156,7 +156,10 @@ class GatewayService:
         self._tick_wanted: asyncio.Event | None = None
         self._mqtt_sources: dict[str, MqttSource] = {}
         self._fleet_sources: dict[str, FleetSource] = {}
-        self.admission = SensorAdmission(config.sensors, self.ticker, self.rejects, clock=clock)
+        self._evicted_early: list[str] = []  # evicted before the publisher exists (at start)
+        self.admission = SensorAdmission(
+            config.sensors, self.ticker, self.rejects, clock=clock, on_evicted=self._evicted
+        )
         self._serial_source: SerialSource | None = None
         self.ota: OtaService | None = None
         self.reference_rejects = RejectCounter()
@@ -205,6 +208,8 @@ class GatewayService:
                 state_dir=self.config.state_dir,
                 set_aside=self.set_aside,
             )
+            self._evicted(self._evicted_early)
+            self.publisher.adopt_sensors(self.admission.idle_seconds())
             await self._serve(self.publisher)
         finally:
             for signum in handled:
@@ -217,6 +222,13 @@ class GatewayService:
             self._instance.release()
         _log.info("gateway_stopped")
         return 0
+
+    def _evicted(self, sensor_ids: list[str]) -> None:
+        """Evicted sensors: the publisher withdraws them (discovery, availability)."""
+        if self.publisher is None:
+            self._evicted_early.extend(sensor_ids)
+        else:
+            self.publisher.forget_sensors(sensor_ids)
 
     def _claim_pid_file(self) -> None:
         """One daemon per state_dir; an unwritable one is reported, not fatal (instance_lock)."""
@@ -291,6 +303,8 @@ class GatewayService:
             ]
             if self.ota is not None:
                 helpers.append(group.create_task(self.ota.run(), name="ota"))
+            if self.config.metrics is not None:
+                helpers.append(group.create_task(self._serve_metrics(publisher), name="metrics"))
             # Everything built so far (imports, models, restored windows: with 10,000 sensors
             # over a million objects) lives as long as the process: keep it out of the cyclic
             # collector's full passes, which otherwise stall the loop for tens of milliseconds.
@@ -324,6 +338,18 @@ class GatewayService:
             self.state.write_snapshots(self.ticker.snapshot())
             await _cancel_and_wait([publisher_task])  # delivers within shutdown_flush_s
             self._publisher_final = publisher.stats()  # after the flush: what is left queued
+
+    async def _serve_metrics(self, publisher: Publisher) -> None:
+        """The Prometheus endpoint (imported here: prometheus_client is an optional extra)."""
+        from gateway.metrics.collector import StatsCollector
+        from gateway.metrics.server import MetricsServer
+
+        assert self.config.metrics is not None
+        collector = StatsCollector(
+            lambda: {**self._stats(), "publisher": publisher.stats()},
+            sensor_idle=self.admission.idle_seconds if self.config.metrics.per_sensor else None,
+        )
+        await MetricsServer(self.config.metrics, collector).serve()
 
     def _make_sources(self) -> list[tuple[str, _SourceRun]]:
         made: list[tuple[str, _SourceRun]] = []
@@ -413,6 +439,8 @@ class GatewayService:
         self._ingest_beat = time.monotonic()
         if not self.admission.admit(reading):
             return
+        if self.publisher is not None:
+            self.publisher.sensor_seen(reading.sensor_id)
         self.monitor.observe_reading(reading, self.ticker.ingest(reading))
         if self.ticker.has_closed_periods and self._tick_wanted is not None:
             self._tick_wanted.set()

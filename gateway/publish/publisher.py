@@ -27,12 +27,13 @@ from gateway.mqtt.config import MqttBrokerConfig, Will
 from gateway.mqtt.connection import MqttConnection
 from gateway.mqtt.errors import MqttNotConnectedError
 from gateway.mqtt.topics import PublishTopic
+from gateway.publish.availability import SensorAvailability
 from gateway.publish.delivery import Delivery
-from gateway.publish.discovery import discovery_message
+from gateway.publish.discovery import Discovery, DiscoveryMessage
 from gateway.publish.errors import PublisherError
 from gateway.publish.outbox import Outbox, OutboxMessage
 from gateway.publish.payloads import batch_payloads, document_payload, reading_message
-from gateway.publish.topics import TopicScheme
+from gateway.publish.topics import DocumentKind, TopicScheme
 from gateway.readings import SENSOR_ID_PATTERN
 from gateway.set_aside import SetAsideLog
 from gateway.task_group import run_task_group
@@ -68,6 +69,20 @@ class PublisherConfig(BaseModel):
     discovery: bool = Field(default=False, description="Publish Home Assistant discovery configs.")
     discovery_prefix: str = Field(
         default="homeassistant", min_length=1, description="Home Assistant discovery prefix."
+    )
+    discovery_support_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://\S+$",
+        description="Optional 'support_url' of the discovery origin block (an http(s) URL).",
+    )
+    sensor_offline_after_s: float | None = Field(
+        default=600.0,
+        gt=0,
+        description=(
+            "A sensor without a reading for this long goes 'offline' on "
+            "<prefix>/<sensor>/availability (and unavailable in Home Assistant); null: no "
+            "per-sensor availability topics."
+        ),
     )
     outbox_max_messages: int = Field(
         default=100_000,
@@ -158,6 +173,22 @@ class Publisher:
         )
         self._known: dict[tuple[str, str], None] = {}  # (sensor, feature), insertion-ordered
         self._announced: set[tuple[str, str]] = set()
+        self._known_documents: dict[tuple[str, str, DocumentKind], None] = {}
+        self._announced_documents: set[tuple[str, str, DocumentKind]] = set()
+        self._gateway_announced = False
+        self._forgotten: set[str] = set()  # evicted this run: re-announced through the outbox
+        self._discovery = Discovery(
+            discovery_prefix=config.discovery_prefix,
+            gateway_id=gateway_id,
+            topics=self.topics,
+            sensor_availability=config.sensor_offline_after_s is not None,
+            support_url=config.discovery_support_url,
+        )
+        self._availability = (
+            None
+            if config.sensor_offline_after_s is None
+            else SensorAvailability(config.sensor_offline_after_s)
+        )
         self._stats: dict[str, object] | None = None
         self._dropped = 0
         self._connection: MqttConnection | None = None
@@ -173,6 +204,8 @@ class Publisher:
         messages: list[OutboxMessage] = []
         for reading in readings:
             self.topics.check_ids(reading.sensor_id, reading.feature)
+        if self._forgotten and self._config.discovery:
+            messages.extend(self._reannounce_forgotten(readings))
         if self._config.per_sensor_topics:
             for reading in readings:
                 messages.append(
@@ -186,6 +219,74 @@ class Publisher:
                 self._known.setdefault((reading.sensor_id, reading.feature), None)
         if self._config.batch_topic:
             messages.extend(self._batch_messages(readings))
+        self._enqueue(messages)
+
+    def _reannounce_forgotten(self, readings: Sequence[CalibratedReading]) -> list[OutboxMessage]:
+        """A sensor evicted earlier this run is back: its configs go through the outbox, after
+        the removals queued there at eviction, so a removal can never follow them."""
+        messages: list[OutboxMessage] = []
+        for reading in readings:
+            if reading.sensor_id in self._forgotten:
+                configs = self._discovery.sensor(reading.sensor_id, reading.feature)
+                messages.extend(self._retained(m.topic, m.payload) for m in configs)
+        self._forgotten.difference_update(r.sensor_id for r in readings)
+        return messages
+
+    def _retained(self, topic: str, payload: bytes) -> OutboxMessage:
+        return OutboxMessage(topic=topic, payload=payload, qos=self._config.qos, retain=True)
+
+    def sensor_seen(self, sensor_id: str) -> None:
+        """A reading of this sensor was admitted: ``online`` on its availability topic if it
+        was not (per-sensor availability on)."""
+        if self._availability is None or self._closed_counts is not None:
+            return
+        if self._availability.seen(sensor_id):
+            self._enqueue([self._retained(self.topics.availability(sensor_id), b"online")])
+
+    def adopt_sensors(self, idle_s: Mapping[str, float]) -> None:
+        """Sensors with restored windows, by seconds since their last reading: each gets its
+        true availability now (the previous run's retained state may be stale)."""
+        if self._availability is None or self._closed_counts is not None:
+            return
+        online, offline = self._availability.adopt(idle_s)
+        self._enqueue(
+            [self._retained(self.topics.availability(s), b"online") for s in online]
+            + [self._retained(self.topics.availability(s), b"offline") for s in offline]
+        )
+
+    def expire_quiet_sensors(self) -> list[str]:
+        """Sensors quiet for ``sensor_offline_after_s`` go ``offline``; the ids (also run by the
+        availability task)."""
+        if self._availability is None or self._closed_counts is not None:
+            return []
+        quiet = self._availability.expire()
+        if quiet:
+            self._enqueue([self._retained(self.topics.availability(s), b"offline") for s in quiet])
+            self._log.info("sensors_offline", count=len(quiet), sensors=quiet[:20])
+        return quiet
+
+    def forget_sensors(self, sensor_ids: Sequence[str]) -> None:
+        """Evicted sensors: their discovery configs and availability are removed (empty
+        retained payloads, through the outbox), so Home Assistant drops their entities."""
+        if not sensor_ids or self._closed_counts is not None:
+            return
+        gone = set(sensor_ids)
+        for pair in [p for p in self._known if p[0] in gone]:
+            del self._known[pair]
+            self._announced.discard(pair)
+        for key in [k for k in self._known_documents if k[0] in gone]:
+            del self._known_documents[key]
+            self._announced_documents.discard(key)
+        messages: list[OutboxMessage] = []
+        if self._availability is not None:
+            self._availability.forget(sensor_ids)
+            messages.extend(self._retained(self.topics.availability(s), b"") for s in sensor_ids)
+        if self._config.discovery:
+            self._forgotten.update(gone)
+            for sensor_id in sensor_ids:
+                messages.extend(
+                    self._retained(m.topic, m.payload) for m in self._discovery.removals(sensor_id)
+                )
         self._enqueue(messages)
 
     def _batch_messages(self, readings: Sequence[CalibratedReading]) -> list[OutboxMessage]:
@@ -214,6 +315,8 @@ class Publisher:
             )
             for d in documents
         ]
+        for d in documents:
+            self._known_documents.setdefault((d.sensor_id, d.feature, d.kind), None)
         self._enqueue(messages)
 
     def _enqueue(self, messages: Sequence[OutboxMessage]) -> None:
@@ -241,6 +344,7 @@ class Publisher:
         )
         delivered = self._delivery.stats()
         return {
+            "sensors_online": None if self._availability is None else len(self._availability),
             "connected": self.connected,
             "queued": queued,
             "published": delivered.published,
@@ -280,6 +384,8 @@ class Publisher:
             "publisher-deliver": self._deliver_forever(connection),
             "publisher-stats": self._stats_forever(connection),
         }
+        if self._availability is not None:
+            tasks["publisher-availability"] = self._expire_forever(self._availability)
         self._runner = asyncio.create_task(run_task_group(tasks), name="publisher")
         return self
 
@@ -344,6 +450,8 @@ class Publisher:
             try:
                 await self._delivery.publish_or_log(connection, self.topics.status, b"online")
                 self._announced.clear()
+                self._announced_documents.clear()
+                self._gateway_announced = False
                 await self._delivery.drain(connection)
             except MqttNotConnectedError:
                 self._log.info("publisher_waiting_for_broker", queued=len(self._outbox))
@@ -352,20 +460,31 @@ class Publisher:
                 await asyncio.sleep(_NOT_CONNECTED_RETRY_S)
 
     async def _announce(self, connection: MqttConnection) -> None:
+        """Discovery configs not yet sent on this connection, before the messages they describe
+        (the gateway's device first: the sensors' devices name it as ``via_device``)."""
         if not self._config.discovery:
             return
+        if not self._gateway_announced:
+            await self._send_config(connection, self._discovery.gateway())
+            self._gateway_announced = True
         pending = [pair for pair in self._known if pair not in self._announced]
         for sensor_id, feature in pending:
-            topic, payload = discovery_message(
-                discovery_prefix=self._config.discovery_prefix,
-                gateway_id=self._gateway_id,
-                sensor_id=sensor_id,
-                feature=feature,
-                state_topic=self.topics.state(sensor_id, feature),
-                availability_topic=self.topics.status,
-            )
-            await self._delivery.publish_or_log(connection, topic, payload)
+            for message in self._discovery.sensor(sensor_id, feature):
+                await self._send_config(connection, message)
             self._announced.add((sensor_id, feature))
+        documents = [k for k in self._known_documents if k not in self._announced_documents]
+        for sensor_id, feature, kind in documents:
+            await self._send_config(connection, self._discovery.document(sensor_id, feature, kind))
+            self._announced_documents.add((sensor_id, feature, kind))
+
+    async def _send_config(self, connection: MqttConnection, message: DiscoveryMessage) -> None:
+        await self._delivery.publish_or_log(connection, message.topic, message.payload)
+
+    async def _expire_forever(self, availability: SensorAvailability) -> None:
+        interval = max(0.05, min(availability.offline_after_s / 4, 10.0))
+        while True:
+            await asyncio.sleep(interval)
+            self.expire_quiet_sensors()
 
     async def _stats_forever(self, connection: MqttConnection) -> None:
         while True:

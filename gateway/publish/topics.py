@@ -14,7 +14,8 @@ DocumentKind = Literal["health", "drift"]
 
 class TopicScheme:
     """``<prefix>/status``, ``/stats``, ``/<sensor>/<feature>[/health|/drift]``,
-    ``/_batch/<feature>``; ids are checked, so a topic never holds a wildcard or a level."""
+    ``/<sensor>/availability``, ``/_batch/<feature>``; ids are checked, so a topic never holds
+    a wildcard or a level."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -39,6 +40,12 @@ class TopicScheme:
         """``<prefix>/<sensor>/<feature>/health`` or ``.../drift``."""
         self.check_ids(sensor_id, feature)
         return f"{self.state(sensor_id, feature)}/{kind}"
+
+    def availability(self, sensor_id: str) -> str:
+        """``<prefix>/<sensor>/availability``: ``online`` while it reports, else ``offline``.
+
+        A sensor level, not a feature: ``availability`` is never a feature name."""
+        return f"{self.prefix}/{sensor_id}/availability"
 
     def batch(self, feature: str) -> str:
         """``<prefix>/_batch/<feature>``: a sensor id cannot start with '_', so no clash."""

@@ -228,13 +228,17 @@ def test_discovery_and_stats(mosquitto: Mosquitto, tmp_path: Path) -> None:
 
     with collecting(mosquitto, ["homeassistant/#", "site/a/stats"]) as live:
         asyncio.run(scenario())
-        live.wait_for(lambda m: len([x for x in m if x.topic.startswith("homeassistant")]) == 2)
+        # the gateway's device, then calibrated and raw per (sensor, feature)
+        live.wait_for(lambda m: len([x for x in m if x.topic.startswith("homeassistant")]) == 5)
         live.wait_for(lambda m: any(x.topic == "site/a/stats" for x in m))
         pm10 = json.loads(live.on("homeassistant/sensor/tesla_gw5/s1_pm10/config")[0])
         assert pm10["device_class"] == "pm10"
-        assert pm10["unit_of_measurement"] == "µg/m³"
+        assert pm10["unit_of_measurement"] == "\u03bcg/m\u00b3"  # HA's constant (Greek mu)
         assert pm10["state_topic"] == "site/a/s1/pm10"
-        assert pm10["availability_topic"] == "site/a/status"
+        assert pm10["availability"][0]["topic"] == "site/a/status"
+        assert pm10["availability"][1]["topic"] == "site/a/s1/availability"
+        assert pm10["availability_mode"] == "all"
+        assert pm10["device"]["via_device"] == "tesla_gw5"
         assert pm10["value_template"] == "{{ value_json.calibrated }}"
         pm25 = json.loads(live.on("homeassistant/sensor/tesla_gw5/s1_pm2_5/config")[0])
         assert pm25["device_class"] == "pm25"
@@ -398,3 +402,52 @@ def test_a_document_whose_ids_cannot_be_a_topic_is_refused(tmp_path: Path) -> No
         publisher.submit_documents([SensorDocument("health", "s/+", "pm10", {})])
     assert publisher.queued == 0
     asyncio.run(publisher.aclose())
+
+
+def test_an_evicted_sensor_that_comes_back_while_offline_keeps_its_discovery(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """Eviction's removals and the returning sensor's configs can meet in one delivery window
+    (the broker was away): the configs must end up retained, not the removal."""
+    topic = "homeassistant/sensor/tesla_gw7/s1_pm10/config"
+
+    async def scenario() -> None:
+        publisher = Publisher(
+            config(mosquitto, discovery=True), gateway_id="gw7", state_dir=tmp_path
+        )
+        publisher.sensor_seen("s1")
+        publisher.submit([reading(0)])
+        publisher.forget_sensors(["s1"])  # admission evicted it
+        publisher.sensor_seen("s1")  # and it is back before the broker is
+        publisher.submit([reading(1)])
+        async with publisher:
+            await asyncio.wait_for(publisher.wait_idle(), 10)
+
+    with collecting(mosquitto, ["homeassistant/#", "tesla/gw7/s1/availability"]) as live:
+        asyncio.run(scenario())
+        live.wait_for(lambda m: len([x for x in m if x.topic == topic]) >= 3)
+    with collecting(mosquitto, ["homeassistant/#", "tesla/gw7/s1/availability"]) as late:
+        late.wait_for(lambda m: any(x.topic == topic for x in m))
+        assert json.loads(late.on(topic)[-1])["state_topic"] == "tesla/gw7/s1/pm10"
+        late.wait_for(lambda m: any(x.topic == "tesla/gw7/s1/availability" for x in m))
+        assert late.on("tesla/gw7/s1/availability") == [b"online"]
+
+
+def test_a_quiet_sensor_goes_offline_on_its_availability_topic(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        cfg = config(mosquitto, sensor_offline_after_s=0.2)
+        async with Publisher(cfg, gateway_id="gw8", state_dir=tmp_path) as publisher:
+            publisher.sensor_seen("s1")
+            publisher.sensor_seen("s2")
+            await eventually(lambda: publisher.stats()["sensors_online"] == 0)
+            publisher.sensor_seen("s2")
+            await asyncio.wait_for(publisher.wait_idle(), 10)
+            assert publisher.stats()["sensors_online"] == 1
+
+    with collecting(mosquitto, ["tesla/gw8/+/availability"]) as live:
+        asyncio.run(scenario())
+        live.wait_for(lambda m: len(m) == 5)
+        assert live.on("tesla/gw8/s1/availability") == [b"online", b"offline"]
+        assert live.on("tesla/gw8/s2/availability") == [b"online", b"offline", b"online"]

@@ -1,0 +1,297 @@
+"""The stats snapshot as Prometheus metric families, named by Prometheus' conventions.
+
+Every series comes from the same snapshot the stats topic publishes (the service's
+``_stats()`` plus the publisher's counters), read when Prometheus scrapes, on the event loop.
+Labels are bounded: reject reasons, features, window outcomes, health flags, MQTT sources and
+co-located sensors (a handful each). Per-sensor series, one per sensor id, only with
+``per_sensor = true`` (10,000 sensors would be 10,000 series per scrape).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["PREFIX", "StatsCollector"]
+
+PREFIX = "tesla_gateway"
+
+Snapshot = Mapping[str, object]
+
+
+def _map(document: object, *path: str) -> Mapping[str, object]:
+    for key in path:
+        if not isinstance(document, Mapping):
+            return {}
+        document = document.get(key)
+    return document if isinstance(document, Mapping) else {}
+
+
+def _num(document: object, *path: str) -> float | None:
+    *parents, last = path
+    value = _map(document, *parents).get(last)
+    if isinstance(value, bool):
+        return float(value)
+    return float(value) if isinstance(value, int | float) else None
+
+
+class StatsCollector(Collector):
+    """Builds the metric families from a fresh snapshot at every scrape."""
+
+    def __init__(
+        self,
+        snapshot: Callable[[], Snapshot],
+        *,
+        sensor_idle: Callable[[], Mapping[str, float]] | None = None,
+    ) -> None:
+        self._snapshot = snapshot
+        self._sensor_idle = sensor_idle
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._snapshot()
+        yield from self._gateway(stats)
+        yield from self._ingest(stats)
+        yield from self._models(stats)
+        yield from self._publisher(stats)
+        yield from self._sources(stats)
+        yield from self._monitor(stats)
+        if self._sensor_idle is not None:
+            idle = GaugeMetricFamily(
+                f"{PREFIX}_sensor_idle_seconds",
+                "Seconds since the sensor's last admitted reading.",
+                labels=["sensor"],
+            )
+            for sensor, seconds in sorted(self._sensor_idle().items()):
+                idle.add_metric([sensor], seconds)
+            yield idle
+
+    # -- families --------------------------------------------------------------------------
+
+    @staticmethod
+    def _gateway(stats: Snapshot) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            f"{PREFIX}_info",
+            "The gateway's id and version (always 1).",
+            labels=["gateway_id", "version"],
+        )
+        info.add_metric([str(stats.get("gateway_id", "")), str(stats.get("version", ""))], 1)
+        yield info
+        yield _gauge("uptime_seconds", "Seconds since the daemon started.", _num(stats, "uptime_s"))
+
+    @staticmethod
+    def _ingest(stats: Snapshot) -> Iterator[Metric]:
+        yield _counter(
+            "readings", "Readings admitted into the windows.", _num(stats, "readings_in")
+        )
+        rejected = CounterMetricFamily(
+            f"{PREFIX}_rejected", "Readings rejected, by reason.", labels=["reason"]
+        )
+        for reason, count in sorted(_map(stats, "rejected", "by_reason").items()):
+            if isinstance(count, int):
+                rejected.add_metric([reason], count)
+        yield rejected
+        yield _counter(
+            "readings_missing",
+            "Sequence numbers sensors skipped (readings that never arrived).",
+            _num(stats, "readings_missing"),
+        )
+        admission = _map(stats, "admission")
+        yield _gauge("sensors", "Sensors with windows now.", _num(admission, "sensors"))
+        yield _gauge("sensors_max", "sensors.max_sensors.", _num(admission, "max_sensors"))
+        for key, help_text in (
+            ("admitted", "New sensor ids admitted."),
+            ("evicted", "Sensors evicted after evict_idle_s without a reading."),
+            ("rejected_full", "Readings of new sensor ids refused at max_sensors."),
+        ):
+            yield _counter(f"sensors_{key}", help_text, _num(admission, key))
+        windows = GaugeMetricFamily(
+            f"{PREFIX}_windows", "Sensor windows held, per feature.", labels=["feature"]
+        )
+        outcomes = CounterMetricFamily(
+            f"{PREFIX}_window_outcomes",
+            "What happened to readings at the windows, per feature and outcome.",
+            labels=["feature", "outcome"],
+        )
+        for feature, document in sorted(_map(stats, "windows").items()):
+            sensors = _num(document, "sensors")
+            if sensors is not None:
+                windows.add_metric([feature], sensors)
+            for outcome, count in sorted(_map(document, "outcomes").items()):
+                if isinstance(count, int):
+                    outcomes.add_metric([feature, outcome], count)
+        yield windows
+        yield outcomes
+
+    @staticmethod
+    def _models(stats: Snapshot) -> Iterator[Metric]:
+        ticker = _map(stats, "ticker")
+        yield _counter("ticks", "Ticks run (batched invokes).", _num(ticker, "ticks"))
+        yield _counter(
+            "calibrated_readings",
+            "Readings out of the ticks (one per sensor and closed period).",
+            _num(ticker, "published"),
+        )
+        yield _counter(
+            "calibrated_values",
+            "Of those, readings with a calibrated value.",
+            _num(ticker, "calibrated"),
+        )
+        yield _counter(
+            "inference_seconds",
+            "Time spent in model invokes.",
+            _num(ticker, "total_inference_s"),
+        )
+        last_ms = _num(ticker, "last_inference_ms")
+        yield _gauge(
+            "last_inference_seconds",
+            "Duration of the last tick's invokes.",
+            None if last_ms is None else last_ms / 1000,
+        )
+        yield _counter("inference_errors", "Invokes that failed.", _num(ticker, "inference_errors"))
+        ready = GaugeMetricFamily(
+            f"{PREFIX}_sensors_ready",
+            "Sensors whose window is full enough to calibrate, per feature.",
+            labels=["feature"],
+        )
+        for feature, count in sorted(_map(ticker, "sensors_ready").items()):
+            if isinstance(count, int):
+                ready.add_metric([feature], count)
+        yield ready
+        loaded = GaugeMetricFamily(
+            f"{PREFIX}_model_loaded",
+            "1 if a model serves the feature, 0 if it runs degraded.",
+            labels=["feature"],
+        )
+        info = GaugeMetricFamily(
+            f"{PREFIX}_model_info",
+            "The model serving each feature (always 1).",
+            labels=["feature", "model", "version", "runtime"],
+        )
+        reloads = CounterMetricFamily(
+            f"{PREFIX}_model_reloads", "Models loaded, per feature.", labels=["feature"]
+        )
+        for feature, document in sorted(_map(stats, "models").items()):
+            model = _map(document).get("model")
+            loaded.add_metric([feature], 0 if model is None else 1)
+            if model is not None:
+                version, runtime = _map(document).get("version"), _map(document).get("runtime")
+                info.add_metric([feature, str(model), str(version), str(runtime)], 1)
+            count = _num(document, "reloads")
+            if count is not None:
+                reloads.add_metric([feature], count)
+        yield loaded
+        yield info
+        yield reloads
+
+    @staticmethod
+    def _publisher(stats: Snapshot) -> Iterator[Metric]:
+        publisher = _map(stats, "publisher")
+        yield _gauge(
+            "publisher_connected",
+            "1 while the publisher is connected to its broker.",
+            _num(publisher, "connected"),
+        )
+        yield _gauge("outbox_messages", "Messages queued for delivery.", _num(publisher, "queued"))
+        yield _counter(
+            "published_messages",
+            "Messages the broker acknowledged (this run).",
+            _num(publisher, "published"),
+        )
+        yield _counter(
+            "outbox_dropped",
+            "Oldest messages dropped at outbox_max_messages (persisted total).",
+            _num(publisher, "dropped_total"),
+        )
+        yield _counter(
+            "publish_refused",
+            "Messages the broker refused for good (e.g. an ACL).",
+            _num(publisher, "refused"),
+        )
+        yield _gauge(
+            "sensors_online",
+            "Sensors online on their availability topic.",
+            _num(publisher, "sensors_online"),
+        )
+        yield _counter(
+            "publish_failures",
+            "Readings and documents that could not be queued.",
+            _num(stats, "publish_failures"),
+        )
+
+    @staticmethod
+    def _sources(stats: Snapshot) -> Iterator[Metric]:
+        connected = GaugeMetricFamily(
+            f"{PREFIX}_mqtt_source_connected",
+            "1 while the MQTT source is subscribed.",
+            labels=["source"],
+        )
+        for source, value in sorted(_map(stats, "mqtt_sources_connected").items()):
+            connected.add_metric([source], float(bool(value)))
+        yield connected
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            "buffered": GaugeMetricFamily(
+                f"{PREFIX}_mqtt_inbox_messages",
+                "Received messages waiting to be decoded.",
+                labels=["source"],
+            ),
+            "dropped_qos0": CounterMetricFamily(
+                f"{PREFIX}_mqtt_inbox_dropped",
+                "QoS 0 messages dropped at a full inbox.",
+                labels=["source"],
+            ),
+            "held_back": CounterMetricFamily(
+                f"{PREFIX}_mqtt_inbox_held_back",
+                "QoS 1/2 messages left at the broker at a full inbox.",
+                labels=["source"],
+            ),
+        }
+        for source, inbox in sorted(_map(stats, "mqtt_inbox").items()):
+            for key, family in families.items():
+                value = _num(inbox, key)
+                if value is not None:
+                    family.add_metric([source], value)
+        yield from families.values()
+
+    @staticmethod
+    def _monitor(stats: Snapshot) -> Iterator[Metric]:
+        yield _gauge(
+            "health_tracked",
+            "(sensor, feature) pairs with health tracking.",
+            _num(stats, "health", "tracked"),
+        )
+        flagged = GaugeMetricFamily(
+            f"{PREFIX}_health_flagged",
+            "(sensor, feature) pairs raising each health flag.",
+            labels=["flag"],
+        )
+        for flag, count in sorted(_map(stats, "health", "flagged").items()):
+            if isinstance(count, int):
+                flagged.add_metric([flag], count)
+        yield flagged
+        drift = GaugeMetricFamily(
+            f"{PREFIX}_drift",
+            "1 while a co-located sensor's drift is raised (only sensors beside a reference).",
+            labels=["sensor", "feature"],
+        )
+        for key, document in sorted(_map(stats, "drift").items()):
+            sensor, _, feature = key.rpartition("/")
+            value = _num(document, "drift")
+            if value is not None:
+                drift.add_metric([sensor, feature], value)
+        yield drift
+
+
+def _gauge(name: str, help_text: str, value: float | None) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(f"{PREFIX}_{name}", help_text, labels=[])
+    if value is not None:
+        family.add_metric([], value)
+    return family
+
+
+def _counter(name: str, help_text: str, value: float | None) -> CounterMetricFamily:
+    family = CounterMetricFamily(f"{PREFIX}_{name}", help_text, labels=[])
+    if value is not None:
+        family.add_metric([], value)
+    return family

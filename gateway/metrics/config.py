@@ -1,0 +1,65 @@
+"""``[metrics]``: where the Prometheus endpoint listens; validated once, with the extra present."""
+
+from __future__ import annotations
+
+import importlib
+import ipaddress
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["MetricsConfig", "split_listen"]
+
+EXTRA_HINT = "pip install 'tesla-gateway[metrics]' (the prometheus_client package)"
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` -> (host, port); ValueError with what is wrong."""
+    host, sep, port_text = listen.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"listen = {listen!r}: expected 'host:port', e.g. '127.0.0.1:9108'")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError as exc:
+            raise ValueError(f"listen = {listen!r}: [{host}] is not an IPv6 address") from exc
+    port = int(port_text)
+    if not 0 < port < 65_536:
+        raise ValueError(f"listen = {listen!r}: port must be 1-65535")
+    return host, port
+
+
+class MetricsConfig(BaseModel):
+    """The optional Prometheus endpoint (docs/deployment.md, "Metrics")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    listen: str = Field(
+        default="127.0.0.1:9108",
+        description="host:port of the /metrics endpoint ('0.0.0.0:9108' for every interface).",
+    )
+    per_sensor: bool = Field(
+        default=False,
+        description=(
+            "Also export one series per sensor (seconds since its last reading): with thousands "
+            "of sensors that is thousands of series per scrape, so off by default."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _usable(self) -> Self:
+        split_listen(self.listen)
+        try:
+            importlib.import_module("prometheus_client")
+        except ImportError as exc:
+            raise ValueError(f"[metrics] needs the 'metrics' extra: {EXTRA_HINT}") from exc
+        return self
+
+    @property
+    def host(self) -> str:
+        return split_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return split_listen(self.listen)[1]

@@ -1,0 +1,74 @@
+"""The stats snapshot as Prometheus metrics: names, bounded labels, per-sensor series opt-in."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.metrics.collector import StatsCollector
+
+SNAPSHOT: dict[str, object] = {  # the shape of the stats topic (docs/mqtt.md, "Stats")
+    "gateway_id": "gw1",
+    "version": "0.1.0",
+    "uptime_s": 12.5,
+    "readings_in": 40,
+    "rejected": {"total": 3, "by_reason": {"bad_json": 2, "negative": 1}, "by_source": {}},
+    "admission": {"sensors": 2, "max_sensors": 10, "admitted": 2, "evicted": 0, "rejected_full": 0},
+    "windows": {"pm10": {"sensors": 2, "outcomes": {"accepted": 38, "late": 2}}},
+    "ticker": {"ticks": 5, "published": 9, "calibrated": 4, "total_inference_s": 0.002,
+               "last_inference_ms": 0.4, "inference_errors": 0, "sensors_ready": {"pm10": 1}},
+    "models": {
+        "pm10": {"model": "tesla-pm10", "version": 3, "runtime": "ai_edge_litert", "reloads": 1},
+        "pm2_5": {"model": None, "version": None, "runtime": None, "reloads": 0},
+    },
+    "publisher": {"connected": True, "queued": 1, "published": 8, "dropped_total": 0, "refused": 0,
+                  "sensors_online": 2},
+    "mqtt_sources_connected": {"mqtt-source-0": True},
+    "mqtt_inbox": {"mqtt-source-0": {"buffered": 0, "dropped_qos0": 5, "held_back": 0}},
+    "health": {"tracked": 2, "flagged": {"stuck": 1}},
+    "drift": {"s1/pm10": {"drift": True}},
+    "readings_missing": 7,
+    "publish_failures": 0,
+}  # fmt: skip
+
+
+def scrape(collector: StatsCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_the_snapshot_becomes_prometheus_series() -> None:
+    samples = scrape(StatsCollector(lambda: SNAPSHOT))
+    assert samples[("tesla_gateway_readings_total", ())] == 40
+    assert samples[("tesla_gateway_rejected_total", (("reason", "bad_json"),))] == 2
+    assert (
+        samples[("tesla_gateway_window_outcomes_total", (("feature", "pm10"), ("outcome", "late")))]
+        == 2
+    )
+    assert samples[("tesla_gateway_inference_seconds_total", ())] == 0.002
+    assert samples[("tesla_gateway_last_inference_seconds", ())] == 0.0004
+    assert samples[("tesla_gateway_model_loaded", (("feature", "pm2_5"),))] == 0
+    assert samples[("tesla_gateway_mqtt_inbox_dropped_total", (("source", "mqtt-source-0"),))] == 5
+    assert samples[("tesla_gateway_drift", (("feature", "pm10"), ("sensor", "s1")))] == 1
+    assert samples[("tesla_gateway_sensors_online", ())] == 2
+    assert not any(
+        dict(labels).get("sensor") for name, labels in samples if name != "tesla_gateway_drift"
+    )
+
+
+def test_per_sensor_series_only_when_asked() -> None:
+    idle = {"s1": 1.5, "s2": 30.0}
+    samples = scrape(StatsCollector(lambda: SNAPSHOT, sensor_idle=lambda: idle))
+    assert samples[("tesla_gateway_sensor_idle_seconds", (("sensor", "s2"),))] == 30.0
+
+
+def test_an_empty_snapshot_still_renders() -> None:
+    samples = scrape(StatsCollector(dict))
+    assert ("tesla_gateway_readings_total", ()) not in samples  # unknown, not a made-up 0
+    assert samples[("tesla_gateway_info", (("gateway_id", ""), ("version", "")))] == 1
