@@ -1,4 +1,5 @@
-"""``tesla-gateway``: run the daemon, check a configuration, show status, trigger a reload.
+"""``tesla-gateway``: run the daemon, check a configuration, show status, trigger a reload, or
+write a first configuration (``init``, gateway/init_config.py).
 
 Exit codes: 0 success; 1 runtime failure (daemon error, not running, model refused); 2 invalid
 configuration or usage.
@@ -19,6 +20,7 @@ from pathlib import Path
 from gateway import __version__
 from gateway.config import GatewayConfig, load_config
 from gateway.errors import ConfigError, GatewayError
+from gateway.init_config import add_init_parser, run_init
 
 __all__ = ["main"]
 
@@ -30,6 +32,8 @@ EXIT_CONFIG = 2
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "init":  # writes a configuration rather than reading one
+        return run_init(args)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -66,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
             )
         if name == "status":
             command.add_argument("--json", action="store_true", help="print the raw status JSON")
+    add_init_parser(sub)
     return parser
 
 
