@@ -81,14 +81,14 @@ def add_init_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         "--feature",
         action="append",
         choices=_FEATURES,
-        help="feature to calibrate, repeatable (default: pm10); its model is the bundled one",
+        help="feature to calibrate with its bundled model, repeatable (default: pm10)",
     )
     add(
         "--model-dir",
         action="append",
         default=[],
         metavar="FEATURE=DIR",
-        help="use this model directory instead of the bundled model for FEATURE",
+        help="calibrate FEATURE with the model in DIR (instead of a bundled one), repeatable",
     )
     add("--broker-host", default="127.0.0.1", help="MQTT broker (default: %(default)s)")
     add("--broker-port", type=int, default=1883, help="MQTT port (default: %(default)s)")
@@ -183,7 +183,7 @@ def _answers(args: argparse.Namespace) -> InitAnswers:
     return InitAnswers(
         gateway_id=gateway_id,
         state_dir=args.state_dir,
-        models=_models(args.feature or ["pm10"], args.model_dir),
+        models=_models(args.feature or ([] if args.model_dir else ["pm10"]), args.model_dir),
         broker_host=args.broker_host,
         broker_port=args.broker_port,
         username=args.username,

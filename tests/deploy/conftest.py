@@ -9,14 +9,14 @@ Pi pip fetches them), so the venv holds the gateway but not its dependencies.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from devkit.wheel import build_wheel as devkit_build_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL = REPO / "deploy" / "install.sh"
@@ -54,26 +54,10 @@ def make_base_root(root: Path) -> None:
 
 
 def build_wheel(target: Path) -> Path:
-    """The gateway's wheel, built from a copy of the sources (the checkout stays untouched).
-
-    Every top-level package is copied, so what the wheel holds is pyproject's choice alone.
-    """
-    source = target / "src"
-    source.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, source / name)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for package in sorted(p for p in REPO.iterdir() if (p / "__init__.py").is_file()):
-        shutil.copytree(package, source / package.name, ignore=ignore)
+    """A folder holding the gateway's wheel, built from a copy of the sources (devkit.wheel, as
+    ``make wheel``; the checkout stays untouched)."""
     wheels = target / "wheels"
-    subprocess.run(
-        [
-            *(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"),
-            *("--disable-pip-version-check", "-w", str(wheels), str(source)),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    devkit_build_wheel(wheels, build_isolation=False)
     return wheels
 
 
