@@ -25,7 +25,7 @@ from gateway.config import load_config
 from gateway.errors import ConfigError, GatewayError
 from gateway.readings import GATEWAY_ID_PATTERN, SENSOR_ID_PATTERN, Feature
 
-__all__ = ["InitError", "add_init_parser", "render_config", "run_init"]
+__all__ = ["InitError", "add_init_parser", "render_config", "run_init", "write_config"]
 
 _FEATURES: tuple[str, ...] = get_args(Feature)
 _DEFAULT_OUT = Path("gateway.toml")
@@ -143,31 +143,34 @@ def write_config(out: Path, text: str, *, force: bool) -> Path:
     """Validate ``text`` as a configuration at ``out``, then put it there.
 
     The candidate is written beside the target (relative paths resolve against its folder) and
-    loaded with ``load_config``; it takes the target's name only if valid. Without ``force`` an
-    existing target is kept (the final link refuses to replace it, even if it appeared meanwhile).
+    loaded with ``load_config``; only a valid one is written. Without ``force`` an existing
+    target is kept: the file is created exclusively, even if it appeared meanwhile.
     """
     out = out.absolute()
     if out.exists() and not force:
         raise InitError(f"{out} exists; pass --force to overwrite it")
-    if not out.parent.is_dir():
-        raise InitError(f"{out.parent} is not a directory")
-    descriptor, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".toml", dir=out.parent)
+    try:
+        descriptor, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".toml", dir=out.parent)
+    except OSError as exc:
+        raise InitError(f"cannot write in {out.parent}: {exc.strerror}") from exc
     candidate = Path(name)
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as file:
             file.write(text)
-        candidate.chmod(0o644)  # a configuration holds no secret (password_file does)
         try:
             load_config(candidate, environ={})
         except ConfigError as exc:
             raise InitError(f"these answers do not make a valid configuration: {exc}") from exc
         if force:
+            candidate.chmod(0o644)  # a configuration holds no secret (password_file does)
             candidate.replace(out)
         else:
-            try:
-                os.link(candidate, out)
-            except FileExistsError:
-                raise InitError(f"{out} exists; pass --force to overwrite it") from None
+            with out.open("x", encoding="utf-8") as target:
+                target.write(text)
+    except FileExistsError:
+        raise InitError(f"{out} exists; pass --force to overwrite it") from None
+    except OSError as exc:
+        raise InitError(f"cannot write {out}: {exc.strerror}") from exc
     finally:
         candidate.unlink(missing_ok=True)
     return out
@@ -262,7 +265,7 @@ def render_config(answers: InitAnswers) -> str:
         f"state_dir = {_toml(answers.state_dir)}   # windows, outbox, status.json, pid file",
         "",
         "# One model per feature. The defaults ship with the gateway (read-only when installed",
-        "# system-wide; docs/deployment.md 'Model trust'). Each is watched for new versions.",
+        "# system-wide; docs/deployment.md 'Security'). Each is watched for new versions.",
     ]
     for feature, model_dir in answers.models.items():
         lines += ["[[models]]", f"feature = {_toml(feature)}", f"model_dir = {_toml(model_dir)}"]

@@ -3,8 +3,9 @@
 What cannot exist here is faked and said so: the target root is a plain directory with a
 minimal Debian ``/etc`` (passwd, group, shadow, gshadow with root, dialout and mosquitto), as
 Raspberry Pi OS has after ``apt-get install mosquitto``; the gateway's wheel is built from this
-checkout and installed offline with ``--no-deps`` (tests do not download numpy and LiteRT; on the
-Pi pip fetches them), so the venv holds the gateway but not its dependencies.
+checkout (the session's ``gateway_wheel``) and installed offline with ``--no-deps`` (tests do
+not download numpy and LiteRT; on the Pi pip fetches them), so the venv holds the gateway but
+not its dependencies.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from devkit.wheel import build_wheel as devkit_build_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL = REPO / "deploy" / "install.sh"
@@ -53,20 +52,14 @@ def make_base_root(root: Path) -> None:
         (root / "etc" / name).write_text(text, encoding="utf-8")
 
 
-def build_wheel(target: Path) -> Path:
-    """A folder holding the gateway's wheel, built from a copy of the sources (devkit.wheel, as
-    ``make wheel``; the checkout stays untouched)."""
-    wheels = target / "wheels"
-    devkit_build_wheel(wheels, build_isolation=False)
-    return wheels
-
-
 @pytest.fixture(scope="package")
-def installed_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InstalledRoot]:
+def installed_root(
+    tmp_path_factory: pytest.TempPathFactory, gateway_wheel: Path
+) -> Iterator[InstalledRoot]:
     base = tmp_path_factory.mktemp("deploy")
     root = base / "root"
     make_base_root(root)
-    wheelhouse = build_wheel(base / "build")
+    wheelhouse = gateway_wheel.parent  # the session's wheel (tests/conftest.py), alone there
     partial = InstalledRoot(root=root, wheelhouse=wheelhouse, first_run="")
     result = subprocess.run(partial.install_args(), capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

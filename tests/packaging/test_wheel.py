@@ -1,6 +1,6 @@
 """The wheel a Raspberry Pi user installs, as they would use it.
 
-Built once per module from a copy of the checkout (devkit.wheel, as ``make wheel`` does), then
+Built once per session from a copy of the checkout (devkit.wheel, as ``make wheel`` does), then
 installed into a fresh venv with its runtime dependencies only (from a wheelhouse of their
 wheels, filled once through pip's index). From that venv, run where no checkout is on the path:
 ``tesla-gateway init`` writes a configuration naming the bundled model, ``check-config`` accepts
@@ -27,7 +27,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from devkit.broker import Mosquitto
 from devkit.daemon import GatewayDaemon
-from devkit.wheel import REPO, build_wheel, install_into_venv
+from devkit.wheel import REPO, install_into_venv
 from tests.gateway.io.helpers import Collector
 
 pytestmark = pytest.mark.slow
@@ -43,8 +43,8 @@ WAIT_S = 60.0  # upper bound on a wait (slow CI), never a timing assertion
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_wheel(tmp_path_factory.mktemp("dist"), build_isolation=False)
+def wheel(gateway_wheel: Path) -> Path:
+    return gateway_wheel
 
 
 @pytest.fixture(scope="module")
