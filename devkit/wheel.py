@@ -83,11 +83,20 @@ def install_into_venv(wheel: Path, venv: Path, wheelhouse: Path) -> Path:
     try:
         _pip(*offline)
     except WheelError:
-        wheelhouse.mkdir(parents=True, exist_ok=True)
-        _pip("download", "--dest", str(wheelhouse), str(wheel))
-        (wheelhouse / wheel.name).unlink(missing_ok=True)  # the wheel under test is never cached
+        _fill_wheelhouse(wheel, wheelhouse)
         _pip(*offline)
     return python
+
+
+def _fill_wheelhouse(wheel: Path, wheelhouse: Path) -> None:
+    """Download ``wheel``'s dependencies into ``wheelhouse``, each file renamed into place whole
+    (another test run may be reading the wheelhouse meanwhile)."""
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=wheelhouse) as scratch:
+        _pip("download", "--dest", scratch, str(wheel))
+        for path in Path(scratch).iterdir():
+            if path.name != wheel.name:  # the wheel under test is never kept
+                path.replace(wheelhouse / path.name)
 
 
 def _copy(source: Path, target: Path) -> None:
