@@ -8,7 +8,7 @@ SYSTEM_STAMP := $(VENV)/.system-deps
 LEGACY_VENV := .venv-legacy
 LEGACY_STAMP := $(LEGACY_VENV)/.installed
 
-.PHONY: setup demo test lint typecheck pytest bench reliability models clean
+.PHONY: setup demo test lint typecheck pytest bench reliability models wheel clean
 
 setup: $(STAMP) $(SYSTEM_STAMP) $(LEGACY_STAMP)
 
@@ -56,9 +56,15 @@ bench: setup
 reliability: setup
 	$(PY) -m pytest -m reliability --reliability-long
 
+# The gateway's wheel (gateway/ with the default models and the example config; no training,
+# devkit or demo) into dist/, for `pip install dist/tesla_gateway-*.whl` on the Pi (README
+# "Installing"). Needs only python3 with pip; pip fetches setuptools to build.
+wheel:
+	$(PYTHON) -m devkit.wheel --out dist
+
 # Retrain the committed default models from ../shared/data (about 15 minutes on 2 cores).
 models: setup
 	$(PY) -m training default-models --out models --runs runs
 
 clean:
-	rm -rf $(VENV) $(LEGACY_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LEGACY_VENV) .pytest_cache .mypy_cache .ruff_cache dist

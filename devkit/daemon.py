@@ -29,7 +29,8 @@ class GatewayDaemon(StartStop):
     ``wrapper`` is an argv put before the interpreter (e.g. ``prlimit --fsize=N --``, which execs
     the daemon in place with the same pid); ``cpu`` pins the daemon to one CPU (the bench);
     ``new_session`` keeps a terminal's Ctrl-C away from it (the demo stops it in order); ``env``
-    adds to the inherited environment.
+    adds to the inherited environment; ``program`` replaces ``python -m gateway`` (e.g. an
+    installed venv's ``tesla-gateway`` script).
     """
 
     def __init__(
@@ -42,6 +43,7 @@ class GatewayDaemon(StartStop):
         cpu: int | None = None,
         new_session: bool = False,
         env: Mapping[str, str] | None = None,
+        program: Sequence[str] = (sys.executable, "-m", "gateway"),
     ) -> None:
         self.config = config
         self.state_dir = state_dir
@@ -49,6 +51,7 @@ class GatewayDaemon(StartStop):
         self._wrapper = tuple(wrapper)
         self._cpu = cpu
         self._new_session = new_session
+        self._program = tuple(program)
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self._process: subprocess.Popen[bytes] | None = None
         self.spawned_at = 0.0  # time.monotonic() at spawn
@@ -76,9 +79,7 @@ class GatewayDaemon(StartStop):
             self._process = subprocess.Popen(  # noqa: S603  # our own module, no shell
                 [
                     *self._wrapper,
-                    sys.executable,
-                    "-m",
-                    "gateway",
+                    *self._program,
                     "run",
                     "--config",
                     str(self.config),

@@ -1,4 +1,5 @@
-"""``tesla-gateway``: run the daemon, check a configuration, show status, trigger a reload.
+"""``tesla-gateway``: run the daemon, check a configuration, show status, trigger a reload, or
+write a first configuration (``init``, gateway/init_config.py).
 
 Exit codes: 0 success; 1 runtime failure (daemon error; ``status``/``reload``: no daemon
 running; ``check-config``: the daemon would start degraded, e.g. a model that would not load);
@@ -21,6 +22,7 @@ from pathlib import Path
 from gateway import __version__
 from gateway.config import GatewayConfig, load_config
 from gateway.errors import ConfigError, GatewayError
+from gateway.init_config import add_init_parser, run_init
 
 __all__ = ["main"]
 
@@ -33,6 +35,8 @@ EXIT_NOT_RUNNING = 3  # status: the LSB init-script code for "program is not run
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "init":  # writes a configuration rather than reading one
+        return run_init(args)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -74,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
             )
         if name == "status":
             command.add_argument("--json", action="store_true", help="print the raw status JSON")
+    add_init_parser(sub)
     return parser
 
 

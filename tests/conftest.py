@@ -8,6 +8,7 @@ import pytest
 
 from devkit.broker import Mosquitto
 from devkit.pty import PtySerial
+from devkit.wheel import build_wheel
 from tests.support.models import model_factory  # noqa: F401
 
 
@@ -16,6 +17,13 @@ def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
     """A fresh broker per test, stopped afterwards whatever happens."""
     with Mosquitto(tmp_path / "mosquitto") as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def gateway_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The gateway's wheel as `make wheel` builds it (offline: this venv's setuptools), built
+    once per session, alone in its folder."""
+    return build_wheel(tmp_path_factory.mktemp("dist"), build_isolation=False)
 
 
 @pytest.fixture

@@ -3,8 +3,9 @@
 What cannot exist here is faked and said so: the target root is a plain directory with a
 minimal Debian ``/etc`` (passwd, group, shadow, gshadow with root, dialout and mosquitto), as
 Raspberry Pi OS has after ``apt-get install mosquitto``; the gateway's wheel is built from this
-checkout and installed offline with ``--no-deps`` (tests do not download numpy and LiteRT; on the
-Pi pip fetches them), so the venv holds the gateway but not its dependencies.
+checkout (the session's ``gateway_wheel``) and installed offline with ``--no-deps`` (tests do
+not download numpy and LiteRT; on the Pi pip fetches them), so the venv holds the gateway but
+not its dependencies.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,30 +59,6 @@ def make_base_root(root: Path) -> None:
         (root / "etc" / name).write_text(text, encoding="utf-8")
 
 
-def build_wheel(target: Path) -> Path:
-    """The gateway's wheel, built from a copy of the sources (the checkout stays untouched).
-
-    Every top-level package is copied, so what the wheel holds is pyproject's choice alone.
-    """
-    source = target / "src"
-    source.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, source / name)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for package in sorted(p for p in REPO.iterdir() if (p / "__init__.py").is_file()):
-        shutil.copytree(package, source / package.name, ignore=ignore)
-    wheels = target / "wheels"
-    subprocess.run(
-        [
-            *(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"),
-            *("--disable-pip-version-check", "-w", str(wheels), str(source)),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return wheels
-
-
 def adopt_venv(installed_root: InstalledRoot, root: Path) -> None:
     """Give ``root`` the shared install's venv: install.sh finds it up to date (its stamp) and
     skips pip, so a test's private install takes seconds."""
@@ -91,13 +67,15 @@ def adopt_venv(installed_root: InstalledRoot, root: Path) -> None:
 
 
 @pytest.fixture(scope="package")
-def installed_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InstalledRoot]:
+def installed_root(
+    tmp_path_factory: pytest.TempPathFactory, gateway_wheel: Path
+) -> Iterator[InstalledRoot]:
     if os.geteuid() != 0:  # useradd --root and chown; the dry-run tests still run
         pytest.skip("install.sh installs as root (useradd --root, chown): run as root to test it")
     base = tmp_path_factory.mktemp("deploy")
     root = base / "root"
     make_base_root(root)
-    wheelhouse = build_wheel(base / "build")
+    wheelhouse = gateway_wheel.parent  # the session's wheel (tests/conftest.py), alone there
     partial = InstalledRoot(root=root, wheelhouse=wheelhouse, first_run="")
     result = subprocess.run(partial.install_args(), capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

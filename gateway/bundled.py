@@ -1,0 +1,83 @@
+"""The default models and the example configuration the gateway ships with.
+
+An installed wheel holds them inside the package (``gateway/default_models/<model>/``,
+``gateway/examples/gateway.example.toml``; setup.py maps them from ``models/`` and ``deploy/``),
+so a Pi with no checkout finds them through ``importlib.resources``. Run from a checkout (the
+dev venv, an editable install), the package folder has neither and the checkout's own
+``models/`` and ``deploy/`` are used: the same files.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+
+from gateway.errors import GatewayError, ManifestError
+from gateway.manifest import MANIFEST_FILENAME, load_manifest
+
+__all__ = ["BundledDataError", "bundled_model_dirs", "bundled_models_dir", "example_config"]
+
+_PACKAGE = "gateway"
+_MODELS = "default_models"
+_EXAMPLES = "examples"
+_EXAMPLE_CONFIG = "gateway.example.toml"
+_CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+class BundledDataError(GatewayError):
+    """The installed package lacks the files the wheel should have carried."""
+
+
+def bundled_models_dir() -> Path:
+    """The folder of default model directories (one per model, each with its manifest)."""
+    return _first_existing(_packaged(_MODELS), _CHECKOUT / "models", what="default models")
+
+
+def example_config() -> Path:
+    """The commented example configuration (every section, with its defaults)."""
+    return _first_existing(
+        _packaged(_EXAMPLES, _EXAMPLE_CONFIG),
+        _CHECKOUT / "deploy" / _EXAMPLE_CONFIG,
+        what="example configuration",
+    )
+
+
+def bundled_model_dirs() -> dict[str, Path]:
+    """Feature -> default model directory, as the manifests say (not the folder names)."""
+    models: dict[str, Path] = {}
+    for model_dir in sorted(bundled_models_dir().iterdir()):
+        if not (model_dir / MANIFEST_FILENAME).is_file():
+            continue
+        try:
+            feature = load_manifest(model_dir).feature
+        except ManifestError as exc:
+            raise BundledDataError(f"default model {model_dir} is damaged: {exc}") from exc
+        if feature in models:
+            raise BundledDataError(
+                f"two default models calibrate {feature}: {models[feature]} and {model_dir}"
+            )
+        models[feature] = model_dir
+    if not models:
+        raise BundledDataError(f"no default model in {bundled_models_dir()}: reinstall the wheel")
+    return models
+
+
+def _packaged(*parts: str) -> Path | None:
+    """``gateway/<parts>`` of the installed package as a file system path, or None.
+
+    pip installs wheels unpacked, so the resource is a real file the configuration can name
+    after this process exits; a zipped import has no such path, and counts as missing.
+    """
+    resource = files(_PACKAGE).joinpath(*parts)
+    return resource if isinstance(resource, Path) else None
+
+
+def _first_existing(*candidates: Path | None, what: str) -> Path:
+    paths = [candidate for candidate in candidates if candidate is not None]
+    for path in paths:
+        if path.exists():
+            return path
+    raise BundledDataError(
+        f"the gateway's {what} are missing (looked in {', '.join(map(str, paths))}): "
+        "install the gateway from its wheel (`make wheel`) or run it from a checkout"
+    )

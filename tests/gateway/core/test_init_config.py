@@ -1,0 +1,119 @@
+"""``tesla-gateway init``: the configuration it writes is the one asked for, and valid.
+
+In-process and fast; the installed wheel running the same commands is tests/packaging.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.bundled import bundled_model_dirs, example_config
+from gateway.cli import main
+from gateway.config import load_config
+from gateway.manifest import load_manifest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_bundled_models_are_found_by_their_manifests_feature() -> None:
+    models = bundled_model_dirs()
+    assert set(models) == {"pm10", "pm2_5"}
+    for feature, model_dir in models.items():
+        assert load_manifest(model_dir).feature == feature
+    assert example_config().read_text(encoding="utf-8").startswith("# tesla-gateway")
+
+
+def test_init_writes_what_was_asked_and_check_config_accepts_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "gateway.toml"
+    password = tmp_path / "mqtt-password"
+    password.write_text("secret\n", encoding="utf-8")
+    args = ["init", "--out", str(out), "--gateway-id", "pi-kitchen"]
+    args += ["--feature", "pm10", "--feature", "pm2_5", "--broker-host", "mqtt.local"]
+    args += ["--broker-port", "8883", "--username", "tesla", "--password-file", str(password)]
+    args += ["--ca-file", str(tmp_path / "ca.pem"), "--sensor", "node-01", "--sensor", "node-02"]
+    args += ["--serial-port", "/dev/ttyACM0", "--pms5003", "usb-pms=/dev/ttyUSB0"]
+    args += ["--topic", "home/+/pm", "--home-assistant"]
+    assert main(args) == 0
+    assert str(out) in capsys.readouterr().out
+
+    config = load_config(out, environ={})
+    assert config.gateway_id == "pi-kitchen"
+    assert config.state_dir == tmp_path / "tesla-gateway-state"
+    assert config.model_dirs == bundled_model_dirs()
+    assert config.sensors.allow_unknown is False
+    assert config.sensors.known == ["node-01", "node-02"]
+    mqtt, node, pms = config.sources
+    assert mqtt.kind == "mqtt"
+    assert mqtt.topics == ["home/+/pm"]
+    assert node.kind == "node"
+    assert node.port == Path("/dev/ttyACM0")
+    assert pms.kind == "pms5003"
+    assert (pms.port, pms.sensor_id) == (Path("/dev/ttyUSB0"), "usb-pms")
+    for broker in (mqtt.broker, config.publisher.broker):
+        assert (broker.host, broker.port, broker.username) == ("mqtt.local", 8883, "tesla")
+        assert broker.password_file == password
+        assert broker.tls is not None
+        assert broker.tls.ca_file == tmp_path / "ca.pem"
+    assert config.publisher.discovery is True
+    text = out.read_text(encoding="utf-8")
+    assert "secret" not in text  # the password stays in its file
+    assert text.count("\n#") > 5  # commented
+
+    assert main(["check-config", "--config", str(out)]) == 0
+    checked = capsys.readouterr().out
+    assert "model pm10: pm10-ispra-1min" in checked
+    assert "model pm2_5: pm2_5-antwerp-1h" in checked
+
+
+def test_defaults_give_a_local_broker_and_the_bundled_pm10_model(tmp_path: Path) -> None:
+    out = tmp_path / "gateway.toml"
+    assert main(["init", "--out", str(out)]) == 0
+    config = load_config(out, environ={})
+    assert config.model_dirs == {"pm10": bundled_model_dirs()["pm10"]}
+    assert (config.publisher.broker.host, config.publisher.broker.port) == ("127.0.0.1", 1883)
+    assert config.sensors.allow_unknown is True
+    assert [source.kind for source in config.sources] == ["mqtt"]
+
+
+def test_init_does_not_overwrite_without_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "gateway.toml"
+    out.write_text("# mine\n", encoding="utf-8")
+    assert main(["init", "--out", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert out.read_text(encoding="utf-8") == "# mine\n"
+    assert main(["init", "--out", str(out), "--force"]) == 0
+    assert load_config(out, environ={}).model_dirs == {"pm10": bundled_model_dirs()["pm10"]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gateway.toml"]  # no leftovers
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--feature", "pm1"], "no bundled model calibrates pm1"),
+        (["--sensor", "bad id"], "--sensor 'bad id' must match"),
+        (["--pms5003", "/dev/ttyUSB0"], "expected SENSOR_ID=PORT"),
+        (["--model-dir", "pm10"], "expected FEATURE=DIR"),
+        (["--gateway-id", "a/b"], "--gateway-id 'a/b' must match"),
+        (["--broker-port", "0"], "do not make a valid configuration"),
+    ],
+)
+def test_init_refuses_answers_that_cannot_make_a_valid_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    out = tmp_path / "gateway.toml"
+    assert main(["init", "--out", str(out), *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing written, no temporary file left
+
+
+def test_model_dir_replaces_the_bundled_model(tmp_path: Path) -> None:
+    out = tmp_path / "gateway.toml"
+    mine = tmp_path / "my-pm1"
+    assert main(["init", "--out", str(out), "--model-dir", f"pm1={mine}"]) == 0
+    assert load_config(out, environ={}).model_dirs == {"pm1": mine}
