@@ -24,6 +24,6 @@ def test_packet_ids_follow_the_publishers_own_sequence() -> None:
 
 
 def test_a_missing_subscriber_is_named_with_its_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(broker_limit.shutil, "which", lambda _name: None)
+    monkeypatch.setattr("shutil.which", lambda _name: None)
     with pytest.raises(broker_limit.BrokerClientsMissingError, match="mosquitto-clients"):
         broker_limit.broker_forwarding_rate(messages=10, sensors=10)

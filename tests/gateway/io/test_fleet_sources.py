@@ -12,6 +12,7 @@ import json
 import re
 import socket
 import tomllib
+from collections.abc import MutableMapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -260,8 +261,8 @@ def test_sensor_community_auth_must_be_a_pair() -> None:
 
 # -- PurpleAir ---------------------------------------------------------------------------------
 
-PURPLEAIR = PurpleAirSourceConfig(
-    kind="purpleair", units=[{"url": "http://192.168.1.40/json"}], max_age_s=None
+PURPLEAIR = PurpleAirSourceConfig.model_validate(
+    {"kind": "purpleair", "units": [{"url": "http://192.168.1.40/json"}], "max_age_s": None}
 )
 
 
@@ -559,7 +560,7 @@ def test_sensor_community_listener_retries_a_taken_port() -> None:
     port = blocker.getsockname()[1]
     config = SensorCommunitySourceConfig(kind="sensor_community", host="127.0.0.1", port=port)
 
-    async def scenario() -> list[dict[str, Any]]:
+    async def scenario() -> list[MutableMapping[str, Any]]:
         with structlog.testing.capture_logs() as logs:
             source = SensorCommunitySource(config)
             task = asyncio.create_task(source.run(asyncio.Queue(), RejectCounter()))
