@@ -13,6 +13,7 @@ Standard library only: ``python3 -m devkit.wheel`` runs from a checkout with no 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -109,7 +110,12 @@ def _copy(source: Path, target: Path) -> None:
 
 def _pip(*args: str) -> None:
     command = [sys.executable, "-m", "pip", *args, "--quiet", "--disable-pip-version-check"]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)  # noqa: S603
+    # A PYTHONPATH holding the checkout (whose tesla_gateway.egg-info says "installed") would
+    # make pip skip the wheel under test in the target venv.
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    result = subprocess.run(  # noqa: S603
+        command, capture_output=True, text=True, check=False, env=env
+    )
     if result.returncode != 0:
         raise WheelError(
             f"`pip {' '.join(args)}` failed ({result.returncode}):\n{result.stdout}{result.stderr}"

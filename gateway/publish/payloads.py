@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from gateway.calibrated import CalibratedReading
 from gateway.timefmt import iso8601
@@ -17,6 +17,20 @@ __all__ = [
     "reading_message",
     "reading_payload",
 ]
+
+def _stdlib_dumps(document: object) -> bytes:
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+# Calibrated readings are encoded in C by orjson where it is installed (wheels for x86_64,
+# aarch64 and armv7); elsewhere (armv6) by the standard library into the same compact JSON.
+_dumps: Callable[[object], bytes]
+try:
+    import orjson
+
+    _dumps = orjson.dumps
+except ImportError:  # pragma: no cover - platforms without an orjson wheel
+    _dumps = _stdlib_dumps
 
 DISPLAY_UNIT = "µg/m³"
 _UNIT_ALIASES = {"ug/m3": DISPLAY_UNIT, "µg/m3": DISPLAY_UNIT, DISPLAY_UNIT: DISPLAY_UNIT}
@@ -43,7 +57,7 @@ def reading_payload(reading: CalibratedReading) -> dict[str, object]:
 
 def reading_message(reading: CalibratedReading) -> bytes:
     """The payload of ``<prefix>/<sensor>/<feature>``."""
-    return json.dumps(reading_payload(reading), ensure_ascii=False).encode("utf-8")
+    return _dumps(reading_payload(reading))
 
 
 def batch_payloads(
@@ -56,7 +70,7 @@ def batch_payloads(
         document = {"sensor": reading.sensor_id, **reading_payload(reading)}
         by_feature.setdefault(reading.feature, []).append(document)
     return [
-        (feature, json.dumps(documents[start : start + max_readings], ensure_ascii=False).encode())
+        (feature, _dumps(documents[start : start + max_readings]))
         for feature, documents in by_feature.items()
         for start in range(0, len(documents), max_readings)
     ]
