@@ -188,7 +188,9 @@ def test_sketch_folder_is_assembled_with_generated_key_and_model(
 
 
 @pytest.mark.skipif(shutil.which("arm-none-eabi-g++") is None, reason="no ARM toolchain")
-def test_sketch_compiles_against_the_real_arduino_libraries(build_dir: Path, tmp_path: Path) -> None:
+def test_sketch_compiles_against_the_real_arduino_libraries(
+    build_dir: Path, tmp_path: Path
+) -> None:
     """The sketch and every shim beside it compile against the Arduino_TensorFlowLite and Crypto
     headers a user installs (found as firmware/m4/m4.mk finds them); only the board's core API is
     declared (firmware/test/arduino_core/). A call the library does not have fails the check."""
