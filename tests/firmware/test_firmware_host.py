@@ -208,13 +208,12 @@ def test_sketch_compiles_against_the_real_arduino_libraries(
     checked = re.findall(r"^check (\S+)$", result.stdout, re.MULTILINE)
     assert {"tesla_node.ino", "device_op_resolver.cpp", "arduino_signature.cpp"} <= set(checked)
     assert {"arduino_flash.cpp", "arduino_io.cpp", "arduino_environment.cpp"} <= set(checked)
-    sketch = build_dir / "sketch" / "tesla_node" / "tesla_node.ino"
-    sketch.write_text(
-        sketch.read_text() + "\nvoid drifted() { Ed25519::verify_all(nullptr); }\n"
-        "void drifted2() { tflite::MicroInterpreter* i = nullptr; i->no_such_call(); }\n"
-    )
+    # A shim calling what the library does not have (the light one, to keep this quick).
+    shim = build_dir / "sketch" / "tesla_node" / "arduino_signature.cpp"
+    shim.write_text(shim.read_text() + "\nbool drifted() { return Ed25519::no_such_call(); }\n")
     drifted = subprocess.run(
-        ["make", "-C", str(FIRMWARE), *common, "sketch-compile", "SKETCH_FILES=tesla_node.ino"],
+        ["make", "-C", str(FIRMWARE), *common, "sketch-compile",
+         "SKETCH_FILES=arduino_signature.cpp"],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert drifted.returncode != 0
