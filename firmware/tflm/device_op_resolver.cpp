@@ -249,7 +249,8 @@ TfLiteStatus mul_eval(TfLiteContext* context, TfLiteNode* node) {
   const TfLiteEvalTensor* input1 = tflite::micro::GetEvalInput(context, node, 0);
   const TfLiteEvalTensor* input2 = tflite::micro::GetEvalInput(context, node, 1);
   TfLiteEvalTensor* output = tflite::micro::GetEvalOutput(context, node, 0);
-  if (input1->type != kTfLiteInt16 || use_library_int16_kernels) {
+  if (input1->type != kTfLiteInt16 || output->type != kTfLiteInt16 ||
+      use_library_int16_kernels) {
     return library_mul.invoke(context, node);
   }
   const auto* data = static_cast<const tflite::OpDataMul*>(node->user_data);
