@@ -32,6 +32,7 @@ from tensorflow.python.framework.convert_to_constants import convert_variables_t
 
 from gateway.manifest import ModelFile, sha256_file
 from gateway.runtime import DEFAULT_MAX_BATCH, BatchedInterpreter, select_runtime
+from training.bias_correction import convert_bias_corrected
 from training.device_ops import unsupported_on_device
 from training.errors import ExportError, ExportVerificationError
 from training.flatbuffer import read_graph
@@ -59,6 +60,9 @@ __all__ = [
 FLOAT_FILENAME = "model.tflite"
 INT8_FILENAME = "model_int8.tflite"
 FLOAT_TOLERANCE = 1e-4  # relative to the largest |output| on the check windows
+# The integer graph's last bias is corrected (training/bias_correction.py) when its mean output
+# error on the representative windows is at least this share of the integer error bound.
+BIAS_CORRECTION_SHARE = 0.1
 INTEGER_RMS_SHARE = 0.25  # integer-vs-float RMS may be at most this share of the model's RMSE
 
 Array = npt.NDArray[np.float32]
@@ -268,7 +272,16 @@ def export_flatbuffers(
     """Write both FlatBuffers into ``out_dir``, verify them, and describe them for the manifest."""
     out_dir.mkdir(parents=True, exist_ok=True)
     float_bytes = convert_float(model)
-    device_bytes = convert_device(model, representative)
+    keras_out = _keras_outputs(model, check_windows)
+    bound = integer_error_bound(keras_out, check_reference)
+    device_bytes, _ = convert_bias_corrected(
+        model,
+        representative,
+        convert=convert_device,
+        keras_predict=_keras_outputs,
+        integer_predict=litert_predict,
+        min_shift=BIAS_CORRECTION_SHARE * bound,
+    )
     device_ops = read_graph(device_bytes).op_names
     missing_ops = unsupported_on_device(device_ops)
     if missing_ops:
@@ -280,7 +293,6 @@ def export_flatbuffers(
     float_path.write_bytes(float_bytes)
     device_path.write_bytes(device_bytes)
 
-    keras_out = _keras_outputs(model, check_windows)
     output_scale_abs = max(float(np.max(np.abs(keras_out))), 1e-6)
     float_batched, float_error = _check_float(float_bytes, keras_out, check_windows)
     float_single = litert_predict(float_bytes, check_windows[:32], batched=False)
@@ -293,7 +305,6 @@ def export_flatbuffers(
     integer_out = litert_predict(device_bytes, check_windows)
     integer_diff = integer_out - keras_out
     integer_rms = float(np.sqrt(np.mean(integer_diff**2)))
-    bound = integer_error_bound(keras_out, check_reference)
     if integer_rms > bound:
         raise ExportVerificationError(
             f"the integer FlatBuffer deviates from Keras by {integer_rms:.3g} µg/m³ RMS "

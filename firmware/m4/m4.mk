@@ -62,7 +62,7 @@ M4_LIB_OBJS = $(addprefix $(M4_LIB_DIR)/tflm/,$(addsuffix .o,$(TFLM_CPP) $(CMSIS
 M4_BOARD := startup board tflm_platform model_runner node_main
 M4_KEY ?= $(M4_BUILD)/keys/release_key.pub
 
-.PHONY: m4 m4-libraries m4-bench m4-sweep
+.PHONY: m4 m4-libraries m4-bench m4-sweep int16-kernels-test
 m4-libraries:
 	@test -n "$(TFLM_ROOT)" || { echo "skip: Arduino_TensorFlowLite not found in: $(LIBRARY_DIRS)" >&2; exit 3; }
 	@test -n "$(CRYPTO_ROOT)" || { echo "skip: Crypto (rweather) not found in: $(LIBRARY_DIRS)" >&2; exit 3; }
@@ -80,6 +80,14 @@ $(M4_LIB_DIR)/crypto/%.o: $(CRYPTO_ROOT)/%.cpp | m4-libraries
 
 $(M4_LIB_DIR)/libtflm.a: $(M4_LIB_OBJS)
 	rm -f $@ && arm-none-eabi-ar rcs $@ $^
+
+# Host test of tflm/int16_kernels.h against the library's reference kernels (header-only).
+$(BUILD)/test_int16_kernels: test/test_int16_kernels.cpp tflm/int16_kernels.h | m4-libraries
+	mkdir -p $(@D)
+	$(CXX) -std=c++17 -O1 -g -Wall -Wextra -Werror -fsanitize=address,undefined -I. \
+	  $(subst -I,-isystem ,$(M4_LIB_INCLUDES)) -o $@ $<
+int16-kernels-test: $(BUILD)/test_int16_kernels
+	$(BUILD)/test_int16_kernels
 
 $(M4_KEY):
 	mkdir -p $(@D) && cd .. && $(abspath $(PYTHON)) -m training keygen --out $(abspath $(@D)) >/dev/null

@@ -8,8 +8,9 @@
 //   #I                    calibrate the window -> #O,<int16 output>,<value>,<ticks>,<sum of q>
 //   #C,<n>                run a loop of 2n instructions -> #C,<n>,<ticks> (counter check)
 //   #M                    -> #M,<arena used>,<arena size>,<model bytes>,<heap used>
-//   #R,<0|1>              1: the int16 FULLY_CONNECTED runs the library's reference kernel,
-//                         0: the DSP kernel (default) -> #R,<0|1>
+//   #R,<0|1>              1: the int16 FULLY_CONNECTED runs the library's reference kernel and
+//                         int16 MUL/SUM/MEAN the library's kernels, 0: our kernels (default:
+//                         dot_s16_s8.h, int16_kernels.h) -> #R,<0|1>
 //   #K,<trials>           compare dot_s16_s8 with its plain-C reference on pseudo-random
 //                         vectors (lengths 1..1100, extremes included) -> #K,<trials>,<mismatches>
 //   #P                    calibrate the window once with a per-op profiler attached ->
@@ -207,6 +208,7 @@ void on_test_line(char* line) {
     send_text(out);
   } else if (strcmp(fields[0], "#R") == 0 && count == 2) {
     tesla::use_reference_fully_connected = strcmp(fields[1], "1") == 0;
+    tesla::use_library_int16_kernels = tesla::use_reference_fully_connected;
     snprintf(out, sizeof(out), "#R,%d\n", tesla::use_reference_fully_connected ? 1 : 0);
     send_text(out);
   } else if (strcmp(fields[0], "#K") == 0 && count == 2) {
@@ -284,13 +286,8 @@ int main() {
   boot_model();
   receiver = new (receiver_storage)
       tesla::OtaReceiver(kProfile, verifier, slots, active.model_version);
-  switch (slots.take_outcome()) {
-    case tesla::SlotManager::Outcome::kConfirmed: send_status(tesla::OtaStatus::kActive); break;
-    case tesla::SlotManager::Outcome::kRolledBack:
-      send_status(tesla::OtaStatus::kRolledBack);
-      break;
-    default: break;
-  }
+  tesla::OtaStatus trial_report;
+  if (tesla::take_trial_report(slots, &trial_report)) send_status(trial_report);
   send_hello();
   while (true) {
     int byte;

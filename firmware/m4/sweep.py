@@ -42,13 +42,34 @@ def model_for(window: int) -> tuple[str, Path]:
     return name, run
 
 
+def test_rmse_of_files(run: Path, model: Path) -> dict[str, float]:
+    """RMSE of the float and int8 FlatBuffers (LiteRT) on every window of the test split."""
+    import numpy as np
+
+    from training.export import litert_predict
+    from training.train import load_run, prepare_data
+
+    config, _, _ = load_run(run)
+    test = prepare_data(config).test
+    windows, reference = test.gather(np.arange(len(test)))
+    keep = np.isfinite(reference)
+    rmse = {}
+    for label, filename in (("float", "model.tflite"), ("int8", "model_int8.tflite")):
+        predicted = litert_predict((model / filename).read_bytes(), windows)
+        rmse[label] = float(np.sqrt(np.mean((predicted[keep] - reference[keep]) ** 2)))
+    return rmse
+
+
 def point(window: int) -> dict[str, object]:
     name, run = model_for(window)
     metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
     measured = measure(name, "cmsis-nn", WORK / "models")
+    files = test_rmse_of_files(run, WORK / "models" / name)
     return {
         "window_length": window,
         "test_rmse_ug_m3": metrics["test"]["model"]["rmse"],
+        "test_rmse_float_tflite_ug_m3": files["float"],
+        "test_rmse_int8_tflite_ug_m3": files["int8"],
         "validation_rmse_ug_m3": metrics["validation"]["rmse"],
         "instructions_per_inference": measured["instructions_per_inference"],
         "ms_at_64mhz_1ipc": measured["ms_at_64mhz_1ipc"],
@@ -66,14 +87,22 @@ def plot(points: list[dict[str, object]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     n = [p["window_length"] for p in points]
+    rmse_float = [p["test_rmse_float_tflite_ug_m3"] for p in points]
+    rmse_int8 = [p["test_rmse_int8_tflite_ug_m3"] for p in points]
     series = (
-        ("test RMSE (µg/m³)", [p["test_rmse_ug_m3"] for p in points]),
-        ("ms per inference at 64 MHz", [p["ms_at_64mhz_1ipc"] for p in points]),
-        ("FlatBuffer (KB)", [int(p["flatbuffer_bytes"]) / 1024 for p in points]),  # type: ignore[call-overload]
+        ("test RMSE (µg/m³)", (("float", rmse_float), ("int8 (LiteRT)", rmse_int8))),
+        ("ms per inference at 64 MHz", (("int8", [p["ms_at_64mhz_1ipc"] for p in points]),)),
+        (
+            "FlatBuffer (KB)",
+            (("int8", [int(p["flatbuffer_bytes"]) / 1024 for p in points]),),  # type: ignore[call-overload]
+        ),
     )
     figure, axes = plt.subplots(1, 3, figsize=(12, 3.4))
-    for axis, (label, values) in zip(axes, series, strict=True):
-        axis.plot(n, values, marker="o")
+    for axis, (label, lines) in zip(axes, series, strict=True):
+        for name, values in lines:
+            axis.plot(n, values, marker="o", label=name)
+        if len(lines) > 1:
+            axis.legend()
         axis.set_xscale("log")
         axis.minorticks_off()
         axis.set_xticks(n, [str(v) for v in n])

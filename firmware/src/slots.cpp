@@ -160,4 +160,12 @@ BootResult boot_from_slots(SlotManager& slots, const uint8_t factory_descriptor[
   return BootResult::kNoWorkingModel;
 }
 
+bool take_trial_report(SlotManager& slots, OtaStatus* status) {
+  switch (slots.take_outcome()) {
+    case SlotManager::Outcome::kConfirmed: *status = OtaStatus::kActive; return true;
+    case SlotManager::Outcome::kRolledBack: *status = OtaStatus::kRolledBack; return true;
+    default: return false;
+  }
+}
+
 }  // namespace tesla

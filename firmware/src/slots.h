@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "hardware.h"
+#include "ota_codes.h"
 #include "ota_descriptor.h"
 
 namespace tesla {
@@ -80,5 +81,11 @@ enum class BootResult : uint8_t { kServing, kTrialRejected, kNoWorkingModel };
 BootResult boot_from_slots(SlotManager& slots, const uint8_t factory_descriptor[kDescriptorSize],
                            const uint8_t* factory_image, uint32_t factory_size,
                            bool (*self_test)(int slot));
+
+// What a board tells the gateway once after boot about the last trial (docs/serial-protocol.md):
+// kActive when it was confirmed, kRolledBack when it was rejected. False when there is nothing
+// to report (no trial, or already reported). The sketch and the emulated node both send it
+// before their hello.
+bool take_trial_report(SlotManager& slots, OtaStatus* status);
 
 }  // namespace tesla

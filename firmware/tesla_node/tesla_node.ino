@@ -184,13 +184,8 @@ void setup() {
   boot_model();
   receiver = new (receiver_storage)
       tesla::OtaReceiver(kProfile, verifier, slots, active.model_version);
-  switch (slots.take_outcome()) {
-    case tesla::SlotManager::Outcome::kConfirmed: send_status(tesla::OtaStatus::kActive); break;
-    case tesla::SlotManager::Outcome::kRolledBack:
-      send_status(tesla::OtaStatus::kRolledBack);
-      break;
-    default: break;
-  }
+  tesla::OtaStatus trial_report;
+  if (tesla::take_trial_report(slots, &trial_report)) send_status(trial_report);
   send_hello();
 }
 

@@ -340,6 +340,32 @@ void test_boot_from_slots() {
         "no working model is reported, not booted");
 }
 
+// The one report after boot (tesla::take_trial_report): confirmed -> active, rejected -> rolled
+// back, each once; nothing without a trial.
+void test_trial_report() {
+  tesla_test::RamFlash flash(2 * 4096 + 2 * 16384);
+  uint8_t descriptor[88] = {'T', 'M', 'D', 'L', 1, 1, 0, 0};
+  std::vector<uint8_t> image(5000, 0x5A);
+  tesla::OtaStatus status = tesla::OtaStatus::kOk;
+  tesla::SlotManager fresh(flash, 0, 16384);
+  tesla::boot_from_slots(fresh, descriptor, image.data(), uint32_t(image.size()), passing_self_test);
+  CHECK(!tesla::take_trial_report(fresh, &status), "no trial: nothing to report");
+  CHECK(fresh.stage_trial(1, descriptor), "stage a trial");
+  tesla::SlotManager good(flash, 0, 16384);
+  tesla::boot_from_slots(good, descriptor, image.data(), uint32_t(image.size()), passing_self_test);
+  CHECK(tesla::take_trial_report(good, &status) && status == tesla::OtaStatus::kActive,
+        "a confirmed trial reports active");
+  CHECK(!tesla::take_trial_report(good, &status), "reported once");
+  CHECK(good.stage_trial(0, descriptor), "stage another trial");
+  tesla::SlotManager bad(flash, 0, 16384);
+  tesla::boot_from_slots(bad, descriptor, image.data(), uint32_t(image.size()), failing_self_test);
+  tesla::SlotManager rebooted(flash, 0, 16384);  // the board reboots after a rejected trial
+  tesla::boot_from_slots(rebooted, descriptor, image.data(), uint32_t(image.size()), passing_self_test);
+  CHECK(tesla::take_trial_report(rebooted, &status) && status == tesla::OtaStatus::kRolledBack,
+        "a rejected trial reports rolled back after the reboot");
+  CHECK(!tesla::take_trial_report(rebooted, &status), "reported once");
+}
+
 void test_pms5003() {
   uint8_t frame[32] = {0x42, 0x4D, 0x00, 28};
   uint16_t words[13] = {1, 2, 3, 11, 22, 33, 0, 0, 0, 0, 0, 0, 0};
@@ -412,6 +438,7 @@ int main(int argc, char** argv) {
   test_receiver_scenarios(ota_vectors);
   test_slots();
   test_boot_from_slots();
+  test_trial_report();
   test_pms5003();
   test_window();
   std::printf("%d checks, %d failures\n", g_checks, g_failures);

@@ -6,18 +6,24 @@
 #include <limits>
 
 #include "dot_s16_s8.h"
+#include "int16_kernels.h"
 #include "tensorflow/lite/kernels/internal/common.h"
 #include "tensorflow/lite/kernels/internal/quantization_util.h"
 #include "tensorflow/lite/kernels/internal/reference/integer_ops/fully_connected.h"
+#include "tensorflow/lite/kernels/internal/reference/process_broadcast_shapes.h"
 #include "tensorflow/lite/kernels/internal/reference/transpose.h"
 #include "tensorflow/lite/kernels/kernel_util.h"
 #include "tensorflow/lite/micro/kernels/fully_connected.h"
 #include "tensorflow/lite/micro/kernels/kernel_util.h"
+#include "tensorflow/lite/micro/kernels/mul.h"
+#include "tensorflow/lite/micro/kernels/reduce.h"
 #include "tensorflow/lite/micro/micro_context.h"
+#include "tensorflow/lite/micro/micro_utils.h"
 
 namespace tesla {
 
 bool use_reference_fully_connected = false;
+bool use_library_int16_kernels = false;
 
 namespace {
 
@@ -234,6 +240,78 @@ TfLiteStatus fully_connected_eval(TfLiteContext* context, TfLiteNode* node) {
   return kTfLiteOk;
 }
 
+// Library's MUL (CMSIS-NN), kept for every type and for int16 without broadcasting
+// (arm_elementwise_mul_s16). int16 with broadcasting runs its BroadcastMul4DSlow arithmetic in
+// int16_kernels.h, with the library's own op data (MulPrepare).
+TfLiteRegistration library_mul;
+
+TfLiteStatus mul_eval(TfLiteContext* context, TfLiteNode* node) {
+  const TfLiteEvalTensor* input1 = tflite::micro::GetEvalInput(context, node, 0);
+  const TfLiteEvalTensor* input2 = tflite::micro::GetEvalInput(context, node, 1);
+  TfLiteEvalTensor* output = tflite::micro::GetEvalOutput(context, node, 0);
+  if (input1->type != kTfLiteInt16 || output->type != kTfLiteInt16 ||
+      use_library_int16_kernels) {
+    return library_mul.invoke(context, node);
+  }
+  const auto* data = static_cast<const tflite::OpDataMul*>(node->user_data);
+  tflite::ArithmeticParams params = {};
+  params.quantized_activation_min = data->output_activation_min;
+  params.quantized_activation_max = data->output_activation_max;
+  params.input1_offset = -data->input1_zero_point;
+  params.input2_offset = -data->input2_zero_point;
+  params.output_offset = data->output_zero_point;
+  params.output_multiplier = data->output_multiplier;
+  params.output_shift = data->output_shift;
+  const tflite::RuntimeShape shape1 = tflite::micro::GetTensorShape(input1);
+  const tflite::RuntimeShape shape2 = tflite::micro::GetTensorShape(input2);
+  const tflite::RuntimeShape output_shape = tflite::micro::GetTensorShape(output);
+  if (!tflite::reference_ops::ProcessBroadcastShapes(shape1, shape2, &params) ||
+      output_shape.DimensionsCount() > 4) {
+    return library_mul.invoke(context, node);
+  }
+  broadcast_mul_s16(params, shape1, tflite::micro::GetTensorData<int16_t>(input1), shape2,
+                    tflite::micro::GetTensorData<int16_t>(input2), output_shape,
+                    tflite::micro::GetTensorData<int16_t>(output));
+  return kTfLiteOk;
+}
+
+// Library's SUM and MEAN, kept for every type but int16 (and for an int16 MEAN whose input and
+// output quantisation are the same, which the library computes another way). int16 runs
+// QuantizedMeanOrSum's arithmetic in int16_kernels.h with the library's op data and scratch.
+TfLiteRegistration library_sum;
+TfLiteRegistration library_mean;
+
+TfLiteStatus reduce_eval(TfLiteContext* context, TfLiteNode* node, bool compute_sum) {
+  const TfLiteRegistration& library = compute_sum ? library_sum : library_mean;
+  const TfLiteEvalTensor* input = tflite::micro::GetEvalInput(context, node, 0);
+  const TfLiteEvalTensor* axis = tflite::micro::GetEvalInput(context, node, 1);
+  TfLiteEvalTensor* output = tflite::micro::GetEvalOutput(context, node, 0);
+  const auto* data = static_cast<const tflite::OpDataReduce*>(node->user_data);
+  if (input->type != kTfLiteInt16 || output->type != kTfLiteInt16 || use_library_int16_kernels ||
+      (!compute_sum && data->input_zp == data->output_zp &&
+       data->input_scale == data->output_scale)) {
+    return library.invoke(context, node);
+  }
+  auto* temp_sum =
+      static_cast<int32_t*>(context->GetScratchBuffer(context, data->temp_buffer_idx));
+  const bool done = sum_or_mean_s16(
+      tflite::micro::GetTensorData<int16_t>(input), data->input_zp, data->input_scale,
+      input->dims->data, input->dims->size, tflite::micro::GetTensorData<int16_t>(output),
+      data->output_zp, data->output_scale, tflite::micro::GetTensorShape(output).FlatSize(),
+      tflite::micro::GetTensorData<int>(axis), static_cast<int>(tflite::ElementCount(*axis->dims)),
+      temp_sum, compute_sum);
+  if (!done) return library.invoke(context, node);  // the library reports what is wrong
+  return kTfLiteOk;
+}
+
+TfLiteStatus sum_eval(TfLiteContext* context, TfLiteNode* node) {
+  return reduce_eval(context, node, true);
+}
+
+TfLiteStatus mean_eval(TfLiteContext* context, TfLiteNode* node) {
+  return reduce_eval(context, node, false);
+}
+
 }  // namespace
 
 DeviceOpResolver::DeviceOpResolver() {
@@ -258,6 +336,18 @@ DeviceOpResolver::DeviceOpResolver() {
   fully_connected_.init = fully_connected_init;
   fully_connected_.prepare = fully_connected_prepare;
   fully_connected_.invoke = fully_connected_eval;
+  const TfLiteRegistration* mul = library_ops_.FindOp(tflite::BuiltinOperator_MUL);
+  library_mul = mul != nullptr ? *mul : tflite::Register_MUL();
+  mul_ = library_mul;
+  mul_.invoke = mul_eval;
+  const TfLiteRegistration* sum = library_ops_.FindOp(tflite::BuiltinOperator_SUM);
+  library_sum = sum != nullptr ? *sum : tflite::Register_SUM();
+  sum_ = library_sum;
+  sum_.invoke = sum_eval;
+  const TfLiteRegistration* mean = library_ops_.FindOp(tflite::BuiltinOperator_MEAN);
+  library_mean = mean != nullptr ? *mean : tflite::Register_MEAN();
+  mean_ = library_mean;
+  mean_.invoke = mean_eval;
 }
 
 const TfLiteRegistration* DeviceOpResolver::FindOp(tflite::BuiltinOperator op) const {
@@ -265,6 +355,9 @@ const TfLiteRegistration* DeviceOpResolver::FindOp(tflite::BuiltinOperator op) c
   if (found != nullptr && op == tflite::BuiltinOperator_TRANSPOSE) return &transpose_;
   if (found != nullptr && op == tflite::BuiltinOperator_RSQRT) return &rsqrt_;
   if (found != nullptr && op == tflite::BuiltinOperator_FULLY_CONNECTED) return &fully_connected_;
+  if (found != nullptr && op == tflite::BuiltinOperator_MUL) return &mul_;
+  if (found != nullptr && op == tflite::BuiltinOperator_SUM) return &sum_;
+  if (found != nullptr && op == tflite::BuiltinOperator_MEAN) return &mean_;
   return found;
 }
 

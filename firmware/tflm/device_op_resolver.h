@@ -12,6 +12,9 @@
 // FULLY_CONNECTED with int16 input and per-channel int8 weights (the library applies channel
 // 0's scale to every channel) gets its own kernel too: the reference arithmetic, with the dot
 // products two at a time on the M4's DSP (dot_s16_s8.h), bit for bit the same outputs.
+// int16 MUL with broadcasting, SUM and MEAN get faster loops with the library's arithmetic
+// (int16_kernels.h: the attention's broadcast MUL and SUM were 44 % of an inference), bit for
+// bit the same outputs too.
 #pragma once
 
 #include "src/model_constants.h"
@@ -26,6 +29,10 @@ namespace tesla {
 // test that both give the same outputs).
 extern bool use_reference_fully_connected;
 
+// int16 MUL with broadcasting, SUM and MEAN normally run int16_kernels.h; true runs the
+// library's kernels instead (the emulated node's #R command, as above).
+extern bool use_library_int16_kernels;
+
 class DeviceOpResolver : public tflite::MicroOpResolver {
  public:
   DeviceOpResolver();
@@ -39,6 +46,9 @@ class DeviceOpResolver : public tflite::MicroOpResolver {
   TfLiteRegistration transpose_;
   TfLiteRegistration rsqrt_;
   TfLiteRegistration fully_connected_;
+  TfLiteRegistration mul_;
+  TfLiteRegistration sum_;
+  TfLiteRegistration mean_;
 
   TF_LITE_REMOVE_VIRTUAL_DELETE
 };

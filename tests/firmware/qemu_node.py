@@ -58,7 +58,8 @@ def build(model: str, kernels: str = "cmsis-nn", model_root: Path = ROOT / "mode
     """Builds (or finds up to date) the firmware for one model directory under ``model_root``."""
     elf = FIRMWARE / "build" / "m4" / model / f"node-{kernels}.elf"
     subprocess.run(
-        ["make", "-C", str(FIRMWARE), "-j2", f"PYTHON={sys.executable}", f"KERNELS={kernels}",
+        ["make", "-C", str(FIRMWARE), f"-j{os.cpu_count() or 2}", f"PYTHON={sys.executable}",
+         f"KERNELS={kernels}",
          f"M4_MODELS={model}", f"M4_MODEL_ROOT={model_root.resolve()}",
          str(elf.relative_to(FIRMWARE))],
         check=True, capture_output=True, text=True, timeout=1800,

@@ -137,7 +137,9 @@ def test_every_default_device_graph_runs_on_the_arduino_library(model: str) -> N
     manifest = load_manifest(ROOT / "models" / model)
     pairs = _op_input_types(ROOT / "models" / model / manifest.files["int8"].path)
     resolver = _resolver_int16_kernels()
-    assert resolver == {("FULLY_CONNECTED", "int16"), ("RSQRT", "int16"), ("TRANSPOSE", "int16")}
+    assert resolver == {
+        (op, "int16") for op in ("FULLY_CONNECTED", "MEAN", "MUL", "RSQRT", "SUM", "TRANSPOSE")
+    }
     unproven = pairs - LIBRARY_KERNELS_RUN_ON_THE_NODE - resolver
     assert not unproven, (
         f"{sorted(unproven)}: no kernel the node is known to run; check them on the emulated "
@@ -167,7 +169,7 @@ def test_sketch_folder_is_assembled_with_generated_key_and_model(
     )  # fmt: skip
     sketch = build_dir / "sketch" / "tesla_node"
     names = ("tesla_node.ino", "arduino_flash.cpp", "arduino_signature.cpp", "model_data.cpp")
-    for name in (*names, "device_op_resolver.cpp", "dot_s16_s8.h"):
+    for name in (*names, "device_op_resolver.cpp", "dot_s16_s8.h", "int16_kernels.h"):
         assert (sketch / name).is_file(), name
     key_header = (sketch / "src" / "release_key.h").read_text()
     key = bytes.fromhex(keys.public_path.read_text())
@@ -183,3 +185,50 @@ def test_sketch_folder_is_assembled_with_generated_key_and_model(
     ).stdout.splitlines()[1].split()  # fmt: skip
     manifest = load_manifest(DEFAULT_MODEL)
     assert int(size[0]) >= manifest.files["int8"].size_bytes + 88  # image + descriptor in flash
+
+
+@pytest.mark.skipif(shutil.which("arm-none-eabi-g++") is None, reason="no ARM toolchain")
+def test_sketch_compiles_against_the_real_arduino_libraries(
+    build_dir: Path, tmp_path: Path
+) -> None:
+    """The sketch and every shim beside it compile against the Arduino_TensorFlowLite and Crypto
+    headers a user installs (found as firmware/m4/m4.mk finds them); only the board's core API is
+    declared (firmware/test/arduino_core/). A call the library does not have fails the check."""
+    from training.release import keygen
+
+    keys = keygen(tmp_path / "keys")
+    common = [f"BUILD={build_dir}", f"RELEASE_KEY={keys.public_path}", f"PYTHON={sys.executable}"]
+    result = subprocess.run(
+        ["make", "-C", str(FIRMWARE), *common, "sketch-check"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    if result.returncode != 0 and "skip:" in result.stderr:
+        pytest.skip(result.stderr.strip().splitlines()[-1])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    checked = re.findall(r"^check (\S+)$", result.stdout, re.MULTILINE)
+    assert {"tesla_node.ino", "device_op_resolver.cpp", "arduino_signature.cpp"} <= set(checked)
+    assert {"arduino_flash.cpp", "arduino_io.cpp", "arduino_environment.cpp"} <= set(checked)
+    # A shim calling what the library does not have (the light one, to keep this quick).
+    shim = build_dir / "sketch" / "tesla_node" / "arduino_signature.cpp"
+    shim.write_text(shim.read_text() + "\nbool drifted() { return Ed25519::no_such_call(); }\n")
+    drifted = subprocess.run(
+        ["make", "-C", str(FIRMWARE), *common, "sketch-compile",
+         "SKETCH_FILES=arduino_signature.cpp"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert drifted.returncode != 0
+    assert "no_such_call" in drifted.stderr
+
+
+def test_int16_kernels_give_the_library_reference_kernels_outputs(build_dir: Path) -> None:
+    """firmware/tflm/int16_kernels.h (the node's int16 broadcast MUL, SUM and MEAN) against the
+    Arduino library's reference kernels on random tensors with extreme values, bit for bit."""
+    result = subprocess.run(
+        ["make", "-C", str(FIRMWARE), f"BUILD={build_dir}", "int16-kernels-test"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    if result.returncode != 0 and "skip:" in result.stderr:
+        pytest.skip(result.stderr.strip().splitlines()[-1])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    checks = int(re.search(r"(\d+) checks, 0 failures", result.stdout).group(1))  # type: ignore[union-attr]
+    assert checks > 500_000

@@ -144,9 +144,10 @@ def test_dsp_fully_connected_gives_the_reference_kernels_outputs_bit_for_bit(
     model_elf: tuple[str, Path],
 ) -> None:
     """The int16 per-channel FULLY_CONNECTED runs a dual-MAC SMLAD loop (firmware/tflm/
-    dot_s16_s8.h) instead of the library's reference kernel: the same dot products on random
-    and extreme vectors, and the same int16 outputs on windows across the input range, with
-    fewer instructions."""
+    dot_s16_s8.h) instead of the library's reference kernel, and int16 broadcast MUL, SUM and
+    MEAN run firmware/tflm/int16_kernels.h instead of the library's (#R,1 switches all of them
+    back): the same dot products on random and extreme vectors, and the same int16 outputs on
+    windows across the input range, with fewer instructions."""
     model, elf = model_elf
     manifest = load_manifest(ROOT / "models" / model)
     rng = np.random.default_rng(1)
