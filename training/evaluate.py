@@ -14,12 +14,15 @@ import numpy as np
 import pandas as pd
 
 from gateway.calibrator import Calibrator
-from gateway.manifest import ErrorMetrics, Manifest
+from gateway.manifest import ErrorMetrics, Manifest, TestMetrics
+from training.conformal import IntervalScores, score_intervals
 from training.data import CoLocationData, WindowSet, clean, to_grid
+from training.equivalence import Equivalence, equivalence
 from training.errors import DataError
+from training.harm import describe
 from training.metrics import error_metrics
 
-__all__ = ["Evaluation", "evaluate_model_dir", "model_channels"]
+__all__ = ["Evaluation", "evaluate_model_dir", "evaluation_text", "model_channels"]
 
 CHUNK = 4096
 
@@ -31,12 +34,18 @@ class Evaluation:
     model: ErrorMetrics
     per_sensor: dict[str, dict[str, ErrorMetrics]]
     predictions: pd.DataFrame  # timestamp, sensor_id, raw, reference, calibrated
+    validation: TestMetrics | None = None  # the manifest's raw/linear/model on validation
+    intervals: IntervalScores | None = None
+    equivalence: Equivalence | None = None
 
     def as_json(self) -> dict[str, object]:
         return {
             "n": self.n,
             "raw": self.raw.model_dump(),
             "model": self.model.model_dump(),
+            "validation": None if self.validation is None else self.validation.model_dump(),
+            "intervals": None if self.intervals is None else self.intervals.as_dict(),
+            "equivalence": None if self.equivalence is None else self.equivalence.as_dict(),
             "sensors": {
                 sensor: {name: m.model_dump() for name, m in scores.items()}
                 for sensor, scores in self.per_sensor.items()
@@ -52,8 +61,11 @@ def model_channels(manifest: Manifest) -> tuple[str, ...]:
     )
 
 
-def evaluate_model_dir(model_dir: Path, data: CoLocationData) -> Evaluation:
-    """Calibrate every window the model can calibrate and score those with a reference."""
+def evaluate_model_dir(
+    model_dir: Path, data: CoLocationData, *, reference_uncertainty: float = 0.0
+) -> Evaluation:
+    """Calibrate every window the model can calibrate and score those with a reference:
+    error, the intervals' coverage and width, and the GDE figures on daily means."""
     calibrator = Calibrator.load(model_dir)
     manifest = calibrator.manifest
     if data.period_seconds != manifest.period_seconds:
@@ -105,4 +117,46 @@ def evaluate_model_dir(model_dir: Path, data: CoLocationData) -> Evaluation:
         model=error_metrics(scored["calibrated"].to_numpy(), scored["reference"].to_numpy()),
         per_sensor=per_sensor,
         predictions=predictions,
+        validation=manifest.validation_baselines,
+        intervals=None
+        if manifest.intervals is None
+        else score_intervals(
+            manifest.intervals, scored["calibrated"].to_numpy(), scored["reference"].to_numpy()
+        ),
+        equivalence=equivalence(
+            predictions,
+            feature=manifest.feature,
+            period_seconds=manifest.period_seconds,
+            reference_uncertainty=reference_uncertainty,
+        ),
     )
+
+
+def evaluation_text(manifest: Manifest, evaluation: Evaluation) -> str:
+    """The human-readable report of ``evaluate`` (``--json`` prints :meth:`Evaluation.as_json`)."""
+    unit = manifest.unit
+    lines = [f"model {manifest.name} v{manifest.version}: {evaluation.n} calibrated periods"]
+    for label, scores in (("raw", evaluation.raw), ("model", evaluation.model)):
+        lines.append(f"  {label:<6} RMSE {scores.rmse:8.3f}  MAE {scores.mae:8.3f}  {unit}")
+    if evaluation.validation is not None:
+        lines.append(
+            f"  validation sensor {manifest.data.validation_sensor}: "
+            f"{describe(evaluation.validation)}"
+        )
+    if evaluation.model.rmse > evaluation.raw.rmse:
+        lines.append("  WARNING: on this data the model is worse than the raw readings")
+    if evaluation.intervals is not None:
+        i = evaluation.intervals
+        lines.append(
+            f"  {i.level:.0%} intervals: coverage {i.coverage:.1%}, mean width "
+            f"{i.mean_width:.3g} {unit} over {i.n} periods"
+        )
+    if evaluation.equivalence is not None:
+        e = evaluation.equivalence
+        verdict = "meets" if e.meets_indicative_dqo else "misses"
+        lines.append(
+            f"  EU GDE on {e.days} daily means: W = {e.expanded_relative_uncertainty:.1%} at "
+            f"{e.limit_value:g} {unit} ({verdict} the 50 % indicative DQO); slope "
+            f"{e.slope:.3f}, intercept {e.intercept:.3g}, R² {e.r2:.3f}"
+        )
+    return "\n".join(lines)

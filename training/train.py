@@ -30,6 +30,7 @@ from training.data import (
     to_grid,
 )
 from training.errors import DataError
+from training.harm import compare_on
 from training.metrics import LinearCalibration, error_metrics
 from training.models import ModelConfig, TeslaConfig, build_model
 
@@ -242,7 +243,9 @@ def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") ->
         verbose=verbose,
     )
     linear = LinearCalibration.fit(prepared.train.current_raw(), prepared.train.targets())
-    validation = error_metrics(predict_windows(model, prepared.validation), validation_y)
+    validation_predicted = predict_windows(model, prepared.validation)
+    validation = error_metrics(validation_predicted, validation_y)
+    baselines = compare_on(prepared.validation, validation_predicted, linear)
     test = _test_metrics(model, prepared, linear)
 
     history_values = {k: [float(v) for v in vs] for k, vs in history.history.items()}
@@ -257,6 +260,7 @@ def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") ->
         input_scale=input_scale,
         summary=prepared.summary,
         input_range=prepared.input_range,
+        validation_baselines=baselines,
     )
     return RunResult(run_dir, model, validation, test, history_values)
 
@@ -273,6 +277,7 @@ def write_run(
     input_scale: float,
     summary: DataSummary,
     input_range: InputRange,
+    validation_baselines: TestMetrics | None = None,
 ) -> None:
     """The run directory (the one layout ``export``, ``evaluate`` and ``retrain`` read)."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -287,6 +292,11 @@ def write_run(
             "linear": {"slope": linear.slope, "intercept": linear.intercept},
             "input_scale": input_scale,
             "parameters": int(model.count_params()),
+            **(
+                {}
+                if validation_baselines is None
+                else {"validation_baselines": validation_baselines.model_dump()}
+            ),
         },
     )
     _write_json(

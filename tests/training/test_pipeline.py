@@ -41,7 +41,7 @@ def run(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def model_dir(run, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("models") / "pm2_5-synthetic"
-    export_run(run.run_dir, out, name="pm2_5-synthetic", version=7)
+    export_run(run.run_dir, out, name="pm2_5-synthetic", version=7, force=True)
     return out
 
 

@@ -60,7 +60,9 @@ def champion(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         learning_rate=3e-3,
     )
     train(config, root / "run", verbose=0)
-    export_run(root / "run", root / "model", name="pm2_5-test", version=CHAMPION_VERSION)
+    export_run(
+        root / "run", root / "model", name="pm2_5-test", version=CHAMPION_VERSION, force=True
+    )
     return root / "model", root / "run"
 
 
