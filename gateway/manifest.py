@@ -132,7 +132,8 @@ class PredictionIntervals(_Strict):
     and its interval is ``[max(0, v - w), v + w]`` with that bin's half-width ``w`` (the
     ``ceil((n + 1) * level)``-th smallest absolute residual of the bin's ``n`` validation pairs,
     the finite-sample split conformal quantile). Concentrations are never negative, so clipping
-    the low end at 0 cannot lose coverage.
+    the low end at 0 cannot lose coverage (a negative ``v`` keeps ``low = v``: the interval
+    always holds the value it is published with).
     """
 
     method: Literal["split_conformal_binned"] = "split_conformal_binned"
@@ -164,7 +165,7 @@ class PredictionIntervals(_Strict):
     def interval(self, value: float) -> tuple[float, float]:
         """``(low, high)`` around a calibrated value: one bisection over a few edges."""
         width = self.half_widths[bisect.bisect_right(self.edges, value)]
-        return max(0.0, value - width), value + width
+        return min(value, max(0.0, value - width)), value + width
 
 
 class DataSummary(_Strict):

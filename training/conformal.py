@@ -111,7 +111,7 @@ def score_intervals(
     width = np.asarray(intervals.half_widths)[
         np.searchsorted(np.asarray(intervals.edges), predicted, side="right")
     ]
-    low = np.maximum(0.0, predicted - width)
+    low = np.minimum(predicted, np.maximum(0.0, predicted - width))  # as the gateway does
     high = predicted + width
     inside = (reference >= low) & (reference <= high)
     return IntervalScores(

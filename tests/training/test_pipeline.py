@@ -107,7 +107,7 @@ def test_evaluate_cli_on_a_plain_csv(model_dir: Path, tmp_path: Path) -> None:
     widths = np.asarray(manifest.intervals.half_widths)[
         np.searchsorted(manifest.intervals.edges, scored["calibrated"], side="right")
     ]
-    low = np.maximum(0, scored["calibrated"] - widths)
+    low = np.minimum(scored["calibrated"], np.maximum(0, scored["calibrated"] - widths))
     inside = (scored["reference"] >= low) & (scored["reference"] <= scored["calibrated"] + widths)
     assert result["intervals"]["n"] == len(scored_pairs) == result["n"]
     assert result["intervals"]["coverage"] == pytest.approx(float(inside.mean()), abs=1e-3)
@@ -118,6 +118,7 @@ def test_evaluate_cli_on_a_plain_csv(model_dir: Path, tmp_path: Path) -> None:
     assert equivalence["meets_indicative_dqo"] == (
         equivalence["expanded_relative_uncertainty"] <= 0.5
     )
+    assert manifest.validation_baselines is not None
     assert result["validation"] == manifest.validation_baselines.model_dump()
 
 
