@@ -15,6 +15,7 @@ from training.errors import TrainingError
 from training.retrain import cli as retrain_cli
 
 if TYPE_CHECKING:
+    from gateway.manifest import Manifest
     from training.train import TrainConfig
 
 __all__ = ["build_parser", "main", "train_config"]
@@ -87,6 +88,12 @@ def _add_defaults(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument("--only", help="retrain just this default model")
     parser.add_argument(
         "--reuse-runs", action="store_true", help="keep finished runs instead of retraining them"
+    )
+    parser.add_argument(
+        "--annotate-only",
+        action="store_true",
+        help="no training: recompute the committed models' intervals and validation comparison "
+        "from their float graphs and rewrite their manifests",
     )
 
 
@@ -305,6 +312,13 @@ def _default_models(args: argparse.Namespace) -> int:
     for default in DEFAULT_MODELS:
         if args.only is not None and default.name != args.only:
             continue
+        if args.annotate_only:
+            from training.annotate import annotate_model_dir
+
+            config = default.config.model_copy(update={"data_path": args.data})
+            manifest = annotate_model_dir(args.out / default.name, config)
+            print(json.dumps({"model": default.name, **_trust_fields(manifest)}, indent=2))
+            continue
         results = []
         for seed in default.seeds:
             config = default.config.model_copy(update={"data_path": args.data, "seed": seed})
@@ -336,6 +350,15 @@ def _default_models(args: argparse.Namespace) -> int:
             )
         )
     return 0
+
+
+def _trust_fields(manifest: Manifest) -> dict[str, object]:
+    return {
+        "validation": None
+        if manifest.validation_baselines is None
+        else manifest.validation_baselines.model_dump(),
+        "intervals": None if manifest.intervals is None else manifest.intervals.model_dump(),
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:

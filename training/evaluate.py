@@ -22,9 +22,36 @@ from training.errors import DataError
 from training.harm import describe
 from training.metrics import error_metrics
 
-__all__ = ["Evaluation", "evaluate_model_dir", "evaluation_text", "model_channels"]
+__all__ = [
+    "Evaluation",
+    "HeldOutReport",
+    "evaluate_model_dir",
+    "evaluation_text",
+    "model_channels",
+]
 
 CHUNK = 4096
+
+
+@dataclass(frozen=True)
+class HeldOutReport:
+    """The manifest's test sensor alone (never trained on, never used to choose the model):
+    where the intervals' coverage and the GDE figures mean something."""
+
+    sensor: str
+    raw: ErrorMetrics
+    model: ErrorMetrics
+    intervals: IntervalScores | None
+    equivalence: Equivalence | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "sensor": self.sensor,
+            "raw": self.raw.model_dump(),
+            "model": self.model.model_dump(),
+            "intervals": None if self.intervals is None else self.intervals.as_dict(),
+            "equivalence": None if self.equivalence is None else self.equivalence.as_dict(),
+        }
 
 
 @dataclass(frozen=True)
@@ -37,9 +64,11 @@ class Evaluation:
     validation: TestMetrics | None = None  # the manifest's raw/linear/model on validation
     intervals: IntervalScores | None = None
     equivalence: Equivalence | None = None
+    test_sensor: HeldOutReport | None = None
 
     def as_json(self) -> dict[str, object]:
         return {
+            "test_sensor": None if self.test_sensor is None else self.test_sensor.as_dict(),
             "n": self.n,
             "raw": self.raw.model_dump(),
             "model": self.model.model_dump(),
@@ -111,6 +140,19 @@ def evaluate_model_dir(
         }
         for sensor, group in scored.groupby("sensor_id", sort=True)
     }
+    interval_scores, agreement = _trust_scores(manifest, predictions, reference_uncertainty)
+    test_id = manifest.data.test_sensor
+    held_out = predictions[predictions["sensor_id"] == test_id]
+    test_sensor = None
+    if held_out["reference"].notna().any():
+        test_intervals, test_agreement = _trust_scores(manifest, held_out, reference_uncertainty)
+        test_sensor = HeldOutReport(
+            sensor=test_id,
+            raw=per_sensor[test_id]["raw"],
+            model=per_sensor[test_id]["model"],
+            intervals=test_intervals,
+            equivalence=test_agreement,
+        )
     return Evaluation(
         n=len(scored),
         raw=error_metrics(scored["raw"].to_numpy(), scored["reference"].to_numpy()),
@@ -118,18 +160,31 @@ def evaluate_model_dir(
         per_sensor=per_sensor,
         predictions=predictions,
         validation=manifest.validation_baselines,
-        intervals=None
+        intervals=interval_scores,
+        equivalence=agreement,
+        test_sensor=test_sensor,
+    )
+
+
+def _trust_scores(
+    manifest: Manifest, predictions: pd.DataFrame, reference_uncertainty: float
+) -> tuple[IntervalScores | None, Equivalence | None]:
+    """Interval coverage/width and the GDE figures of some calibrated steps."""
+    scored = predictions[np.isfinite(predictions["reference"])]
+    intervals = (
+        None
         if manifest.intervals is None
         else score_intervals(
             manifest.intervals, scored["calibrated"].to_numpy(), scored["reference"].to_numpy()
-        ),
-        equivalence=equivalence(
-            predictions,
-            feature=manifest.feature,
-            period_seconds=manifest.period_seconds,
-            reference_uncertainty=reference_uncertainty,
-        ),
+        )
     )
+    agreement = equivalence(
+        predictions,
+        feature=manifest.feature,
+        period_seconds=manifest.period_seconds,
+        reference_uncertainty=reference_uncertainty,
+    )
+    return intervals, agreement
 
 
 def evaluation_text(manifest: Manifest, evaluation: Evaluation) -> str:
@@ -145,18 +200,32 @@ def evaluation_text(manifest: Manifest, evaluation: Evaluation) -> str:
         )
     if evaluation.model.rmse > evaluation.raw.rmse:
         lines.append("  WARNING: on this data the model is worse than the raw readings")
-    if evaluation.intervals is not None:
-        i = evaluation.intervals
+    lines += _trust_lines("all sensors", evaluation.intervals, evaluation.equivalence, unit)
+    held = evaluation.test_sensor
+    if held is not None:
         lines.append(
-            f"  {i.level:.0%} intervals: coverage {i.coverage:.1%}, mean width "
-            f"{i.mean_width:.3g} {unit} over {i.n} periods"
+            f"  test sensor {held.sensor}: raw RMSE {held.raw.rmse:.3f}, model RMSE "
+            f"{held.model.rmse:.3f} {unit}"
         )
-    if evaluation.equivalence is not None:
-        e = evaluation.equivalence
-        verdict = "meets" if e.meets_indicative_dqo else "misses"
-        lines.append(
-            f"  EU GDE on {e.days} daily means: W = {e.expanded_relative_uncertainty:.1%} at "
-            f"{e.limit_value:g} {unit} ({verdict} the 50 % indicative DQO); slope "
-            f"{e.slope:.3f}, intercept {e.intercept:.3g}, R² {e.r2:.3f}"
-        )
+        lines += _trust_lines(f"test sensor {held.sensor}", held.intervals, held.equivalence, unit)
     return "\n".join(lines)
+
+
+def _trust_lines(
+    label: str, intervals: IntervalScores | None, agreement: Equivalence | None, unit: str
+) -> list[str]:
+    lines = []
+    if intervals is not None:
+        lines.append(
+            f"  {label}: {intervals.level:.0%} intervals cover {intervals.coverage:.1%}, mean "
+            f"width {intervals.mean_width:.3g} {unit} over {intervals.n} periods"
+        )
+    if agreement is not None:
+        verdict = "meets" if agreement.meets_indicative_dqo else "misses"
+        lines.append(
+            f"  {label}: EU GDE on {agreement.days} daily means: W = "
+            f"{agreement.expanded_relative_uncertainty:.1%} at {agreement.limit_value:g} {unit} "
+            f"({verdict} the 50 % indicative DQO); orthogonal slope {agreement.slope:.3f}, "
+            f"intercept {agreement.intercept:.3g}, R² {agreement.r2:.3f}"
+        )
+    return lines
