@@ -13,10 +13,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gateway.manifest import load_manifest, verify_model_files
+from gateway.manifest import load_manifest, verify_model_files, write_manifest
+from training.annotate import annotate_model_dir
 from training.cli import main
 from training.data import generate_synthetic
 from training.errors import ExportVerificationError
+from training.evaluate import evaluate_model_dir
 from training.export import INT8_FILENAME, export_flatbuffers
 from training.model_dir import export_run
 from training.models import TeslaConfig
@@ -205,3 +207,41 @@ def test_device_graph_failure_keeps_the_gateway_graph(run, tmp_path: Path) -> No
     assert kept.verification.integer_rms_error is None
     with pytest.raises(ExportVerificationError, match="deviates"):
         export_flatbuffers(run.model, tmp_path, too_narrow, check, targets="both")
+
+
+def test_evaluate_scores_the_manifest_test_sensor_alone(model_dir: Path) -> None:
+    evaluation = evaluate_model_dir(model_dir, generate_synthetic(**OPTIONS))  # type: ignore[arg-type]
+    manifest = load_manifest(model_dir)
+    held = evaluation.test_sensor
+    assert held is not None and held.sensor == manifest.data.test_sensor
+    # The same windows as training's test score, through the gateway's calibrator.
+    assert held.model.n == manifest.test.model.n
+    assert held.model.rmse == pytest.approx(manifest.test.model.rmse, rel=1e-3)
+    assert held.intervals is not None and held.intervals.n == held.model.n
+    assert 0 < held.intervals.coverage <= 1 and held.intervals.mean_width > 0
+    assert evaluation.as_json()["test_sensor"] == held.as_dict()
+
+
+def test_annotate_recomputes_the_trust_fields_without_retraining(
+    model_dir: Path, run, tmp_path: Path
+) -> None:
+    copy = tmp_path / "model"
+    shutil.copytree(model_dir, copy)
+    exported = load_manifest(copy)
+    write_manifest(
+        copy, exported.model_copy(update={"intervals": None, "validation_baselines": None})
+    )
+    config = TrainConfig.model_validate_json((run.run_dir / "config.json").read_text())
+    annotated = annotate_model_dir(copy, config)
+    assert annotated.intervals is not None and exported.intervals is not None
+    assert annotated.intervals.counts == exported.intervals.counts
+    np.testing.assert_allclose(annotated.intervals.edges, exported.intervals.edges, rtol=1e-3)
+    np.testing.assert_allclose(
+        annotated.intervals.half_widths, exported.intervals.half_widths, rtol=1e-2, atol=1e-3
+    )
+    assert annotated.validation_baselines is not None
+    assert exported.validation_baselines is not None
+    assert annotated.validation_baselines.linear.rmse == pytest.approx(
+        exported.validation_baselines.linear.rmse, rel=1e-4
+    )
+    assert load_manifest(copy).intervals == annotated.intervals
