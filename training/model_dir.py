@@ -69,7 +69,10 @@ def representative_windows(train: WindowSet, *peaks_only: WindowSet) -> Array:
     Evenly spaced training windows plus the highest concentrations: a range that misses rare
     high episodes clips them (on the Ispra model the peaks brought the integer RMS deviation
     from 1.05 to 0.96 µg/m³). A covariate channel (``rh``, ``temp_c``) adds the windows at both
-    ends of its range, so humid, dry, hot and cold windows set the activation ranges too.
+    ends of its range, so humid, dry, hot and cold windows set the activation ranges too (with
+    Ispra's 360-minute windows the evenly spaced ones already hold every reading, so it changed
+    nothing there: measured 2.88 and 0.49 µg/m³ RMS with and without it; it matters for short
+    windows). What made the covariate device graph pass was per-channel input scaling.
     ``peaks_only`` adds the peaks of further sets (inputs only, no reference), e.g. the
     held-back windows of a drifting sensor that reads beyond training.
     """
