@@ -3,7 +3,7 @@
 One retained config message per (sensor, feature) under
 ``<discovery_prefix>/sensor/<node_id>/<object_id>/config``; the entity reads the calibrated value
 from the state topic with a value template (a null calibration, e.g. during warm-up, shows as
-unknown), and the raw value, model and quality flags as
+unknown), and the raw value, model, quality flags and prediction interval as
 attributes from the same JSON. Availability follows the gateway's status topic (with its will).
 """
 
