@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["CalibratedReading", "Quality"]
+__all__ = ["CalibratedReading", "Interval", "Quality"]
 
 
 class Quality(enum.StrEnum):
@@ -17,6 +17,15 @@ class Quality(enum.StrEnum):
     MISSING_CHANNEL = "missing_channel"  # the sensor does not supply an input the model needs
     NO_MODEL = "no_model"  # no valid model is loaded for this feature
     OUT_OF_DOMAIN = "out_of_domain"  # inputs far outside the training data's range
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """Where the true value lies with probability ``level`` (the manifest's conformal bins)."""
+
+    low: float
+    high: float
+    level: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,3 +46,4 @@ class CalibratedReading:
     model_name: str | None
     model_version: int | None
     quality: tuple[Quality, ...]
+    interval: Interval | None = None  # only with a calibrated value and a manifest that has them

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import structlog
 
-from gateway.calibrated import CalibratedReading, Quality
+from gateway.calibrated import CalibratedReading, Interval, Quality
 from gateway.calibrator import CalibrationError, Calibrator
 from gateway.geometry import WindowGeometry
 from gateway.model_watch import ModelSet
@@ -238,6 +238,7 @@ class Ticker:
             if calibrator is not None
             else int(self.store[batch.feature].geometry.period_seconds)
         )
+        intervals = None if calibrator is None else calibrator.manifest.intervals
         out: list[CalibratedReading] = []
         for row, sensor_id in enumerate(ready.sensor_ids):
             quality = ready.quality[row]
@@ -263,6 +264,9 @@ class Ticker:
                     model_name=None if calibrator is None else calibrator.name,
                     model_version=None if calibrator is None else calibrator.version,
                     quality=quality,
+                    interval=None
+                    if intervals is None or calibrated is None
+                    else Interval(*intervals.interval(calibrated), intervals.level),
                 )
             )
         return out

@@ -37,7 +37,10 @@ def output_bias(model: keras.Model) -> tuple[Any, float] | None:
     layer = model.layers[-1]
     slope = 1.0
     while isinstance(layer, Scale):
-        slope *= layer.factor
+        factors = layer.factor if isinstance(layer.factor, list) else [layer.factor]
+        if len(factors) != 1:
+            return None  # a per-channel scale is an input's, never the one output's
+        slope *= factors[0]
         parents = layer._inbound_nodes[0].parent_nodes  # Keras has no public form
         if len(parents) != 1:
             return None

@@ -7,13 +7,18 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.errors import GatewayError
 from training.bench import cli as bench_cli
 from training.errors import TrainingError
 from training.retrain import cli as retrain_cli
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    from gateway.manifest import Manifest
+    from training.train import TrainConfig
+
+__all__ = ["build_parser", "main", "train_config"]
 
 
 def _add_train(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,6 +33,13 @@ def _add_train(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--learning-rate", type=float)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--max-train-windows", type=int)
+    parser.add_argument(
+        "--channels", help="input channels, raw first, comma-separated: raw or raw,rh,temp_c"
+    )
+    parser.add_argument("--feature", help="csv loader: feature of the raw column (pm2_5, pm10)")
+    parser.add_argument(
+        "--period", type=int, help="csv loader: grid period in seconds (default: median spacing)"
+    )
     parser.add_argument("--run-dir", type=Path, required=True, help="where the run is written")
 
 
@@ -37,6 +49,16 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     parser.add_argument("--out", type=Path, required=True, help="model directory to write")
     parser.add_argument("--name", required=True, help="model name, e.g. pm10-ispra-1min")
     parser.add_argument("--version", type=int, help="release number (default: Unix time)")
+    parser.add_argument(
+        "--targets",
+        choices=("gateway", "node", "both"),
+        help="graphs required: gateway (float only), node or both (fail without the device "
+        "graph); default: both if the device graph passes its bound, else the gateway graph "
+        "alone with the reason in the manifest",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="export even if worse than raw or linear"
+    )
 
 
 def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,6 +72,12 @@ def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument("--data", type=Path, help="folder for --dataset (default ../shared/data)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--predictions", type=Path, help="write every calibrated step as CSV")
+    parser.add_argument(
+        "--reference-uncertainty",
+        type=float,
+        default=0.0,
+        help="u(x) of the reference in the GDE formula, ug/m3 (default 0: conservative)",
+    )
 
 
 def _add_defaults(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -60,6 +88,12 @@ def _add_defaults(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument("--only", help="retrain just this default model")
     parser.add_argument(
         "--reuse-runs", action="store_true", help="keep finished runs instead of retraining them"
+    )
+    parser.add_argument(
+        "--annotate-only",
+        action="store_true",
+        help="no training: recompute the committed models' intervals and validation comparison "
+        "from their float graphs and rewrite their manifests",
     )
 
 
@@ -156,11 +190,22 @@ def _firmware_constants(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train(args: argparse.Namespace) -> int:
-    from training.train import TrainConfig, train
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    """The run's TrainConfig: the ``--config`` file, then every flag given on top of it (the
+    loader options ``--feature``/``--period`` merge into its ``dataset_options``)."""
+    from training.train import TrainConfig
 
     base = json.loads(args.config.read_text(encoding="utf-8")) if args.config is not None else {}
+    loader_options = {
+        key: value
+        for key, value in (("feature", args.feature), ("period_seconds", args.period))
+        if value is not None
+    }
     overrides = {
+        "channels": None if args.channels is None else _channel_list(args.channels),
+        "dataset_options": {**base.get("dataset_options", {}), **loader_options}
+        if loader_options
+        else None,
         "dataset": args.dataset,
         "data_path": args.data,
         "window_length": args.window,
@@ -171,36 +216,74 @@ def _train(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "max_train_windows": args.max_train_windows,
     }
-    config = TrainConfig.model_validate(
+    return TrainConfig.model_validate(
         {**base, **{k: v for k, v in overrides.items() if v is not None}}
     )
+
+
+def _train(args: argparse.Namespace) -> int:
+    from gateway.manifest import TestMetrics
+    from training.harm import describe
+    from training.train import train
+
+    config = train_config(args)
     result = train(config, args.run_dir)
-    print(json.dumps({"run_dir": str(args.run_dir), "test": result.test.model_dump()}, indent=2))
+    metrics = json.loads((args.run_dir / "metrics.json").read_text(encoding="utf-8"))
+    baselines = TestMetrics.model_validate(metrics["validation_baselines"])
+    print(
+        json.dumps(
+            {
+                "run_dir": str(args.run_dir),
+                "validation": baselines.model_dump(),
+                "test": result.test.model_dump(),
+            },
+            indent=2,
+        )
+    )
+    print(f"validation sensor: {describe(baselines)}", file=sys.stderr)
     return 0
+
+
+def _channel_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _export(args: argparse.Namespace) -> int:
     from training.model_dir import export_run
 
-    exported = export_run(args.run, args.out, name=args.name, version=args.version)
+    exported = export_run(
+        args.run,
+        args.out,
+        name=args.name,
+        version=args.version,
+        targets=args.targets or "both-if-possible",
+        force=args.force,
+    )
+    manifest = exported.manifest
     print(
         json.dumps(
             {
                 "model_dir": str(exported.model_dir),
-                "version": exported.manifest.version,
-                "files": {k: v.size_bytes for k, v in exported.manifest.files.items()},
+                "version": manifest.version,
+                "files": {k: v.size_bytes for k, v in manifest.files.items()},
+                "device_graph_absent": manifest.device_graph_absent,
+                "validation": None
+                if manifest.validation_baselines is None
+                else manifest.validation_baselines.model_dump(),
                 "verification": exported.verification.as_dict(),
             },
             indent=2,
         )
     )
+    if manifest.device_graph_absent is not None:
+        print(f"no device graph: {manifest.device_graph_absent}", file=sys.stderr)
     return 0
 
 
 def _evaluate(args: argparse.Namespace) -> int:
     from gateway.manifest import load_manifest
     from training.data import load_dataset, load_plain_csv
-    from training.evaluate import evaluate_model_dir
+    from training.evaluate import evaluate_model_dir, evaluation_text
 
     manifest = load_manifest(args.model)
     if args.csv is not None:
@@ -209,15 +292,15 @@ def _evaluate(args: argparse.Namespace) -> int:
         )
     else:
         data = load_dataset(args.dataset, args.data)
-    evaluation = evaluate_model_dir(args.model, data)
+    evaluation = evaluate_model_dir(
+        args.model, data, reference_uncertainty=args.reference_uncertainty
+    )
     if args.predictions is not None:
         evaluation.predictions.to_csv(args.predictions, index=False, float_format="%.4f")
     if args.json:
         print(json.dumps(evaluation.as_json()))
     else:
-        print(f"model {manifest.name} v{manifest.version}: {evaluation.n} calibrated periods")
-        for label, scores in (("raw", evaluation.raw), ("model", evaluation.model)):
-            print(f"  {label:<6} RMSE {scores.rmse:8.3f}  MAE {scores.mae:8.3f}  {manifest.unit}")
+        print(evaluation_text(manifest, evaluation))
     return 0
 
 
@@ -228,6 +311,13 @@ def _default_models(args: argparse.Namespace) -> int:
 
     for default in DEFAULT_MODELS:
         if args.only is not None and default.name != args.only:
+            continue
+        if args.annotate_only:
+            from training.annotate import annotate_model_dir
+
+            config = default.config.model_copy(update={"data_path": args.data})
+            manifest = annotate_model_dir(args.out / default.name, config)
+            print(json.dumps({"model": default.name, **_trust_fields(manifest)}, indent=2))
             continue
         results = []
         for seed in default.seeds:
@@ -242,7 +332,9 @@ def _default_models(args: argparse.Namespace) -> int:
                 )
             )
         best = min(results, key=lambda result: result.validation.rmse)
-        exported = export_run(best.run_dir, args.out / default.name, name=default.name)
+        exported = export_run(
+            best.run_dir, args.out / default.name, name=default.name, targets="both"
+        )
         print(
             json.dumps(
                 {
@@ -258,6 +350,15 @@ def _default_models(args: argparse.Namespace) -> int:
             )
         )
     return 0
+
+
+def _trust_fields(manifest: Manifest) -> dict[str, object]:
+    return {
+        "validation": None
+        if manifest.validation_baselines is None
+        else manifest.validation_baselines.model_dump(),
+        "intervals": None if manifest.intervals is None else manifest.intervals.model_dump(),
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:

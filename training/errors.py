@@ -11,6 +11,7 @@ __all__ = [
     "ExportError",
     "ExportVerificationError",
     "FeatureMismatchError",
+    "HarmfulModelError",
     "HoldoutError",
     "NoPairsError",
     "RetrainError",
@@ -32,6 +33,10 @@ class ExportError(TrainingError):
 
 class ExportVerificationError(ExportError):
     """An exported FlatBuffer disagrees with the Keras model or does not run where it must."""
+
+
+class HarmfulModelError(TrainingError):
+    """A model scores worse than the raw readings or a linear fit on its validation sensor."""
 
 
 class NoPairsError(DataError):

@@ -14,14 +14,44 @@ import numpy as np
 import pandas as pd
 
 from gateway.calibrator import Calibrator
-from gateway.manifest import ErrorMetrics, Manifest
+from gateway.manifest import ErrorMetrics, Manifest, TestMetrics
+from training.conformal import IntervalScores, score_intervals
 from training.data import CoLocationData, WindowSet, clean, to_grid
+from training.equivalence import Equivalence, equivalence
 from training.errors import DataError
+from training.harm import describe
 from training.metrics import error_metrics
 
-__all__ = ["Evaluation", "evaluate_model_dir", "model_channels"]
+__all__ = [
+    "Evaluation",
+    "HeldOutReport",
+    "evaluate_model_dir",
+    "evaluation_text",
+    "model_channels",
+]
 
 CHUNK = 4096
+
+
+@dataclass(frozen=True)
+class HeldOutReport:
+    """The manifest's test sensor alone (never trained on, never used to choose the model):
+    where the intervals' coverage and the GDE figures mean something."""
+
+    sensor: str
+    raw: ErrorMetrics
+    model: ErrorMetrics
+    intervals: IntervalScores | None
+    equivalence: Equivalence | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "sensor": self.sensor,
+            "raw": self.raw.model_dump(),
+            "model": self.model.model_dump(),
+            "intervals": None if self.intervals is None else self.intervals.as_dict(),
+            "equivalence": None if self.equivalence is None else self.equivalence.as_dict(),
+        }
 
 
 @dataclass(frozen=True)
@@ -31,12 +61,20 @@ class Evaluation:
     model: ErrorMetrics
     per_sensor: dict[str, dict[str, ErrorMetrics]]
     predictions: pd.DataFrame  # timestamp, sensor_id, raw, reference, calibrated
+    validation: TestMetrics | None = None  # the manifest's raw/linear/model on validation
+    intervals: IntervalScores | None = None
+    equivalence: Equivalence | None = None
+    test_sensor: HeldOutReport | None = None
 
     def as_json(self) -> dict[str, object]:
         return {
+            "test_sensor": None if self.test_sensor is None else self.test_sensor.as_dict(),
             "n": self.n,
             "raw": self.raw.model_dump(),
             "model": self.model.model_dump(),
+            "validation": None if self.validation is None else self.validation.model_dump(),
+            "intervals": None if self.intervals is None else self.intervals.as_dict(),
+            "equivalence": None if self.equivalence is None else self.equivalence.as_dict(),
             "sensors": {
                 sensor: {name: m.model_dump() for name, m in scores.items()}
                 for sensor, scores in self.per_sensor.items()
@@ -52,8 +90,11 @@ def model_channels(manifest: Manifest) -> tuple[str, ...]:
     )
 
 
-def evaluate_model_dir(model_dir: Path, data: CoLocationData) -> Evaluation:
-    """Calibrate every window the model can calibrate and score those with a reference."""
+def evaluate_model_dir(
+    model_dir: Path, data: CoLocationData, *, reference_uncertainty: float = 0.0
+) -> Evaluation:
+    """Calibrate every window the model can calibrate and score those with a reference:
+    error, the intervals' coverage and width, and the GDE figures on daily means."""
     calibrator = Calibrator.load(model_dir)
     manifest = calibrator.manifest
     if data.period_seconds != manifest.period_seconds:
@@ -99,10 +140,92 @@ def evaluate_model_dir(model_dir: Path, data: CoLocationData) -> Evaluation:
         }
         for sensor, group in scored.groupby("sensor_id", sort=True)
     }
+    interval_scores, agreement = _trust_scores(manifest, predictions, reference_uncertainty)
+    test_id = manifest.data.test_sensor
+    held_out = predictions[predictions["sensor_id"] == test_id]
+    test_sensor = None
+    if held_out["reference"].notna().any():
+        test_intervals, test_agreement = _trust_scores(manifest, held_out, reference_uncertainty)
+        test_sensor = HeldOutReport(
+            sensor=test_id,
+            raw=per_sensor[test_id]["raw"],
+            model=per_sensor[test_id]["model"],
+            intervals=test_intervals,
+            equivalence=test_agreement,
+        )
     return Evaluation(
         n=len(scored),
         raw=error_metrics(scored["raw"].to_numpy(), scored["reference"].to_numpy()),
         model=error_metrics(scored["calibrated"].to_numpy(), scored["reference"].to_numpy()),
         per_sensor=per_sensor,
         predictions=predictions,
+        validation=manifest.validation_baselines,
+        intervals=interval_scores,
+        equivalence=agreement,
+        test_sensor=test_sensor,
     )
+
+
+def _trust_scores(
+    manifest: Manifest, predictions: pd.DataFrame, reference_uncertainty: float
+) -> tuple[IntervalScores | None, Equivalence | None]:
+    """Interval coverage/width and the GDE figures of some calibrated steps."""
+    scored = predictions[np.isfinite(predictions["reference"])]
+    intervals = (
+        None
+        if manifest.intervals is None
+        else score_intervals(
+            manifest.intervals, scored["calibrated"].to_numpy(), scored["reference"].to_numpy()
+        )
+    )
+    agreement = equivalence(
+        predictions,
+        feature=manifest.feature,
+        period_seconds=manifest.period_seconds,
+        reference_uncertainty=reference_uncertainty,
+    )
+    return intervals, agreement
+
+
+def evaluation_text(manifest: Manifest, evaluation: Evaluation) -> str:
+    """The human-readable report of ``evaluate`` (``--json`` prints :meth:`Evaluation.as_json`)."""
+    unit = manifest.unit
+    lines = [f"model {manifest.name} v{manifest.version}: {evaluation.n} calibrated periods"]
+    for label, scores in (("raw", evaluation.raw), ("model", evaluation.model)):
+        lines.append(f"  {label:<6} RMSE {scores.rmse:8.3f}  MAE {scores.mae:8.3f}  {unit}")
+    if evaluation.validation is not None:
+        lines.append(
+            f"  validation sensor {manifest.data.validation_sensor}: "
+            f"{describe(evaluation.validation)}"
+        )
+    if evaluation.model.rmse > evaluation.raw.rmse:
+        lines.append("  WARNING: on this data the model is worse than the raw readings")
+    lines += _trust_lines("all sensors", evaluation.intervals, evaluation.equivalence, unit)
+    held = evaluation.test_sensor
+    if held is not None:
+        lines.append(
+            f"  test sensor {held.sensor}: raw RMSE {held.raw.rmse:.3f}, model RMSE "
+            f"{held.model.rmse:.3f} {unit}"
+        )
+        lines += _trust_lines(f"test sensor {held.sensor}", held.intervals, held.equivalence, unit)
+    return "\n".join(lines)
+
+
+def _trust_lines(
+    label: str, intervals: IntervalScores | None, agreement: Equivalence | None, unit: str
+) -> list[str]:
+    lines = []
+    if intervals is not None:
+        lines.append(
+            f"  {label}: {intervals.level:.0%} intervals cover {intervals.coverage:.1%}, mean "
+            f"width {intervals.mean_width:.3g} {unit} over {intervals.n} periods"
+        )
+    if agreement is not None:
+        verdict = "meets" if agreement.meets_indicative_dqo else "misses"
+        lines.append(
+            f"  {label}: EU GDE on {agreement.days} daily means: W = "
+            f"{agreement.expanded_relative_uncertainty:.1%} at {agreement.limit_value:g} {unit} "
+            f"({verdict} the 50 % indicative DQO); orthogonal slope {agreement.slope:.3f}, "
+            f"intercept {agreement.intercept:.3g}, R² {agreement.r2:.3f}"
+        )
+    return lines

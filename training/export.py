@@ -43,6 +43,7 @@ from training.tflm import measure_arena, run_tflm
 __all__ = [
     "FLOAT_FILENAME",
     "INT8_FILENAME",
+    "ExportTargets",
     "ExportVerification",
     "ExportedFiles",
     "convert_device",
@@ -76,16 +77,17 @@ class ExportVerification:
     windows_checked: int
     float_max_abs_error: float
     float_relative_error: float
-    integer_max_abs_error: float
-    integer_rms_error: float
-    integer_rms_bound: float
+    integer_max_abs_error: float | None
+    integer_rms_error: float | None
+    integer_rms_bound: float | None
     float_rmse_vs_reference: float | None
     integer_rmse_vs_reference: float | None
-    tflm_max_abs_diff_vs_litert: float
-    tflm_arena_bytes: int
+    tflm_max_abs_diff_vs_litert: float | None
+    tflm_arena_bytes: int | None
     litert_batched_max_abs_diff: float
+    device_graph_absent: str | None = None
 
-    def as_dict(self) -> dict[str, float | int | None]:
+    def as_dict(self) -> dict[str, float | int | str | None]:
         return asdict(self)
 
 
@@ -93,6 +95,7 @@ class ExportVerification:
 class ExportedFiles:
     files: dict[Literal["float32", "int8"], ModelFile]
     verification: ExportVerification
+    device_graph_absent: str | None = None
 
 
 def _frozen(model: keras.Model, batch: int | None) -> tf.types.experimental.ConcreteFunction:
@@ -262,17 +265,93 @@ def export_float_graph(model: keras.Model, out_dir: Path, check_windows: Array) 
     return float_model_file(path)
 
 
+ExportTargets = Literal["gateway", "node", "both", "both-if-possible"]
+
+
 def export_flatbuffers(
     model: keras.Model,
     out_dir: Path,
     representative: Array,
     check_windows: Array,
     check_reference: Array | None = None,
+    *,
+    targets: ExportTargets = "both",
 ) -> ExportedFiles:
-    """Write both FlatBuffers into ``out_dir``, verify them, and describe them for the manifest."""
+    """Write the gateway graph and (unless ``targets`` is ``gateway``) the device graph into
+    ``out_dir``, verify them, and describe them for the manifest.
+
+    The gateway graph is always written: it is what gateways run and what the device graph is
+    verified against. ``node``/``both`` raise when the device graph misses its bound;
+    ``both-if-possible`` keeps the gateway graph and says why the device graph is absent.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     float_bytes = convert_float(model)
+    float_path = out_dir / FLOAT_FILENAME
     keras_out = _keras_outputs(model, check_windows)
+    output_scale_abs = max(float(np.max(np.abs(keras_out))), 1e-6)
+    float_batched, float_error = _check_float(float_bytes, keras_out, check_windows)
+    float_path.write_bytes(float_bytes)
+    float_single = litert_predict(float_bytes, check_windows[:32], batched=False)
+    files: dict[Literal["float32", "int8"], ModelFile] = {"float32": float_model_file(float_path)}
+    device: _DeviceGraph | None = None
+    absent: str | None = None
+    if targets == "gateway":
+        absent = "not requested: exported with --targets gateway"
+    else:
+        try:
+            device = _export_device(
+                model,
+                out_dir,
+                representative,
+                check_windows,
+                keras_out=keras_out,
+                check_reference=check_reference,
+            )
+        except ExportError as exc:
+            if targets != "both-if-possible":
+                raise
+            absent = str(exc)
+    if device is not None:
+        files["int8"] = device.file
+    else:  # no stale device graph from an earlier export may sit beside the manifest
+        (out_dir / INT8_FILENAME).unlink(missing_ok=True)
+    verification = ExportVerification(
+        windows_checked=len(check_windows),
+        float_max_abs_error=float_error,
+        float_relative_error=float_error / output_scale_abs,
+        integer_max_abs_error=None if device is None else device.max_abs_error,
+        integer_rms_error=None if device is None else device.rms_error,
+        integer_rms_bound=None if device is None else device.bound,
+        float_rmse_vs_reference=_rmse(keras_out, check_reference),
+        integer_rmse_vs_reference=None if device is None else device.rmse_vs_reference,
+        tflm_max_abs_diff_vs_litert=None if device is None else device.micro_diff,
+        tflm_arena_bytes=None if device is None else device.file.tflm_arena_bytes,
+        litert_batched_max_abs_diff=float(np.max(np.abs(float_single - float_batched[:32]))),
+        device_graph_absent=absent,
+    )
+    return ExportedFiles(files=files, verification=verification, device_graph_absent=absent)
+
+
+@dataclass(frozen=True)
+class _DeviceGraph:
+    file: ModelFile
+    max_abs_error: float
+    rms_error: float
+    bound: float
+    rmse_vs_reference: float | None
+    micro_diff: float
+
+
+def _export_device(
+    model: keras.Model,
+    out_dir: Path,
+    representative: Array,
+    check_windows: Array,
+    *,
+    keras_out: Array,
+    check_reference: Array | None,
+) -> _DeviceGraph:
+    """Convert, write and verify the batch-1 integer graph (raises ExportError subclasses)."""
     bound = integer_error_bound(keras_out, check_reference)
     device_bytes, _ = convert_bias_corrected(
         model,
@@ -288,15 +367,6 @@ def export_flatbuffers(
         raise ExportVerificationError(
             f"the device model needs {missing_ops}, which the Arduino TFLite Micro library lacks"
         )
-    float_path = out_dir / FLOAT_FILENAME
-    device_path = out_dir / INT8_FILENAME
-    float_path.write_bytes(float_bytes)
-    device_path.write_bytes(device_bytes)
-
-    output_scale_abs = max(float(np.max(np.abs(keras_out))), 1e-6)
-    float_batched, float_error = _check_float(float_bytes, keras_out, check_windows)
-    float_single = litert_predict(float_bytes, check_windows[:32], batched=False)
-
     interpreter = select_runtime(("ai_edge_litert",)).interpreter(device_bytes)
     source = interpreter.get_input_details()[0]
     target = interpreter.get_output_details()[0]
@@ -313,17 +383,16 @@ def export_flatbuffers(
     device_inputs = graph_input(check_windows, source)
     micro_raw = run_tflm(device_bytes, device_inputs).reshape(-1)
     micro = (micro_raw.astype(np.float32) - out_zero) * out_scale
-    micro_diff = float(np.max(np.abs(micro - integer_out)))
     micro_rms = float(np.sqrt(np.mean((micro - integer_out) ** 2)))
     if micro_rms > bound:
         raise ExportVerificationError(
             f"TFLite Micro and LiteRT disagree on the device model by {micro_rms:.3g} µg/m³ RMS"
         )
+    device_path = out_dir / INT8_FILENAME
+    device_path.write_bytes(device_bytes)
     arena = measure_arena(device_path, device_inputs[0])
-
-    files: dict[Literal["float32", "int8"], ModelFile] = {
-        "float32": float_model_file(float_path),
-        "int8": ModelFile(
+    return _DeviceGraph(
+        file=ModelFile(
             path=INT8_FILENAME,
             sha256=sha256_file(device_path),
             size_bytes=device_path.stat().st_size,
@@ -337,18 +406,9 @@ def export_flatbuffers(
             output_scale=float(out_scale),
             output_zero_point=int(out_zero),
         ),
-    }
-    verification = ExportVerification(
-        windows_checked=len(check_windows),
-        float_max_abs_error=float_error,
-        float_relative_error=float_error / output_scale_abs,
-        integer_max_abs_error=float(np.max(np.abs(integer_diff))),
-        integer_rms_error=integer_rms,
-        integer_rms_bound=bound,
-        float_rmse_vs_reference=_rmse(keras_out, check_reference),
-        integer_rmse_vs_reference=_rmse(integer_out, check_reference),
-        tflm_max_abs_diff_vs_litert=micro_diff,
-        tflm_arena_bytes=arena,
-        litert_batched_max_abs_diff=float(np.max(np.abs(float_single - float_batched[:32]))),
+        max_abs_error=float(np.max(np.abs(integer_diff))),
+        rms_error=integer_rms,
+        bound=bound,
+        rmse_vs_reference=_rmse(integer_out, check_reference),
+        micro_diff=float(np.max(np.abs(micro - integer_out))),
     )
-    return ExportedFiles(files=files, verification=verification)

@@ -63,8 +63,13 @@ def slot_bytes(model_bytes: int) -> int:
 def render_model_constants(manifest: Manifest, source: str) -> str:
     device = manifest.files.get("int8")
     if device is None or device.batch != 1 or device.tflm_arena_bytes is None:
+        why = (
+            f" (export left it out: {manifest.device_graph_absent})"
+            if manifest.device_graph_absent
+            else ""
+        )
         raise FirmwareConstantsError(
-            f"{source}: no batch-1 int8 graph with a measured arena; re-export the model"
+            f"{source}: no batch-1 int8 graph with a measured arena{why}; re-export the model"
         )
     missing = unsupported_on_device(device.ops)
     if missing:

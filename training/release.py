@@ -126,7 +126,8 @@ def _files_for(model_dir: Path, target: Target) -> tuple[dict[str, bytes], str |
         return files, None
     device = manifest.files.get("int8")
     if device is None or device.batch != 1:
-        raise ReleaseError(f"{model_dir} has no batch-1 int8 device graph for a node release")
+        why = f": {manifest.device_graph_absent}" if manifest.device_graph_absent else ""
+        raise ReleaseError(f"{model_dir} has no batch-1 int8 device graph for a node release{why}")
     if device.tflm_arena_bytes is None:
         raise ReleaseError(f"{model_dir}: the int8 file has no measured tflm_arena_bytes")
     files[device.path] = (model_dir / device.path).read_bytes()

@@ -30,6 +30,7 @@ from training.data import (
     to_grid,
 )
 from training.errors import DataError
+from training.harm import compare_on
 from training.metrics import LinearCalibration, error_metrics
 from training.models import ModelConfig, TeslaConfig, build_model
 
@@ -38,6 +39,7 @@ __all__ = [
     "RunResult",
     "TrainConfig",
     "WindowBatches",
+    "covariate_scales",
     "input_range",
     "load_result",
     "load_run",
@@ -206,6 +208,21 @@ def _test_metrics(
     )
 
 
+def covariate_scales(
+    config: TrainConfig, windows: WindowSet, input_scale: float
+) -> tuple[float, ...] | None:
+    """Per-channel divisors for a TESLA model with covariates: ``input_scale`` for PM, then
+    the 99th percentile of each covariate's absolute value on the training windows (at least
+    1). None for one channel or another architecture (they keep one scale)."""
+    if len(config.channels) == 1 or not isinstance(config.model, TeslaConfig):
+        return None
+    covariates = (
+        max(1.0, float(np.percentile(np.abs(windows.current(channel)), 99)))
+        for channel in config.channels[1:]
+    )
+    return (input_scale, *covariates)
+
+
 def _training_indices(config: TrainConfig, windows: WindowSet) -> npt.NDArray[np.int64]:
     indices = np.arange(len(windows), dtype=np.int64)
     if config.max_train_windows is not None and len(indices) > config.max_train_windows:
@@ -219,7 +236,14 @@ def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") ->
     keras.utils.set_random_seed(config.seed)
     prepared = prepare_data(config)
     input_scale = config.input_scale or max(1.0, prepared.input_range.p99)
-    model = build_model(config.model, config.window_length, len(config.channels), input_scale)
+    channel_scales = covariate_scales(config, prepared.train, input_scale)
+    model = build_model(
+        config.model,
+        config.window_length,
+        len(config.channels),
+        input_scale,
+        channel_scales=channel_scales,
+    )
     model.compile(optimizer=keras.optimizers.Adam(config.learning_rate), loss="mse")
 
     validation_x, validation_y = prepared.validation.gather(np.arange(len(prepared.validation)))
@@ -242,7 +266,9 @@ def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") ->
         verbose=verbose,
     )
     linear = LinearCalibration.fit(prepared.train.current_raw(), prepared.train.targets())
-    validation = error_metrics(predict_windows(model, prepared.validation), validation_y)
+    validation_predicted = predict_windows(model, prepared.validation)
+    validation = error_metrics(validation_predicted, validation_y)
+    baselines = compare_on(prepared.validation, validation_predicted, linear)
     test = _test_metrics(model, prepared, linear)
 
     history_values = {k: [float(v) for v in vs] for k, vs in history.history.items()}
@@ -255,8 +281,10 @@ def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") ->
         test=test,
         linear=linear,
         input_scale=input_scale,
+        channel_scales=channel_scales,
         summary=prepared.summary,
         input_range=prepared.input_range,
+        validation_baselines=baselines,
     )
     return RunResult(run_dir, model, validation, test, history_values)
 
@@ -273,6 +301,8 @@ def write_run(
     input_scale: float,
     summary: DataSummary,
     input_range: InputRange,
+    validation_baselines: TestMetrics | None = None,
+    channel_scales: tuple[float, ...] | None = None,
 ) -> None:
     """The run directory (the one layout ``export``, ``evaluate`` and ``retrain`` read)."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -287,6 +317,12 @@ def write_run(
             "linear": {"slope": linear.slope, "intercept": linear.intercept},
             "input_scale": input_scale,
             "parameters": int(model.count_params()),
+            **({} if channel_scales is None else {"channel_scales": list(channel_scales)}),
+            **(
+                {}
+                if validation_baselines is None
+                else {"validation_baselines": validation_baselines.model_dump()}
+            ),
         },
     )
     _write_json(

@@ -18,6 +18,7 @@ __all__ = [
     "reading_payload",
 ]
 
+
 def _stdlib_dumps(document: object) -> bytes:
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
@@ -41,8 +42,9 @@ def _finite(value: float | None) -> float | None:
 
 
 def reading_payload(reading: CalibratedReading) -> dict[str, object]:
-    """The JSON document of a calibrated topic (docs/mqtt.md)."""
-    return {
+    """The JSON document of a calibrated topic (docs/mqtt.md); ``interval`` only when the
+    model's manifest carries prediction intervals and the value is calibrated."""
+    document: dict[str, object] = {
         "ts": iso8601(reading.period_start + reading.period_seconds),
         "period_start": iso8601(reading.period_start),
         "period_s": reading.period_seconds,
@@ -53,6 +55,13 @@ def reading_payload(reading: CalibratedReading) -> dict[str, object]:
         "model_version": reading.model_version,
         "quality": [quality.value for quality in reading.quality],
     }
+    if reading.interval is not None:
+        document["interval"] = {
+            "low": reading.interval.low,
+            "high": reading.interval.high,
+            "level": reading.interval.level,
+        }
+    return document
 
 
 def reading_message(reading: CalibratedReading) -> bytes:

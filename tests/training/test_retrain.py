@@ -60,7 +60,9 @@ def champion(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         learning_rate=3e-3,
     )
     train(config, root / "run", verbose=0)
-    export_run(root / "run", root / "model", name="pm2_5-test", version=CHAMPION_VERSION)
+    export_run(
+        root / "run", root / "model", name="pm2_5-test", version=CHAMPION_VERSION, force=True
+    )
     return root / "model", root / "run"
 
 
@@ -144,6 +146,10 @@ def test_accepts_a_better_challenger_signs_and_pushes_it(
     assert manifest.hyperparameters["retrain_mode"] == "finetune"
     assert manifest.hyperparameters["retrained_from"] == CHAMPION_VERSION
     assert set(manifest.files) == {"float32", "int8"}
+    # The challenger's own comparison and intervals, on its validation period.
+    assert manifest.validation_baselines is not None and manifest.intervals is not None
+    assert manifest.validation_baselines.model.rmse == pytest.approx(manifest.validation.rmse)
+    assert manifest.device_graph_absent is None
 
     # The release verifies against the public key as a gateway running the champion would.
     assert result.release_dir is not None
@@ -361,6 +367,9 @@ def test_a_gateway_release_keeps_the_float_graph_when_the_device_graph_fails(
     manifest = load_manifest(result.model_dir)
     assert set(manifest.files) == {"float32"}
     assert not (result.model_dir / "model_int8.tflite").exists()
+    assert manifest.device_graph_absent == (
+        "left out (gateway release): the integer FlatBuffer deviates (test)"
+    )
     verify_model_files(result.model_dir, manifest)
     assert result.report.as_json()["challenger"]["export"]["device_graph"].startswith("left out")
     assert "device graph: left out" in (tmp_path / "gateway" / "report.md").read_text()

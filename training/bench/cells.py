@@ -23,6 +23,7 @@ __all__ = [
     "CellStore",
     "Efficiency",
     "TflmStatus",
+    "TrustScores",
     "fingerprint",
 ]
 
@@ -62,6 +63,22 @@ class Efficiency(_Strict):
     float_rmse_vs_reference: float | None = None
 
 
+class TrustScores(_Strict):
+    """Intervals fitted on the validation sensor, scored on the test sensor, and the EU GDE
+    figures on the test sensor's daily means (training/conformal.py, training/equivalence.py)."""
+
+    interval_level: float | None = None
+    interval_coverage: float | None = None
+    interval_mean_width: float | None = None
+    gde_days: int | None = None
+    gde_limit_value: float | None = None
+    gde_expanded_relative_uncertainty: float | None = None
+    gde_slope: float | None = None
+    gde_intercept: float | None = None
+    gde_r2: float | None = None
+    meets_indicative_dqo: bool | None = None
+
+
 class CaseTrace(_Strict):
     """One case-study period of the test sensor: reference and this row's values."""
 
@@ -96,6 +113,7 @@ class CellResult(_Strict):
     seconds: dict[str, float] = Field(default_factory=dict)
     efficiency: Efficiency | None = None
     case: list[CaseTrace] = Field(default_factory=list)
+    trust: TrustScores | None = None  # cells stored before it existed load without it
 
 
 def fingerprint(payload: object) -> str:

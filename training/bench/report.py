@@ -159,6 +159,28 @@ def _marked(value: object, mark: str | None, digits: int = 2) -> str:
     return text
 
 
+def _trust_cells(row: dict[str, object]) -> list[str]:
+    meets = row["meets_indicative_dqo"]
+    return [
+        str(row["region"]),
+        str(row["feature"]),
+        str(row["model"]),
+        _percent(row["interval_coverage"]),
+        _fmt(row["interval_mean_width"]),
+        _percent(row["gde_expanded_relative_uncertainty"]),
+        _fmt(row["gde_limit_value"], 0),
+        "-" if meets is None else ("meets" if meets else "misses"),
+        _fmt(row["gde_slope"], 3),
+        _fmt(row["gde_intercept"]),
+        _fmt(row["gde_r2"], 3),
+        _fmt(row["gde_days"], 0),
+    ]
+
+
+def _percent(value: object) -> str:
+    return f"{value:.1%}" if isinstance(value, float) else "-"
+
+
 def _signed(value: float | None) -> str:
     return "n/a" if value is None else f"{value:+.1f} %"
 
@@ -281,6 +303,31 @@ class _Report:
             lines += [f"### {feature.upper().replace('_', '.')} (N = {self.n})", ""]
             lines += _md_table(header, body)
         return lines, every
+
+    # Trust -----------------------------------------------------------------------------------
+    def trust_rows(self) -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = []
+        for column in self.columns:
+            for model in self.table1_models():
+                result = self.cell(column.dataset, model, self.n)
+                if result is None or result.trust is None:
+                    continue
+                rows.append(
+                    {"region": column.region, "feature": column.feature, "model": model,
+                     "seed": result.seed, **result.trust.model_dump()}
+                )  # fmt: skip
+        return rows
+
+    def trust(self) -> tuple[list[str], list[dict[str, object]]]:
+        rows = self.trust_rows()
+        if not rows:
+            return [], []
+        header = [
+            *("region", "feature", "model", "interval coverage", "mean width", "W at LV"),
+            *("LV", "indicative DQO (50 %)", "slope", "intercept", "R²", "days"),
+        ]
+        body = [_trust_cells(row) for row in rows]
+        return _md_table(header, body), rows
 
     # Table 2 ---------------------------------------------------------------------------------
     def ablation(self) -> tuple[list[str], list[dict[str, object]]]:
@@ -589,6 +636,7 @@ def write_report(config: BenchConfig, report_dir: Path, *, command: str | None =
     efficiency_lines, efficiency = report.efficiency()
     sweep_lines, sweep = report.sweep()
     case_lines, case = report.case_study()
+    trust_lines, trust = report.trust()
     figures = plots.draw_all(report_dir, report.results, config, efficiency, sweep)
 
     lines = ["# Calibration benchmark (the paper's comparison, reproduced)", ""]
@@ -613,6 +661,19 @@ def write_report(config: BenchConfig, report_dir: Path, *, command: str | None =
     if ablation_lines:
         lines += [f"## Table 2 — ablation (N = {config.window_length}, test RMSE)", ""]
         lines += ablation_lines
+    if trust_lines:
+        lines += ["## Trust on the test sensor", ""]
+        lines += [
+            "90 % split conformal intervals fitted on the validation sensor (concentration "
+            "bins, training/conformal.py): their coverage and mean width on the test sensor. "
+            "W: expanded relative uncertainty at the limit value LV as in the EU Guide to the "
+            "Demonstration of Equivalence (orthogonal regression between the test sensor's "
+            "daily means and the reference, u(reference) = 0; training/equivalence.py), "
+            "against the 50 % data quality objective of Directive 2008/50/EC for indicative "
+            "measurements. First seed of each cell.",
+            "",
+        ]
+        lines += trust_lines
     lines += ["## Efficiency (Figure 5)", "", "Per calibration, batch 1, this machine.", ""]
     lines += efficiency_lines
     lines += ["Methods:", ""] + [f"- **{k}**: {v}" for k, v in METHODS.items()] + [""]
@@ -638,6 +699,7 @@ def write_report(config: BenchConfig, report_dir: Path, *, command: str | None =
     _write_csv(report_dir / "efficiency.csv", efficiency)
     _write_csv(report_dir / "window_sweep.csv", sweep)
     _write_csv(report_dir / "case_study.csv", case)
+    _write_csv(report_dir / "trust.csv", trust)
     _write_csv(report_dir / "cells.csv", [_cell_row(r) for r in report.results])
     payload = {
         "command": command,
@@ -650,6 +712,7 @@ def write_report(config: BenchConfig, report_dir: Path, *, command: str | None =
             "efficiency": efficiency,
             "window_sweep": sweep,
             "case_study": case,
+            "trust": trust,
         },
         "cells": [r.model_dump(mode="json") for r in report.results],
         "missing_cells": report.missing,

@@ -27,6 +27,7 @@ from training.bench.cells import CaseTrace, CellResult, CellStore, fingerprint
 from training.bench.efficiency import ExportOutcome, measure_efficiency
 from training.bench.grid import MODELS, BenchConfig, Cell, DatasetSpec
 from training.bench.progress import Progress
+from training.bench.trust import measure_trust
 from training.errors import DataError, ExportError
 from training.reference_calibrations import (
     EPA_FEATURE,
@@ -212,7 +213,9 @@ def _export(
         )
     shutil.rmtree(model_dir, ignore_errors=True)
     try:
-        exported = export_run(run_dir, model_dir, name=name, version=1)
+        # The bench measures every model, including ones that lose to linear (force), and
+        # needs both graphs verified (targets both: a device failure is its reported outcome).
+        exported = export_run(run_dir, model_dir, name=name, version=1, targets="both", force=True)
     except ExportError as exc:
         float_path = model_dir / FLOAT_FILENAME
         int8_path = model_dir / INT8_FILENAME
@@ -310,6 +313,7 @@ def _learned_cell(
     sample, _ = prepared.test.gather(np.array([0]))
     efficiency = measure_efficiency(result.model, outcome, sample[0], device=cell.full)
     case = _case_traces(result.model, prepared, raw_cell) if _is_case_cell(config, cell) else []
+    trust = measure_trust(result.model, prepared)
     seconds["measure"] = time.perf_counter() - started
 
     used = len(prepared.train)
@@ -329,6 +333,7 @@ def _learned_cell(
         seconds={k: round(v, 2) for k, v in seconds.items()},
         efficiency=efficiency,
         case=case,
+        trust=trust,
         **common,
     )
 

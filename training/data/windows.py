@@ -188,6 +188,15 @@ class WindowSet:
         """The newest raw reading of each window (the linear baseline's only input) [len]."""
         return self._current_raw.copy()
 
+    def current(self, channel: str) -> Float32Array:
+        """The newest value of one input channel in each window [len] (e.g. ``'rh'``)."""
+        index = self.channels.index(channel)
+        out = np.empty(len(self), dtype=np.float32)
+        for position in np.unique(self._sensor):
+            rows = self._sensor == position
+            out[rows] = self._filled[position][index][self._end[rows]]
+        return out
+
     def meta(self) -> pd.DataFrame:
         """Per window: ``sensor_id``, ``period_start_s`` (Unix s) and ``timestamp`` (UTC)."""
         first = np.asarray(self._first_periods, dtype=np.int64)[self._sensor]

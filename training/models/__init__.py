@@ -72,7 +72,21 @@ _BUILDERS: dict[str, Callable[[Any, int, int, float], keras.Model]] = {
 
 
 def build_model(
-    config: AnyModelConfig, window_length: int, channels: int, input_scale: float
+    config: AnyModelConfig,
+    window_length: int,
+    channels: int,
+    input_scale: float,
+    *,
+    channel_scales: tuple[float, ...] | None = None,
 ) -> keras.Model:
-    """Build the Keras model a config describes."""
-    return _BUILDERS[config.kind](config, window_length, channels, input_scale)
+    """Build the Keras model a config describes; ``channel_scales`` (TESLA only) divides each
+    input channel by its own scale (the first is ``input_scale``, which also scales the output)."""
+    if channel_scales is None:
+        return _BUILDERS[config.kind](config, window_length, channels, input_scale)
+    if not isinstance(config, TeslaConfig):
+        raise ValueError(f"per-channel input scaling is built for tesla, not {config.kind}")
+    if len(channel_scales) != channels or channel_scales[0] != input_scale:
+        raise ValueError(
+            f"channel_scales {channel_scales} must give {channels} scales, input_scale first"
+        )
+    return build_tesla(config, window_length, channels, input_scale, channel_scales=channel_scales)

@@ -46,14 +46,28 @@ class TeslaConfig(BaseModel):
 
 
 def build_tesla(
-    config: TeslaConfig, window_length: int, channels: int, input_scale: float
+    config: TeslaConfig,
+    window_length: int,
+    channels: int,
+    input_scale: float,
+    *,
+    channel_scales: tuple[float, ...] | None = None,
 ) -> keras.Model:
-    """Build the Keras model; ``input_scale`` divides raw inputs and multiplies the output."""
+    """Build the Keras model; ``input_scale`` divides raw inputs and multiplies the output.
+
+    ``channel_scales`` divides each channel by its own scale instead (covariate models): with
+    one scale, temperature entered at a few hundredths of the PM level and the integer device
+    graph of an Ispra PM10 + rh + temp_c model deviated 2.9 µg/m³ RMS from float (bound 1.0);
+    scaled per channel it deviated 0.49 (README "Covariate models on the device").
+    """
     if config.norm_position == "pre" and not config.residual:
         raise ValueError("norm_position='pre' needs residual=True: the residual carries the level")
     shape = (window_length,) if channels == 1 else (window_length, channels)
     inputs = keras.Input(shape=shape, name="window")
-    scaled = Scale(1.0 / input_scale, name="normalise")(inputs)
+    factor = (
+        1.0 / input_scale if channel_scales is None else [1.0 / scale for scale in channel_scales]
+    )
+    scaled = Scale(factor, name="normalise")(inputs)
     membership = membership_matrix(window_length, config.bins)
     tokens = BinnedEmbedding(
         membership, config.d_model, channels, config.use_global, name="binned_embedding"

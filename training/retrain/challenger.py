@@ -16,8 +16,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from gateway.calibrator import Calibrator
 from gateway.manifest import DataSummary, ErrorMetrics, Manifest, ModelFile, Precision, TestMetrics
+from training.conformal import DEFAULT_LEVEL, fit_intervals
 from training.data import WindowSet
-from training.errors import RetrainError
+from training.errors import DataError, RetrainError
+from training.harm import compare_on
 from training.metrics import LinearCalibration, error_metrics
 from training.model_dir import training_hyperparameters
 from training.models import ModelConfig, build_model
@@ -265,6 +267,7 @@ def challenger_manifest(config: RetrainConfig, inputs: Inputs, challenger: Chall
         input_range=input_range(inputs.sets.train).model_dump(),
         data=_summary(inputs).model_dump(mode="json"),
         created_at=datetime.now(UTC).isoformat(),
+        **_trust_fields(inputs, challenger),
     )
     try:
         return Manifest.model_validate(document)
@@ -272,10 +275,43 @@ def challenger_manifest(config: RetrainConfig, inputs: Inputs, challenger: Chall
         raise RetrainError(f"the challenger's manifest is invalid: {exc}") from exc
 
 
+def _trust_fields(inputs: Inputs, challenger: Challenger) -> dict[str, Any]:
+    """The challenger's own intervals and raw/linear/model comparison on the validation period
+    (the champion's describe another model); none without a validation period."""
+    fields: dict[str, Any] = {
+        "intervals": None,
+        "validation_baselines": None,
+        "device_graph_absent": None,
+    }
+    validation = inputs.sets.validation
+    if validation is None:
+        return fields
+    predicted = predict_windows(challenger.model, validation)
+    fields["validation_baselines"] = compare_on(
+        validation, predicted, challenger.linear
+    ).model_dump()
+    try:
+        intervals = fit_intervals(
+            predicted,
+            validation.targets(),
+            sensor=",".join(validation.sensor_ids),
+            level=inputs.champion.intervals.level if inputs.champion.intervals else DEFAULT_LEVEL,
+        )
+    except DataError:  # too short a validation period to set a width: say nothing
+        return fields
+    fields["intervals"] = intervals.model_dump()
+    return fields
+
+
 def with_files(
-    manifest: Manifest, files: Mapping[Precision, ModelFile], test: TestMetrics
+    manifest: Manifest,
+    files: Mapping[Precision, ModelFile],
+    test: TestMetrics,
+    *,
+    device_graph_absent: str | None = None,
 ) -> Manifest:
     document = manifest.model_dump(mode="json")
     document["files"] = {key: value.model_dump(mode="json") for key, value in files.items()}
     document["test"] = test.model_dump()
+    document["device_graph_absent"] = device_graph_absent
     return Manifest.model_validate(document)

@@ -211,6 +211,7 @@ def _export(
     representative = representative_windows(inputs.sets.train, inputs.holdout)
     check, check_reference = check_windows(inputs.holdout)
     described: dict[str, Any] = {"device_graph": "verified"}
+    absent: str | None = None
     try:
         exported = export_flatbuffers(model, model_dir, representative, check, check_reference)
         files: dict[Precision, ModelFile] = dict(exported.files)
@@ -220,8 +221,8 @@ def _export(
             raise
         (model_dir / INT8_FILENAME).unlink(missing_ok=True)
         files = {"float32": export_float_graph(model, model_dir, check)}
-        described["device_graph"] = f"left out (gateway release): {exc}"
-    write_manifest(model_dir, with_files(manifest, files, test))
+        described["device_graph"] = absent = f"left out (gateway release): {exc}"
+    write_manifest(model_dir, with_files(manifest, files, test, device_graph_absent=absent))
     verify_model_files(model_dir, load_manifest(model_dir))
     described["files"] = sorted(files)
     return described

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from gateway.calibrated import CalibratedReading, Quality
+from gateway.manifest import PredictionIntervals, write_manifest
 from gateway.model_watch import ModelSet
 from gateway.readings import Reading
 from gateway.ticker import Ticker
@@ -164,3 +165,28 @@ def test_the_ticker_is_the_windows_one_door(model_factory: ModelFactory) -> None
     assert stats["readings_in"] == 0
     assert stats["ticker"] == restored.counters.as_dict()
     assert ticker.stats()["readings_in"] == 6
+
+
+def test_calibrated_readings_carry_the_manifest_interval(
+    model_factory: ModelFactory, tmp_path: Path
+) -> None:
+    model = model_factory.copy(tmp_path / "model")
+    intervals = PredictionIntervals(
+        level=0.9, edges=[0.0], half_widths=[1.5, 4.0], counts=[100, 100], calibration_sensor="v1"
+    )
+    write_manifest(model.path, model.manifest.model_copy(update={"intervals": intervals}))
+    ticker = make_ticker({"pm10": model.path}, Clock(T0))
+    published: list[CalibratedReading] = []
+    for period in range(10):
+        ticker.ingest(values("a", period, pm10=20.0 + period))
+        published.extend(asyncio.run(ticker.tick()))
+    assert all(r.interval is None for r in published if r.calibrated is None)
+    ok = [r for r in published if r.calibrated is not None]
+    assert len(ok) == 2
+    for reading in ok:
+        assert reading.calibrated is not None and reading.interval is not None
+        width = 4.0 if reading.calibrated >= 0 else 1.5
+        value = reading.calibrated
+        low, high = min(value, max(0.0, value - width)), value + width
+        assert (reading.interval.low, reading.interval.high) == (low, high)
+        assert reading.interval.level == 0.9

@@ -76,7 +76,7 @@ def train_champion(root: Path) -> tuple[Path, Path]:
         learning_rate=3e-3,
     )  # fmt: skip
     train(config, root / "run", verbose=0)
-    export_run(root / "run", root / "champion", name=NAME, version=CHAMPION_VERSION)
+    export_run(root / "run", root / "champion", name=NAME, version=CHAMPION_VERSION, force=True)
     return root / "champion", root / "run"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from devkit.broker import Mosquitto
-from gateway.calibrated import CalibratedReading, Quality
+from gateway.calibrated import CalibratedReading, Interval, Quality
 from gateway.monitor.monitor import SensorDocument
 from gateway.publish.errors import PublisherError
 from gateway.publish.payloads import reading_payload
@@ -451,3 +452,10 @@ def test_a_quiet_sensor_goes_offline_on_its_availability_topic(
         live.wait_for(lambda m: len(m) == 5)
         assert live.on("tesla/gw8/s1/availability") == [b"online", b"offline"]
         assert live.on("tesla/gw8/s2/availability") == [b"online", b"offline", b"online"]
+
+
+def test_payload_carries_the_interval_only_when_there_is_one() -> None:
+    plain = reading(0)
+    assert "interval" not in reading_payload(plain)
+    with_interval = dataclasses.replace(plain, interval=Interval(low=8.5, high=11.25, level=0.9))
+    assert reading_payload(with_interval)["interval"] == {"low": 8.5, "high": 11.25, "level": 0.9}

@@ -78,7 +78,8 @@ def test_the_grid_writes_a_complete_report(runs: Runs) -> None:
     for figure in ("efficiency", "window_sweep", "case_study"):
         assert (runs.report_dir / f"{figure}_synthetic.png").read_bytes()[:8] == PNG_MAGIC
     report = (runs.report_dir / "report.md").read_text(encoding="utf-8")
-    for heading in ("## Table 1", "## Efficiency", "## Window sweep", "## Case study"):
+    for heading in ("## Table 1", "## Trust on the test sensor", "## Efficiency",
+                    "## Window sweep", "## Case study"):  # fmt: skip
         assert heading in report
     assert "| tesla |" in report and "| epa |" in report
     assert "Cells not yet computed" not in report
@@ -99,6 +100,9 @@ def test_cells_hold_scores_costs_and_reasons(runs: Runs) -> None:
     assert efficiency["tflm"]["runs"] or efficiency["tflm"]["reason"]
     assert not efficiency["uncounted_ops"]
     assert [trace["label"] for trace in tesla["case"]] == ["low", "mid", "high"]
+    trust = tesla["trust"]  # intervals fitted on validation, scored with the GDE on test
+    assert 0 < trust["interval_coverage"] <= 1 and trust["interval_mean_width"] > 0
+    assert trust["interval_level"] == 0.9
     sweep = cells["dlinear@16"]["efficiency"]
     assert sweep["int8_bytes"] is None and "not measured" in sweep["tflm"]["reason"]
     assert cells["dlinear@5000"]["status"] == "skipped"

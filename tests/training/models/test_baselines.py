@@ -160,6 +160,8 @@ def test_device_graph_uses_only_arduino_ops(exported: Exported) -> None:
 
 def test_device_graph_is_accurate_and_runs_under_tflite_micro(exported: Exported) -> None:
     check = _verified(exported).verification
+    assert check.integer_rms_error is not None and check.integer_rms_bound is not None
+    assert check.tflm_arena_bytes is not None
     assert check.integer_rms_error <= check.integer_rms_bound
     assert check.integer_rmse_vs_reference is not None
     assert check.float_rmse_vs_reference is not None
@@ -223,5 +225,8 @@ def test_paper_window_exports(kind: str, tmp_path: Path) -> None:
             export_flatbuffers(model, tmp_path, x[:256], check, reference)
         return
     result = export_flatbuffers(model, tmp_path, x[:256], check, reference)
-    assert result.verification.integer_rms_error <= result.verification.integer_rms_bound
+    verification = result.verification
+    assert verification.integer_rms_error is not None
+    assert verification.integer_rms_bound is not None
+    assert verification.integer_rms_error <= verification.integer_rms_bound
     assert set(result.files["int8"].ops) <= ARDUINO_TFLM_OPS

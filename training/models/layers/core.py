@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -12,14 +13,22 @@ __all__ = ["Projection", "Scale", "device_elu", "matmul_last", "sum_axis2", "win
 
 @keras.saving.register_keras_serializable(package="tesla")
 class Scale(keras.layers.Layer):
-    """Multiply by a fixed constant: the normalisation that lives inside the exported graph."""
+    """Multiply by a fixed constant: the normalisation that lives inside the exported graph.
 
-    def __init__(self, factor: float, **kwargs: Any) -> None:
+    ``factor`` is one number, or one per input channel (last axis) so that PM, humidity and
+    temperature each enter the model on their own scale (one MUL by a constant vector).
+    """
+
+    def __init__(self, factor: float | Sequence[float], **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.factor = float(factor)
+        self.factor: float | list[float] = (
+            float(factor) if isinstance(factor, int | float) else [float(f) for f in factor]
+        )
 
     def call(self, inputs: Any) -> Any:
-        return inputs * self.factor
+        if isinstance(self.factor, float):
+            return inputs * self.factor
+        return inputs * ops.convert_to_tensor(self.factor, dtype=inputs.dtype)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "factor": self.factor}

@@ -1,0 +1,140 @@
+"""Pure parts of issue 17: conformal intervals, the EU GDE yardstick, the harm guard and the
+``train`` flags (no training here: the pipeline tests exercise them on a real run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gateway import manifest as manifest_schema
+from gateway.manifest import ErrorMetrics, Manifest, PredictionIntervals
+from training.cli import build_parser, train_config
+from training.conformal import MIN_PER_BIN, conformal_rank, fit_intervals, score_intervals
+from training.equivalence import daily_means, equivalence, expanded_relative_uncertainty
+from training.errors import DataError, HarmfulModelError
+from training.harm import check_not_harmful
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "pm10-ispra-1min"
+
+
+def _heteroscedastic(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Predictions over 2-100 and references whose error grows with the level (10 %)."""
+    rng = np.random.default_rng(seed)
+    predicted = rng.uniform(2, 100, n)
+    return predicted, predicted + rng.normal(0, 0.1 * predicted)
+
+
+def test_conformal_rank_is_the_finite_sample_quantile() -> None:
+    # ceil((n + 1) * 0.9): 100 scores -> the 91st smallest, 9 -> the 9th (all of them).
+    assert conformal_rank(100, 0.9) == 91
+    assert conformal_rank(9, 0.9) == 9
+
+
+def test_intervals_widen_with_the_level_and_cover_fresh_data() -> None:
+    predicted, reference = _heteroscedastic(5000, seed=1)
+    intervals = fit_intervals(predicted, reference, sensor="v", level=0.9)
+    assert len(intervals.half_widths) == 5 and sum(intervals.counts) == 5000
+    assert intervals.half_widths == sorted(set(intervals.half_widths))
+    fresh = score_intervals(intervals, *_heteroscedastic(20000, seed=2))
+    assert 0.88 <= fresh.coverage <= 0.92
+    # One width for all levels would be as wide at 5 µg/m³ as at 90: the bins are what keeps
+    # clean-air intervals narrow.
+    low, high = intervals.interval(5.0)
+    assert high - low < 0.5 * intervals.half_widths[-1]
+
+
+def test_bin_widths_are_the_conformal_order_statistic() -> None:
+    predicted = np.full(MIN_PER_BIN, 10.0)
+    residuals = np.arange(1, MIN_PER_BIN + 1, dtype=float)  # |y - ŷ| = 1 … 100
+    intervals = fit_intervals(predicted, predicted + residuals, sensor="v", level=0.9)
+    assert intervals.edges == [] and intervals.half_widths == [91.0]
+    assert intervals.interval(10.0) == (0.0, 101.0)  # the low end is clipped at 0
+
+
+def test_too_few_validation_pairs_give_no_intervals() -> None:
+    with pytest.raises(DataError, match="need at least"):
+        fit_intervals(np.ones(20), np.ones(20), sensor="v")
+
+
+def test_manifests_without_the_new_fields_stay_valid() -> None:
+    document = json.loads((DEFAULT_MODEL / "manifest.json").read_text())
+    for key in ("intervals", "validation_baselines", "device_graph_absent"):
+        document.pop(key, None)
+    manifest = Manifest.model_validate(document)
+    assert manifest.intervals is None and manifest.device_graph_absent is None
+
+
+def test_interval_bins_must_match_their_edges() -> None:
+    with pytest.raises(ValueError, match="2 bins need 2"):
+        PredictionIntervals(level=0.9, edges=[5.0], half_widths=[1.0], counts=[100],
+                            calibration_sensor="v")  # fmt: skip
+
+
+def test_gde_uncertainty_matches_a_hand_computed_example() -> None:
+    # x̄ = ȳ = 15; s_xx = 500, s_yy = 464, s_xy = 480.
+    # b = (464 − 500 + √(36² + 4·480²)) / (2·480) = (−36 + 960.6748) / 960 = 0.963203
+    # a = 15 − 15·b = 0.551957; residuals 0.448042, −1.183989, 1.183979, −0.448052
+    # RSS = 3.205127; RSS/(n−2) = 1.602563; bias at 50: a + (b − 1)·50 = −1.287893
+    # u_c² = 1.602563 − 0.5² + 1.658669 = 3.011232; W = 2·√3.011232 / 50 = 0.069411
+    x = np.array([0.0, 10.0, 20.0, 30.0])
+    y = np.array([1.0, 9.0, 21.0, 29.0])
+    w, slope, intercept = expanded_relative_uncertainty(x, y, 50.0, reference_uncertainty=0.5)
+    assert slope == pytest.approx(0.963203, abs=1e-5)
+    assert intercept == pytest.approx(0.551957, abs=1e-5)
+    assert w == pytest.approx(0.069411, abs=1e-5)
+
+
+def test_gde_uses_daily_means_of_complete_days_only() -> None:
+    hours = pd.date_range("2024-01-01", periods=24 * 5, freq="h", tz="UTC")
+    reference = 20 + 10 * np.sin(np.arange(len(hours)) / 7)
+    frame = pd.DataFrame(
+        {"timestamp": hours.strftime("%Y-%m-%dT%H:%M:%SZ"), "sensor_id": "s",
+         "reference": reference, "calibrated": 1.1 * reference + 2}
+    )  # fmt: skip
+    frame.loc[frame.index[-10:], "calibrated"] = np.nan  # the last day keeps 14 of 24 hours
+    assert len(daily_means(frame, 3600)) == 4
+    result = equivalence(frame, feature="pm10", period_seconds=3600)
+    assert result is not None and result.days == 4 and result.limit_value == 50.0
+    assert result.slope == pytest.approx(1.1) and result.intercept == pytest.approx(2.0)
+    # No scatter: W is the bias at the limit value, 2·(2 + 0.1·50)/50 = 28 %.
+    assert result.expanded_relative_uncertainty == pytest.approx(0.28)
+    assert result.meets_indicative_dqo and result.r2 == pytest.approx(1.0)
+
+
+def _scores(raw: float, linear: float, model: float) -> manifest_schema.TestMetrics:
+    def m(rmse: float) -> ErrorMetrics:
+        return ErrorMetrics(rmse=rmse, mae=rmse, n=100)
+
+    return manifest_schema.TestMetrics(raw=m(raw), linear=m(linear), model=m(model))
+
+
+def test_the_guard_names_the_numbers_and_yields_to_force() -> None:
+    with pytest.raises(HarmfulModelError, match=r"worse than the raw readings \(raw 4, linear 6"):
+        check_not_harmful(_scores(4.0, 6.0, 5.0), "v1", force=False)
+    with pytest.raises(HarmfulModelError, match="worse than a linear fit"):
+        check_not_harmful(_scores(15.7, 3.13, 3.5), "v1", force=False)
+    check_not_harmful(_scores(15.7, 3.13, 3.5), "v1", force=True)
+    check_not_harmful(_scores(15.7, 3.13, 2.19), "v1", force=False)
+
+
+def test_train_flags_choose_channels_feature_and_period(tmp_path: Path) -> None:
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(
+        {"dataset": "csv", "epochs": 2, "dataset_options": {"feature": "pm2_5"}}
+    ))  # fmt: skip
+    args = build_parser().parse_args(
+        ["train", "--config", str(config_file), "--run-dir", str(tmp_path / "run"),
+         "--channels", "raw, rh,temp_c", "--feature", "pm10", "--period", "600"]
+    )  # fmt: skip
+    config = train_config(args)
+    assert config.channels == ("raw", "rh", "temp_c")
+    assert config.dataset_options == {"feature": "pm10", "period_seconds": 600}
+    assert config.epochs == 2 and config.dataset == "csv"
+    plain = train_config(build_parser().parse_args(
+        ["train", "--config", str(config_file), "--run-dir", str(tmp_path / "run")]
+    ))  # fmt: skip
+    assert plain.channels == ("raw",) and plain.dataset_options == {"feature": "pm2_5"}
