@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[tuple[float, int, int, bool]] = []
     for message in received:
         parts = message.topic.split("/")
-        if len(parts) != 4:
-            continue  # status, stats
+        if len(parts) != 4 or parts[3] == "availability":
+            continue  # status, stats, a sensor's online/offline
         if parts[2] == "_batch":
             documents = json.loads(message.payload)
         elif parts[2].startswith("node-"):
