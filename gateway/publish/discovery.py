@@ -4,11 +4,12 @@ Devices: the gateway itself (a ``binary_sensor`` of device class ``connectivity`
 topic) and one device per sensor, linked to the gateway by ``via_device``. Entities of a sensor,
 per feature: the calibrated value (the main sensor; raw value, model, quality flags and the
 prediction interval are its attributes, from the state topic's JSON), the raw value (a
-diagnostic sensor), and, once the monitor publishes them, health and drift (diagnostic ``binary_sensor``s of device class
-``problem``). Every config carries the ``origin`` block and a ``default_entity_id`` (the
-replacement of the removed ``object_id``). A sensor's entities are available only while both
-the gateway and the sensor are (``availability_mode: all``): the sensor's own availability topic
-goes ``offline`` when it stops reporting (:mod:`gateway.publish.availability`).
+diagnostic sensor), and, once the monitor publishes them, health and drift (diagnostic
+``binary_sensor``s of device class ``problem``). Every config carries the ``origin`` block and a
+``default_entity_id`` (the replacement of the removed ``object_id``). A sensor's entities are
+available only while both the gateway and the sensor are (``availability_mode: all``): the
+sensor's own availability topic goes ``offline`` when it stops reporting
+(:mod:`gateway.publish.availability`).
 
 A config is retained on ``<discovery_prefix>/<component>/tesla_<gateway>/<object>/config``; an
 empty retained payload on the same topic removes the entity (:meth:`Discovery.removals`).
