@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from devkit.broker import make_test_pki
 from gateway.bundled import bundled_model_dirs, example_config
 from gateway.cli import main
 from gateway.config import load_config
@@ -34,7 +35,8 @@ def test_init_writes_what_was_asked_and_check_config_accepts_it(
     args = ["init", "--out", str(out), "--gateway-id", "pi-kitchen"]
     args += ["--feature", "pm10", "--feature", "pm2_5", "--broker-host", "mqtt.local"]
     args += ["--broker-port", "8883", "--username", "tesla", "--password-file", str(password)]
-    args += ["--ca-file", str(tmp_path / "ca.pem"), "--sensor", "node-01", "--sensor", "node-02"]
+    ca = make_test_pki(tmp_path / "pki").ca  # check-config loads it, as run does
+    args += ["--ca-file", str(ca), "--sensor", "node-01", "--sensor", "node-02"]
     args += ["--serial-port", "/dev/ttyACM0", "--pms5003", "usb-pms=/dev/ttyUSB0"]
     args += ["--topic", "home/+/pm", "--home-assistant"]
     assert main(args) == 0
@@ -57,7 +59,7 @@ def test_init_writes_what_was_asked_and_check_config_accepts_it(
         assert (broker.host, broker.port, broker.username) == ("mqtt.local", 8883, "tesla")
         assert broker.password_file == password
         assert broker.tls is not None
-        assert broker.tls.ca_file == tmp_path / "ca.pem"
+        assert broker.tls.ca_file == ca
     assert config.publisher.discovery is True
     text = out.read_text(encoding="utf-8")
     assert "secret" not in text  # the password stays in its file

@@ -20,7 +20,7 @@ from devkit.broker import Mosquitto
 from gateway.calibrated import CalibratedReading, Interval, Quality
 from gateway.monitor.monitor import SensorDocument
 from gateway.publish.errors import PublisherError
-from gateway.publish.payloads import reading_payload
+from gateway.publish.payloads import reading_message, reading_payload
 from gateway.publish.publisher import Publisher, PublisherConfig
 from tests.gateway.io.helpers import broker_config, collecting, eventually
 
@@ -158,7 +158,7 @@ def test_store_and_forward_across_a_broker_outage(mosquitto: Mosquitto, tmp_path
             asyncio.run(scenario())
         # The last message arriving means the outbox is drained; loss or reordering before it
         # shows up in the assertions below.
-        last = json.dumps(reading_payload(reading(49)), ensure_ascii=False).encode()
+        last = reading_message(reading(49))
         live.wait_for(lambda m: any(x.payload == last for x in m), timeout_s=20)
         values = [json.loads(p)["raw"] for p in live.on("tesla/gw2/s1/pm10")]
     # Zero loss, in order. The only repeats allowed are of messages delivered before the outage:
