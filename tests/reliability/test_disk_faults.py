@@ -62,11 +62,11 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
 
 def fill(directory: Path) -> Path:
     filler = directory / "filler"
-    with filler.open("wb") as out:
+    # Unbuffered: a buffered file would keep the last chunk and raise ENOSPC again at close.
+    with filler.open("wb", buffering=0) as out:
         try:
             while True:
                 out.write(b"\0" * 65536)
-                out.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC
     with contextlib.suppress(OSError):
