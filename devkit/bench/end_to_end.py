@@ -117,9 +117,11 @@ level = "info"
 
 [publisher]
 stats_interval_s = 60
-# The restored windows' newest readings are a day old in event time, which would make every
-# sensor "come online" (10,000 retained availability messages) inside the first measured
-# phase; a gateway in steady state has them online already. Two days keeps them online.
+# The restored windows' newest readings are a day old in event time, and a restored sensor's
+# idleness is judged by event time (snapshots do not keep arrival times: a known limit, see
+# gateway/admission.py adopt_windows), so every sensor would "come online" (10,000 retained
+# availability messages) inside the first measured phase; a gateway in steady state has them
+# online already. Two days keeps them online.
 sensor_offline_after_s = 172800
 {output}[publisher.broker]
 port = {port}

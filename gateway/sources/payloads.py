@@ -9,7 +9,6 @@ wire is used as a path or a format string; sizes are bounded before parsing.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,11 +17,7 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.readings import SEQ_MAX, Reading, ReadingRejectedError, RejectReason, validate_reading
-from gateway.sources.payloads_fast import (
-    MAX_ISO_LENGTH,
-    MILLISECONDS_THRESHOLD,
-    decode_plain_payload,
-)
+from gateway.sources.payloads_fast import MAX_ISO_LENGTH, decode_plain_payload, epoch_seconds
 
 __all__ = [
     "DecodedPayload",
@@ -33,8 +28,6 @@ __all__ = [
     "parse_timestamp",
 ]
 
-_MILLISECONDS_THRESHOLD = MILLISECONDS_THRESHOLD
-_MAX_ISO_LENGTH = MAX_ISO_LENGTH
 
 _Number = Annotated[float, Field(strict=True)]
 _Fields = tuple[str | None, float | str | None, dict[str, float], int | None]
@@ -50,7 +43,7 @@ class ReadingPayload(BaseModel):
         max_length=64,
         description="Sensor id; optional when the topic carries it (must then agree).",
     )
-    ts: _Number | Annotated[str, Field(max_length=_MAX_ISO_LENGTH)] | None = Field(
+    ts: _Number | Annotated[str, Field(max_length=MAX_ISO_LENGTH)] | None = Field(
         default=None,
         validation_alias=AliasChoices("ts", "timestamp", "time"),
         description=(
@@ -114,10 +107,7 @@ def parse_timestamp(value: float | str | None, *, received_at: float) -> float:
     if value is None:
         return received_at
     if isinstance(value, float | int):
-        number = float(value)
-        if math.isfinite(number) and abs(number) >= _MILLISECONDS_THRESHOLD:
-            return number / 1000.0
-        return number
+        return epoch_seconds(float(value))
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError as exc:
@@ -317,7 +307,7 @@ def _plain_fields(element: dict[str, Any]) -> _Fields | None:
                 ts = number
             else:
                 found[name] = number
-        elif name == "ts" and kind is str and len(value) <= _MAX_ISO_LENGTH:
+        elif name == "ts" and kind is str and len(value) <= MAX_ISO_LENGTH:
             ts = value
         else:
             return None

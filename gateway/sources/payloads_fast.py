@@ -27,6 +27,7 @@ __all__ = [
     "MAX_ISO_LENGTH",
     "MILLISECONDS_THRESHOLD",
     "decode_plain_payload",
+    "epoch_seconds",
 ]
 
 # Epoch numbers at or above this are milliseconds: 1e11 s is the year 5138, 1e11 ms is 1973.
@@ -37,6 +38,11 @@ try:
     import msgspec
 except ImportError:  # 32-bit Raspberry Pi OS: no wheel; the full path serves every payload
     msgspec = None  # type: ignore[assignment]
+
+
+def epoch_seconds(number: float) -> float:
+    """Unix seconds from a numeric time: at or above the threshold it is milliseconds."""
+    return number / 1000.0 if abs(number) >= MILLISECONDS_THRESHOLD else number
 
 
 def _build_decoder() -> Any:
@@ -167,8 +173,7 @@ def _timestamp(element: Any, received_at: float, rules: PayloadRules) -> float |
         return received_at
     if type(when) is not float or not _isfinite(when):
         return None  # an ISO-8601 string: the full path parses and explains it
-    if abs(when) >= MILLISECONDS_THRESHOLD:
-        when = when / 1000.0
+    when = epoch_seconds(when)
     too_old = rules.max_age_s is not None and when < received_at - rules.max_age_s
     if when > received_at + rules.max_future_s or too_old:
         return None
