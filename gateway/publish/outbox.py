@@ -22,6 +22,7 @@ Reading it is total (a damaged file never stops the daemon):
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ from typing import Self, TypeVar
 import structlog
 
 from gateway.errors import GatewayError
+from gateway.publish.outbox_mirror import QueueMirror
 from gateway.set_aside import SetAsideLog
 
 __all__ = ["Outbox", "OutboxError", "OutboxMessage", "QueuedMessage"]
@@ -69,6 +71,7 @@ _DISK_ERRORS = frozenset(
         sqlite3.SQLITE_AUTH,
     }
 )
+_MIRROR_CAPACITY = 16_384  # messages the in-memory copy holds at most (a few MB)
 _MEMORY_FIRST_ID = 1 << 53  # memory-queue ids never meet a file's ids (acks stay unambiguous)
 _DISK_RETRY_S = 5.0  # how often a memory queue tries the file again
 _T = TypeVar("_T")
@@ -132,6 +135,7 @@ class Outbox:
         memory_fallback: bool = False,
         in_memory_because: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        mirror_capacity: int = _MIRROR_CAPACITY,
     ) -> None:
         self._db = connection
         self.path = path
@@ -151,6 +155,10 @@ class Outbox:
         self.memory_messages = 0  # messages queued while the queue was in memory
         self._last_len = 0
         self._last_dropped_total = 0
+        # Rows in the table (None: not known, count them); kept by every write, so appends and
+        # len() need no COUNT(*) (a scan of the table).
+        self._count: int | None = None
+        self._mirror: QueueMirror[QueuedMessage] = QueueMirror(min(max_messages, mirror_capacity))
 
     @classmethod
     def open(
@@ -161,11 +169,14 @@ class Outbox:
         set_aside: SetAsideLog | None = None,
         memory_fallback: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        mirror_capacity: int = _MIRROR_CAPACITY,
     ) -> Self:
         """Open (or create) the queue; a corrupt file is set aside and a new queue started.
 
         A disk that refuses the file raises :class:`OutboxError`, or with ``memory_fallback``
-        starts the queue in memory (see the module doc).
+        starts the queue in memory (see the module doc). While the queue is short, up to
+        ``mirror_capacity`` messages are also held in memory for delivery to read
+        (:mod:`gateway.publish.outbox_mirror`; 0: always read the file).
         """
         if max_messages < 1:
             raise OutboxError(f"outbox bound must be at least 1, got {max_messages}")
@@ -184,6 +195,7 @@ class Outbox:
                 memory_fallback=True,
                 in_memory_because=str(exc),
                 clock=clock,
+                mirror_capacity=mirror_capacity,
             )
         return cls(
             connection,
@@ -192,6 +204,7 @@ class Outbox:
             set_aside=set_aside,
             memory_fallback=memory_fallback,
             clock=clock,
+            mirror_capacity=mirror_capacity,
         )
 
     def __enter__(self) -> Self:
@@ -237,14 +250,18 @@ class Outbox:
         rows = [(m.topic, m.payload, m.qos, int(m.retain), now) for m in messages]
 
         def insert(db: sqlite3.Connection) -> int:
+            before = self._known_count(db)
+            if before == 0 and not self._mirror.active:
+                self._mirror.start()  # an empty queue: mirror it from here on
             with _Transaction(db):
                 db.executemany(
                     "INSERT INTO outbox (topic, payload, qos, retain, queued_at) "
                     "VALUES (?, ?, ?, ?, ?)",
                     rows,
                 )
-                (count,) = db.execute("SELECT COUNT(*) FROM outbox").fetchone()
-                excess = max(0, int(count) - self.max_messages)
+                (last,) = db.execute("SELECT last_insert_rowid()").fetchone()
+                count = before + len(rows)
+                excess = max(0, count - self.max_messages)
                 if excess:
                     db.execute(
                         "DELETE FROM outbox WHERE id IN "
@@ -256,9 +273,18 @@ class Outbox:
                         "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
                         (excess,),
                     )
-                (top,) = db.execute("SELECT MAX(id) FROM outbox").fetchone()
-            if isinstance(top, int):
-                self._max_id = max(self._max_id, top)
+            self._count = count - excess
+            self._max_id = max(self._max_id, int(last))
+            # One writer in one transaction: AUTOINCREMENT gave the rows consecutive ids.
+            first = int(last) - len(messages) + 1
+            self._mirror.appended(
+                [
+                    QueuedMessage(first + i, m.topic, m.payload, m.qos, m.retain)
+                    for i, m in enumerate(messages)
+                ]
+                if self._mirror.active
+                else []
+            )
             return excess
 
         return self._write("append", insert)
@@ -270,13 +296,27 @@ class Outbox:
             return
 
         def delete(db: sqlite3.Connection) -> None:
+            deleted = 0
             with _Transaction(db):
-                for start in range(0, len(wanted), _IDS_PER_STATEMENT):  # one per chunk
-                    chunk = wanted[start : start + _IDS_PER_STATEMENT]
-                    marks = ",".join("?" * len(chunk))
-                    db.execute(f"DELETE FROM outbox WHERE id IN ({marks})", chunk)  # noqa: S608
+                if _consecutive(wanted):  # the usual acknowledgement: the oldest, in order
+                    cursor = db.execute(
+                        "DELETE FROM outbox WHERE id BETWEEN ? AND ?", (wanted[0], wanted[-1])
+                    )
+                    deleted += cursor.rowcount
+                else:
+                    for start in range(0, len(wanted), _IDS_PER_STATEMENT):  # one per chunk
+                        chunk = wanted[start : start + _IDS_PER_STATEMENT]
+                        marks = ",".join("?" * len(chunk))
+                        cursor = db.execute(
+                            f"DELETE FROM outbox WHERE id IN ({marks})",  # noqa: S608
+                            chunk,
+                        )
+                        deleted += cursor.rowcount
+            if self._count is not None:
+                self._count = max(0, self._count - deleted)
 
         self._write("remove", delete)
+        self._mirror.removed(wanted)
         self._bad_ids.clear()
 
     def _write(self, what: str, operation: Callable[[sqlite3.Connection], _T]) -> _T:
@@ -284,13 +324,26 @@ class Outbox:
         try:
             return operation(self._db)
         except _READ_ERRORS as exc:
+            self._forget_shape()
             if _is_disk_error(exc):
                 raise OutboxError(f"cannot write to outbox {self.path}: {exc}") from exc
             self._reset(f"{what}: {_describe(exc)}")
         try:
             return operation(self._db)
         except _READ_ERRORS as exc:
+            self._forget_shape()
             raise OutboxError(f"cannot write to outbox {self.path}: {exc}") from exc
+
+    def _forget_shape(self) -> None:
+        """The table may not be what the count and the mirror say: read it again."""
+        self._count = None
+        self._mirror.stop()
+
+    def _known_count(self, db: sqlite3.Connection) -> int:
+        if self._count is None:
+            (count,) = db.execute("SELECT COUNT(*) FROM outbox").fetchone()
+            self._count = int(count)
+        return self._count
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -308,6 +361,8 @@ class Outbox:
         if self._rewind:  # the queue changed under the caller: send from its front again
             self._rewind = False
             after_id = 0
+        if self._mirror.active:
+            return self._mirror.after(after_id, limit)
         found: list[QueuedMessage] = []
         cursor_id = after_id
         while len(found) < limit:
@@ -337,8 +392,8 @@ class Outbox:
 
     def __len__(self) -> int:
         try:
-            (count,) = self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()
-            self._last_len = max(0, int(count) - len(self._bad_ids))
+            count = self._known_count(self._db)
+            self._last_len = max(0, count - len(self._bad_ids))
         except _READ_ERRORS as exc:
             if self._read_failed("count", exc):
                 return len(self)
@@ -384,6 +439,7 @@ class Outbox:
         """The file is corrupt: set it aside and continue on a fresh one (or in memory)."""
         self.resets += 1
         self._bad_ids.clear()
+        self._forget_shape()
         first_id = self._max_id
         if self.in_memory:  # SQLite's memory database cannot be corrupted by the disk
             raise OutboxError(f"outbox in memory failed: {reason}")
@@ -399,6 +455,7 @@ class Outbox:
     def _to_memory(self, error: str) -> None:
         _log.error("outbox_in_memory", path=str(self.path), error=error)
         self._db = _open_memory()
+        self._forget_shape()
         self.disk_error = error
         self.memory_periods += 1
         self._next_disk_try = self._clock() + _DISK_RETRY_S
@@ -419,9 +476,19 @@ class Outbox:
             return
         self._db.close()
         self._db = connection
+        self._forget_shape()
         self.disk_error = None
         self._rewind = True  # the file may hold older messages, with ids below the cursor
         _log.info("outbox_on_disk_again", path=str(self.path))
+
+
+def _consecutive(ids: Sequence[int]) -> bool:
+    """Ascending ids with none missing between the first and the last."""
+    return (
+        bool(ids)
+        and ids[-1] - ids[0] == len(ids) - 1
+        and all(b == a + 1 for a, b in itertools.pairwise(ids))
+    )
 
 
 def _message(row: tuple[object, ...]) -> QueuedMessage | None:

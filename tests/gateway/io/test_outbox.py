@@ -109,8 +109,10 @@ def test_corruption_met_while_reading_sets_the_file_aside_and_ids_continue(
 ) -> None:
     path = tmp_path / "o.sqlite3"
     set_aside = SetAsideLog()
+    with Outbox.open(path, max_messages=1000) as earlier:
+        earlier.append([message(n) for n in range(100)])
+    # Reopened with messages queued: read from the file (no in-memory copy of this queue).
     with Outbox.open(path, max_messages=1000, set_aside=set_aside) as outbox:
-        outbox.append([message(n) for n in range(100)])
         in_flight = outbox.peek_after(0, 10)
         # Damage the queue's page behind the open connection, then make it re-read the file.
         other = sqlite3.connect(path, isolation_level=None)
@@ -127,7 +129,7 @@ def test_corruption_met_while_reading_sets_the_file_aside_and_ids_continue(
         assert list(tmp_path.glob("o.sqlite3.corrupt-*"))
         outbox.append([message(200)])
         (new,) = outbox.peek(10)
-        assert new.id > 100  # an acknowledgement of an old id can never remove it
+        assert new.id > in_flight[-1].id  # an acknowledgement of an old id never removes it
         outbox.remove([m.id for m in in_flight])
         assert len(outbox) == 1
 
@@ -163,3 +165,76 @@ def test_without_memory_fallback_a_refusing_disk_is_an_error(tmp_path: Path) -> 
     blocker.write_text("x")
     with pytest.raises(OutboxError, match="cannot open outbox"):
         Outbox.open(blocker / "o.sqlite3", max_messages=3)
+
+
+# -- the in-memory copy of a short queue answers exactly as the file does -------------------------
+
+# (kind, a count or an id, a limit, picks among the queued messages)
+_operations = st.lists(
+    st.tuples(
+        st.sampled_from(["append", "ack_oldest", "ack_some", "peek"]),
+        st.integers(0, 60),
+        st.integers(1, 30),
+        st.lists(st.integers(0, 60), max_size=8),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_operations, st.integers(1, 80), st.integers(1, 64))
+def test_the_mirrored_queue_answers_as_the_file_does(
+    operations: list[tuple[str, int, int, list[int]]], bound: int, capacity: int
+) -> None:
+    """Appends (over the bound too), acknowledgements of the oldest and of any ids, peeks after
+    any id: a queue read from memory (small capacity: it also overflows and restarts) gives the
+    same messages, lengths and drops as one always read from its file."""
+    with tempfile.TemporaryDirectory() as directory:
+        root = Path(directory)
+        mirrored = Outbox.open(root / "m.sqlite3", max_messages=bound, mirror_capacity=capacity)
+        plain = Outbox.open(root / "p.sqlite3", max_messages=bound, mirror_capacity=0)
+        serial = 0
+        with mirrored, plain:
+            for kind, number, limit, picks in operations:
+                if kind == "append":
+                    batch = [message(serial + n) for n in range(number + 1)]
+                    serial += len(batch)
+                    assert mirrored.append(batch) == plain.append(batch)
+                elif kind in {"ack_oldest", "ack_some"}:
+                    known = [m.id for m in plain.peek(1000)]
+                    ids = (
+                        known[:number]
+                        if kind == "ack_oldest"
+                        else sorted({known[i] for i in picks if i < len(known)})
+                    )
+                    mirrored.remove(ids)
+                    plain.remove(ids)
+                else:
+                    assert mirrored.peek_after(number, limit) == plain.peek_after(number, limit)
+                assert len(mirrored) == len(plain)
+                assert mirrored.peek(1000) == plain.peek(1000)
+                assert mirrored.dropped_total == plain.dropped_total
+
+
+def test_corruption_under_a_mirrored_queue_is_met_at_the_next_write(tmp_path: Path) -> None:
+    """The file damaged behind a short queue read from memory: the next write finds it, sets it
+    aside and starts a fresh queue whose ids continue; nothing raises."""
+    path = tmp_path / "o.sqlite3"
+    set_aside = SetAsideLog()
+    with Outbox.open(path, max_messages=1000, set_aside=set_aside) as outbox:
+        outbox.append([message(n) for n in range(100)])
+        in_flight = outbox.peek_after(0, 10)
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        (root,) = other.execute("SELECT rootpage FROM sqlite_master WHERE name='outbox'").fetchone()
+        (page_size,) = other.execute("PRAGMA page_size").fetchone()
+        with path.open("r+b") as raw:
+            raw.seek((root - 1) * page_size)
+            raw.write(b"\xa5" * page_size)
+        other.execute("INSERT INTO counters (name, value) VALUES ('poke', 1)")
+        other.close()
+        outbox.remove([m.id for m in in_flight])  # meets the damage: set aside, fresh queue
+        assert outbox.resets == 1 and set_aside.count == 1
+        outbox.append([message(200)])
+        (new,) = outbox.peek(10)
+        assert new.id > 100 and len(outbox) == 1
