@@ -5,7 +5,9 @@ finds the queue where it was, and a message leaves the queue only after the brok
 it (at-least-once). When the bound is reached the oldest messages are dropped and counted: the
 newest calibrations are the ones worth keeping. Calls are synchronous and sub-millisecond (WAL,
 ``synchronous=NORMAL``: a commit does not fsync; a power cut may lose the last commits but never
-corrupts the file), so the event loop calls them directly.
+corrupts the file), so the event loop calls them directly. The row count is kept by every
+write, and a short queue is also held in memory (:mod:`gateway.publish.outbox_mirror`): in
+steady state neither counting nor sending reads the file.
 
 Reading it is total (a damaged file never stops the daemon):
 
