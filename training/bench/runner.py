@@ -25,7 +25,7 @@ import numpy as np
 from training.bench.case_study import CasePeriod, select_case_periods, trace
 from training.bench.cells import CaseTrace, CellResult, CellStore, fingerprint
 from training.bench.efficiency import ExportOutcome, measure_efficiency
-from training.bench.grid import MODELS, BenchConfig, Cell, DatasetSpec
+from training.bench.grid import COVARIATE_MODELS, MODELS, BenchConfig, Cell, DatasetSpec
 from training.bench.progress import Progress
 from training.bench.trust import measure_trust
 from training.errors import DataError, ExportError
@@ -89,13 +89,16 @@ def _is_case_cell(config: BenchConfig, cell: Cell) -> bool:
 
 
 def _learned_fingerprint(config: BenchConfig, spec: DatasetSpec, cell: Cell) -> str:
-    return fingerprint(
-        {
-            "train": train_config(config, spec, cell).model_dump(mode="json"),
-            "full": cell.full,
-            "case": config.case_study_periods if _is_case_cell(config, cell) else None,
-        }
-    )
+    payload: dict[str, object] = {
+        "train": train_config(config, spec, cell).model_dump(mode="json"),
+        "full": cell.full,
+        "case": config.case_study_periods if _is_case_cell(config, cell) else None,
+    }
+    if cell.model in COVARIATE_MODELS:
+        # Covariate models scale each input channel in the graph since issue 17: cells stored
+        # before are another model and are computed again (the others stay reusable).
+        payload["input_scaling"] = "per-channel"
+    return fingerprint(payload)
 
 
 def _reference_fingerprint(config: BenchConfig, spec: DatasetSpec) -> str:
