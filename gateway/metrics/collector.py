@@ -275,12 +275,22 @@ class StatsCollector(Collector):
             "1 while a co-located sensor's drift is raised (only sensors beside a reference).",
             labels=["sensor", "feature"],
         )
+        harm = GaugeMetricFamily(
+            f"{PREFIX}_harm",
+            "1 while a co-located sensor's reference pairs show the model worse than its raw "
+            "readings or a straight line (health flag 'harm').",
+            labels=["sensor", "feature"],
+        )
         for key, document in sorted(_map(stats, "drift").items()):
             sensor, _, feature = key.rpartition("/")
             value = _num(document, "drift")
             if value is not None:
                 drift.add_metric([sensor, feature], value)
+            value = _num(document, "harm")
+            if value is not None:
+                harm.add_metric([sensor, feature], value)
         yield drift
+        yield harm
 
 
 def _gauge(name: str, help_text: str, value: float | None) -> GaugeMetricFamily:

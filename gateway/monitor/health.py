@@ -137,6 +137,7 @@ class HealthFlag(enum.StrEnum):
     DRIFT = (
         "drift"  # set from the reference comparison (gateway.monitor.drift), never by this module
     )
+    HARM = "harm"  # its reference pairs show the model worse than raw or a line (monitor.drift)
 
 
 @dataclass(frozen=True, slots=True)

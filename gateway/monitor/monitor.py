@@ -32,6 +32,7 @@ from gateway.monitor.drift import (
     DriftConfig,
     DriftDetector,
     ErrorFigures,
+    HarmDetector,
     RollingError,
     drift_threshold,
 )
@@ -77,6 +78,7 @@ class _Tracked:
     reference: str
     errors: RollingError
     detector: DriftDetector
+    harm: HarmDetector
     model_version: int | None = None
     threshold: float | None = None
 
@@ -219,6 +221,8 @@ class Monitor:
         tracked = self._tracked.get(key)
         if tracked is not None and tracked.detector.active:
             flags = (*flags, HealthFlag.DRIFT)
+        if tracked is not None and tracked.harm.active:
+            flags = (*flags, HealthFlag.HARM)
         return flags
 
     def _health_if_changed(
@@ -310,6 +314,7 @@ class Monitor:
                 reference=pairing.config.name,
                 errors=RollingError(self._drift_config.window_pairs),
                 detector=DriftDetector(self._drift_config),
+                harm=HarmDetector(self._drift_config),
             )
         if tracked.model_version != reading.model_version:
             if tracked.model_version is not None:
@@ -327,6 +332,7 @@ class Monitor:
         figures = tracked.errors.figures()
         test_rmse = info.test_rmse if info is not None else None
         tracked.threshold = drift_threshold(self._drift_config, test_rmse)
+        self._judge_harm(tracked, figures, reading)
         change = tracked.detector.evaluate(figures, tracked.threshold)
         if change is None:
             return None
@@ -348,6 +354,28 @@ class Monitor:
             reading.feature,
             self._drift_document(tracked, figures, reading, change, now),
         )
+
+    def _judge_harm(
+        self, tracked: _Tracked, figures: ErrorFigures, reading: CalibratedReading
+    ) -> None:
+        """Log a change of the harm flag (health carries it: see :meth:`_flags`)."""
+        change = tracked.harm.evaluate(figures)
+        if change is None:
+            return
+        context = {
+            "sensor": reading.sensor_id,
+            "feature": reading.feature,
+            "reference": tracked.reference,
+            "model": reading.model_name,
+            "model_version": reading.model_version,
+            **figures.as_dict(),
+        }
+        if change is DriftChange.RAISED:
+            _log.warning(
+                "model_harm_detected", worse_than=tracked.harm.worse_than(figures), **context
+            )
+        else:
+            _log.info("model_harm_cleared", **context)
 
     def _drift_document(
         self,
@@ -371,6 +399,7 @@ class Monitor:
             "clear_below": _figure(
                 None if threshold is None else threshold * self._drift_config.clear_fraction
             ),
+            "harm": tracked.harm.active,
             "model": reading.model_name,
             "model_version": reading.model_version,
         }
@@ -381,6 +410,7 @@ class Monitor:
             **tracked.errors.figures().as_dict(),
             "threshold": _figure(tracked.threshold),
             "drift": tracked.detector.active,
+            "harm": tracked.harm.active,
         }
 
     # -- reporting --------------------------------------------------------------------------
@@ -408,6 +438,7 @@ class Monitor:
             "drift": {
                 f"{sensor}/{feature}": {
                     "drift": tracked.detector.active,
+                    "harm": tracked.harm.active,
                     **tracked.errors.figures().as_dict(),
                 }
                 for (sensor, feature), tracked in self._tracked.items()

@@ -15,8 +15,10 @@ from gateway.monitor.drift import (
     DriftConfig,
     DriftDetector,
     ErrorFigures,
+    HarmDetector,
     RollingError,
     drift_threshold,
+    linear_residual_rmse,
 )
 
 finite = st.floats(0, 1000, allow_nan=False)
@@ -109,3 +111,34 @@ def test_hysteresis_state_follows_its_rule(rmses: list[float]) -> None:
             assert not (not active and rmse > threshold)
             assert not (active and rmse < clear * threshold)
         assert detector.active == active
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(finite, finite), min_size=3, max_size=40))
+def test_the_linear_baseline_is_the_least_squares_line_per_degree_of_freedom(
+    pairs: list[tuple[float, float]],
+) -> None:
+    raw, reference = (np.array(column, dtype=np.float64) for column in zip(*pairs, strict=True))
+    got = linear_residual_rmse(raw, reference)
+    if np.ptp(raw) < 1e-6:
+        return  # a constant raw has no line (NaN, or a fit as good as its noise)
+    slope, intercept = np.polyfit(raw, reference, 1)
+    residual = reference - (slope * raw + intercept)
+    expected = math.sqrt(float(residual @ residual) / (len(pairs) - 2))
+    assert got == pytest.approx(expected, rel=1e-6, abs=1e-6)
+
+
+def test_harm_is_raised_beyond_the_margin_and_cleared_at_the_baseline() -> None:
+    config = DriftConfig(window_pairs=10, min_pairs=5, harm_margin=0.1)
+    harm = HarmDetector(config)
+
+    def figures(rmse: float, raw: float, linear: float, pairs: int = 5) -> ErrorFigures:
+        return ErrorFigures(pairs, rmse, rmse, raw, raw, linear)
+
+    assert harm.evaluate(figures(20.0, 1.0, 1.0, pairs=4)) is None  # too few pairs
+    assert harm.evaluate(figures(1.05, 1.0, 5.0)) is None  # within the margin of raw
+    assert harm.evaluate(figures(1.2, 5.0, 1.0)) is DriftChange.RAISED  # worse than the line
+    assert harm.worse_than(figures(1.2, 5.0, 1.0)) == ["linear"]
+    assert harm.evaluate(figures(1.05, 5.0, 1.0)) is None  # hysteresis: still above the line
+    assert harm.evaluate(figures(0.9, 5.0, 1.0)) is DriftChange.CLEARED
+    assert harm.evaluate(figures(3.0, 2.0, math.nan)) is DriftChange.RAISED  # no line: raw only

@@ -26,7 +26,7 @@ SNAPSHOT: dict[str, object] = {  # the shape of the stats topic (docs/mqtt.md, "
     "mqtt_sources_connected": {"mqtt-source-0": True},
     "mqtt_inbox": {"mqtt-source-0": {"buffered": 0, "dropped_qos0": 5, "held_back": 0}},
     "health": {"tracked": 2, "flagged": {"stuck": 1}},
-    "drift": {"s1/pm10": {"drift": True}},
+    "drift": {"s1/pm10": {"drift": True, "harm": False}},
     "readings_missing": 7,
     "publish_failures": 0,
 }  # fmt: skip
@@ -56,9 +56,12 @@ def test_the_snapshot_becomes_prometheus_series() -> None:
     assert samples[("tesla_gateway_model_loaded", (("feature", "pm2_5"),))] == 0
     assert samples[("tesla_gateway_mqtt_inbox_dropped_total", (("source", "mqtt-source-0"),))] == 5
     assert samples[("tesla_gateway_drift", (("feature", "pm10"), ("sensor", "s1")))] == 1
+    assert samples[("tesla_gateway_harm", (("feature", "pm10"), ("sensor", "s1")))] == 0
     assert samples[("tesla_gateway_sensors_online", ())] == 2
     assert not any(
-        dict(labels).get("sensor") for name, labels in samples if name != "tesla_gateway_drift"
+        dict(labels).get("sensor")
+        for name, labels in samples
+        if name not in {"tesla_gateway_drift", "tesla_gateway_harm"}
     )
 
 

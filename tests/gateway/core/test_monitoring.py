@@ -164,8 +164,10 @@ def test_relative_threshold_uses_the_manifest_test_rmse(tmp_path: Path) -> None:
         "mae": 7.0,
         "raw_rmse": 10.0,
         "raw_mae": 10.0,
+        "linear_rmse": None,  # one raw value only: no line through it
         "threshold": 6.0,
         "drift": True,
+        "harm": False,
     }
 
 
@@ -184,3 +186,50 @@ def test_skipped_sequence_numbers_show_on_stats_and_in_health(tmp_path: Path) ->
     health = {d.sensor_id: d.document for d in of_kind(mon.poll(now=31.0), "health")}
     assert health["a"]["readings_missing"] == 5
     assert health["b"]["readings_missing"] is None  # sends no sequence numbers
+
+
+def test_health_flags_a_model_its_reference_pairs_show_doing_harm(tmp_path: Path) -> None:
+    """The field's guard against harm: while the recorded pairs show the model worse than the
+    raw readings, health says 'harm' (and the stats, and the log once); a model that beats both
+    raw and a straight line is never flagged; recovery clears it."""
+    mon = monitor(tmp_path, rmse_abs=1000.0, rmse_ratio=0)  # no drift in this test
+    rng = np.random.default_rng(3)
+    truth = rng.uniform(10, 60, 60)
+    health: list[SensorDocument] = []
+    with capture_logs() as logs:
+        for period, value in enumerate(truth):
+            raw = float(value) + rng.normal(0, 1.0)  # a good sensor: raw within 1 of the truth
+            if period < 20:
+                estimate = float(value) + rng.normal(0, 0.3)  # better than raw: no harm
+            elif period < 40:
+                estimate = float(value) * 1.4 + 3  # the model makes it worse
+            else:
+                estimate = float(value) + rng.normal(0, 0.3)  # a better model again
+            mon.observe_reference("ref", reference(period, float(value)), now=0.0)
+            documents = mon.observe_tick([calibrated("co", period, raw, estimate)], now=0.0)
+            health += [d for d in of_kind(documents, "health") if d.sensor_id == "co"]
+            if period == 19:
+                assert mon.stats()["drift"]["co/pm10"]["harm"] is False  # type: ignore[index]
+            if period == 39:
+                assert mon.stats()["drift"]["co/pm10"]["harm"] is True  # type: ignore[index]
+                assert mon.stats()["health"]["flagged"] == {"harm": 1}  # type: ignore[index]
+        health += of_kind(mon.poll(now=LATER), "health")
+    mon.close()
+    flags = [d.document["flags"] for d in health if d.sensor_id == "co"]
+    assert ["harm"] in flags and [] in flags[flags.index(["harm"]) :]  # raised, then cleared
+    harmed = next(d.document for d in health if d.document["flags"] == ["harm"])
+    figures = harmed["reference"]
+    assert isinstance(figures, dict) and figures["harm"] is True
+    assert figures["rmse"] > 1.05 * figures["raw_rmse"]
+    events = [e for e in logs if e["event"].startswith("model_harm")]
+    assert [e["event"] for e in events] == ["model_harm_detected", "model_harm_cleared"]
+    assert "raw" in events[0]["worse_than"]
+
+
+def test_too_few_pairs_never_judge_harm(tmp_path: Path) -> None:
+    mon = monitor(tmp_path, rmse_abs=1000.0, rmse_ratio=0)  # min_pairs 5
+    for period in range(4):
+        mon.observe_reference("ref", reference(period, 20.0 + period), now=0.0)
+        mon.observe_tick([calibrated("co", period, 20.0 + period, 90.0)], now=0.0)
+    assert mon.stats()["drift"]["co/pm10"]["harm"] is False  # type: ignore[index]
+    mon.close()

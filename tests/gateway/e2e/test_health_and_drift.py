@@ -4,13 +4,16 @@ The pm10 model is the committed default (``models/pm10-ispra-1min``: N = 360 one
 periods), so calibrations are real ones. Two sensors sit beside a reference station that
 publishes on its own topic (two readings per period, averaged by the gateway). The reference
 reports what the model makes of the *true* series (LiteRT, run by the test, plus a little noise):
-``co-track`` keeps sending the true series, ``co-drift`` sends it until its gain doubles. The
-gateway must
+``co-track`` keeps sending the true series, ``co-drift`` sends it until its gain doubles,
+``co-harm`` sends what the reference reports (its raw readings are already right, so any
+calibration makes them worse). The gateway must
 
 * write every (sensor, period) pair to ``<state>/pairs/pm10/pairs-YYYYMMDD.csv`` in the exact
   format (and the training loader must read it back);
 * raise a drift for ``co-drift`` (log event and retained ``.../drift`` message) and never for
   ``co-track``, whose rolling error stays far below the threshold;
+* flag ``harm`` on ``co-harm``'s health (the model is worse than its raw readings there) and
+  never on ``co-track``'s (the model beats both raw and a straight line there);
 * publish health: ``stuck-1`` repeats one value and is flagged ``stuck``; ``norh`` feeds a
   small pm2_5 model that needs humidity without sending any, so the calibrated pm2_5 topic
   carries ``missing_channel`` and so does its health.
@@ -73,6 +76,7 @@ stuck_periods = 5
 window_pairs = 8
 min_pairs = 5
 rmse_ratio = {RMSE_RATIO}
+harm_margin = 0.5  # 5-8 pairs: a line fitted to so few can come close to the model by chance
 
 [pairs]
 reference_grace_s = 0.5
@@ -80,7 +84,7 @@ reference_grace_s = 0.5
 [[references]]
 name = "{REFERENCE}"
 feature = "pm10"
-colocated_with = ["co-track", "co-drift"]
+colocated_with = ["co-track", "co-drift", "co-harm"]
 [references.mqtt]
 topics = ["reference/{REFERENCE}"]
 [references.mqtt.broker]
@@ -181,6 +185,11 @@ def test_pairs_health_and_drift_end_to_end(
             )
             send_batches(
                 nodes,
+                "sensors/co-harm/raw",
+                [{"ts": base + p * P + 3, "pm10": reference[p]} for p in chunk],
+            )
+            send_batches(
+                nodes,
                 "sensors/stuck-1/raw",
                 [{"ts": base + p * P + 2, "pm10": 25.0} for p in chunk],
             )
@@ -205,7 +214,7 @@ def test_pairs_health_and_drift_end_to_end(
                     found.append(fields)
             return found
 
-        wait_for(lambda: pairs_dir.is_dir() and len(rows()) == 2 * PERIODS, "every pair")
+        wait_for(lambda: pairs_dir.is_dir() and len(rows()) == 3 * PERIODS, "every pair")
         got = {(fields[1], fields[0]): fields for fields in rows()}
         expected_out = {
             "co-track": dict(zip(valid, true_out, strict=True)),
@@ -233,7 +242,7 @@ def test_pairs_health_and_drift_end_to_end(
         from training.data.pairs import read_pairs
 
         recorded = read_pairs(pairs_dir)
-        assert recorded.rows == 2 * PERIODS and recorded.data.period_seconds == P
+        assert recorded.rows == 3 * PERIODS and recorded.data.period_seconds == P
         assert sum(recorded.truncated_lines.values()) == 0
 
         drift_topic = f"{PREFIX}/co-drift/pm10/drift"
@@ -252,7 +261,8 @@ def test_pairs_health_and_drift_end_to_end(
         assert track_events and all(event["drift"] is False for event in track_events)
         log = [json.loads(line) for line in daemon.log.read_text().splitlines() if "{" in line]
         detected = [entry for entry in log if entry.get("event") == "drift_detected"]
-        assert [entry["sensor"] for entry in detected] == ["co-drift"]
+        drifted_sensors = [entry["sensor"] for entry in detected]
+        assert drifted_sensors.count("co-drift") == 1 and "co-track" not in drifted_sensors
 
         stuck = wait_for(
             lambda: latest_where(
@@ -279,6 +289,22 @@ def test_pairs_health_and_drift_end_to_end(
             "co-drift health flagged drift",
         )
         assert drift_health["reference"]["drift"] is True
+        harm_health = wait_for(
+            lambda: latest_where(
+                calibrated, f"{PREFIX}/co-harm/pm10/health", lambda d: "harm" in d["flags"]
+            ),
+            "co-harm health flagged harm",
+        )
+        figures = harm_health["reference"]
+        assert figures["harm"] is True and figures["rmse"] > 1.5 * figures["raw_rmse"]
+        track_flags = [
+            json.loads(p)["flags"]
+            for p in calibrated.collector.on(f"{PREFIX}/co-track/pm10/health")
+        ]
+        assert track_flags and all("harm" not in flags for flags in track_flags)
+        log = [json.loads(line) for line in daemon.log.read_text().splitlines() if "{" in line]
+        harmed = [entry["sensor"] for entry in log if entry.get("event") == "model_harm_detected"]
+        assert "co-harm" in harmed and "co-track" not in harmed
 
         # A model whose channels the sensor does not supply: the reason is published.
         last = iso(base + (PERIODS - 2) * P)
@@ -295,9 +321,9 @@ def test_pairs_health_and_drift_end_to_end(
         assert "missing_channel" in norh_health["flags"]
 
         status = daemon.status()
-        assert status["pairs"]["pm10"]["rows_written"] == 2 * PERIODS
+        assert status["pairs"]["pm10"]["rows_written"] == 3 * PERIODS
         assert status["pairs"]["pm10"]["rows_failed"] == 0
-        assert status["references"][REFERENCE]["paired"] == 2 * PERIODS
+        assert status["references"][REFERENCE]["paired"] == 3 * PERIODS
         assert daemon.stop() == 0
     finally:
         nodes.close()
