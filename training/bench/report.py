@@ -10,13 +10,15 @@ Tables (lower is better everywhere; µg/m³ unless stated):
   the average RMSE gain over the Transformer, and each of TESLA's changes removed on its own.
 * **Efficiency** (Figure 5), **window sweep** (Figure 6) and the **case study** (Figure 7).
 
-With several seeds a cell's score is the mean over seeds (the CSVs carry the spread).
+With several seeds a cell's score is the mean over seeds, shown with its range [min–max] and
+the number of seeds; :mod:`training.bench.reproduction` writes what reproduces from those ranges.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import platform
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -26,7 +28,15 @@ import numpy as np
 
 from training.bench.cells import CaseTrace, CellResult, CellStore
 from training.bench.efficiency import METHODS
-from training.bench.grid import ABLATION_CHAIN, MODELS, BenchConfig, DatasetSpec
+from training.bench.grid import (
+    ABLATION_CHAIN,
+    MODELS,
+    PAPER_MODELS,
+    REFERENCE_MODELS,
+    BenchConfig,
+    DatasetSpec,
+)
+from training.bench.reproduction import Spread, reproduction_lines
 
 __all__ = [
     "Score",
@@ -51,6 +61,14 @@ class Score:
     n: int
     seeds: int
     rmse_std: float
+    rmse_min: float = math.nan
+    rmse_max: float = math.nan
+
+    @property
+    def spread(self) -> Spread:
+        low = self.rmse if math.isnan(self.rmse_min) else self.rmse_min
+        high = self.rmse if math.isnan(self.rmse_max) else self.rmse_max
+        return Spread(self.rmse, low, high, self.seeds)
 
 
 @dataclass(frozen=True)
@@ -106,6 +124,8 @@ def collect(results: Iterable[CellResult]) -> dict[tuple[str, str, int], Score]:
             n=int(members[0].test.n) if members[0].test else 0,
             seeds=len(members),
             rmse_std=float(np.std(rmse)),
+            rmse_min=float(np.min(rmse)),
+            rmse_max=float(np.max(rmse)),
         )
     return scores
 
@@ -138,6 +158,21 @@ def table1_rows(
         row["gain_vs_ols_pct"] = _mean(gains_ols)
         rows.append(row)
     return rows
+
+
+def _range_text(row: dict[str, object], key: str) -> str:
+    """`` [low–high]`` after an RMSE averaged over two or more seeds, else nothing."""
+    if not key.endswith("_rmse") or key == "avg_rmse":
+        return ""
+    region = key.removesuffix("_rmse")
+    seeds, low, high = (
+        row.get(f"{region}_seeds"),
+        row.get(f"{region}_rmse_min"),
+        row.get(f"{region}_rmse_max"),
+    )
+    if not isinstance(seeds, int) or seeds < 2 or low is None or high is None:
+        return ""
+    return f" [{_fmt(low)}–{_fmt(high)}]"
 
 
 def _fmt(value: object, digits: int = 2) -> str:
@@ -291,10 +326,15 @@ class _Report:
             body = []
             for row in rows:
                 model = str(row["model"])
+                for column in columns:
+                    score = self.scores.get((column.dataset, model, self.n))
+                    row[f"{column.region}_rmse_min"] = score.rmse_min if score else None
+                    row[f"{column.region}_rmse_max"] = score.rmse_max if score else None
+                    row[f"{column.region}_seeds"] = score.seeds if score else 0
                 body.append(
                     [
                         model,
-                        *[_marked(row[k], marks[k].get(model)) for k in keys],
+                        *[_marked(row[k], marks[k].get(model)) + _range_text(row, k) for k in keys],
                         "-" if model == "raw" else _signed(row["gain_vs_raw_pct"]),  # type: ignore[arg-type]
                         "-" if model == "ols" else _signed(row["gain_vs_ols_pct"]),  # type: ignore[arg-type]
                     ]
@@ -303,6 +343,25 @@ class _Report:
             lines += [f"### {feature.upper().replace('_', '.')} (N = {self.n})", ""]
             lines += _md_table(header, body)
         return lines, every
+
+    # What reproduces -------------------------------------------------------------------------
+    def reproduction(self) -> list[str]:
+        def spread(label: str, model: str) -> Spread | None:
+            column = next(c for c in self.columns if f"{c.region} {c.feature}" == label)
+            score = self.scores.get((column.dataset, model, self.n))
+            if score is None:
+                return None
+            if model in REFERENCE_MODELS:  # deterministic: a point, not a seed range
+                return Spread(score.rmse, score.rmse, score.rmse, 0)
+            return score.spread
+
+        return reproduction_lines(
+            [f"{c.region} {c.feature}" for c in self.columns],
+            spread,
+            PAPER_MODELS,
+            [m for m, *_ in ABLATION_CHAIN] if self.config.ablations else [],
+            ONE_AT_A_TIME if self.config.ablations else (),
+        )
 
     # Trust -----------------------------------------------------------------------------------
     def trust_rows(self) -> list[dict[str, object]]:
@@ -645,8 +704,10 @@ def write_report(config: BenchConfig, report_dir: Path, *, command: str | None =
     lines += _budget_lines(config, report)
     lines += ["## Table 1 — accuracy on the test sensor", ""]
     lines += [
-        "Test RMSE / MAE in µg/m³ (mean over seeds). **Bold** best, *italic* second (raw not "
-        "ranked). Gains are the RMSE reduction over raw and over OLS on the current reading. "
+        "Test RMSE / MAE in µg/m³ (mean over seeds; after an RMSE of two or more seeds its "
+        "[min–max] over them, the number of seeds per cell in table1.csv). **Bold** best, "
+        "*italic* second (raw not ranked). Gains are the RMSE reduction over raw and over OLS "
+        "on the current reading. "
         "`linear` is the paper's LTSF-Linear baseline, `ols` the practitioners' linear "
         "calibration.",
         "",
@@ -661,6 +722,14 @@ def write_report(config: BenchConfig, report_dir: Path, *, command: str | None =
     if ablation_lines:
         lines += [f"## Table 2 — ablation (N = {config.window_length}, test RMSE)", ""]
         lines += ablation_lines
+    lines += ["## What reproduces and what does not", ""]
+    lines += [
+        "Written from the stored cells (training/bench/reproduction.py): a difference counts "
+        "only when the two cells' RMSE ranges over seeds do not overlap; with one seed nothing "
+        "is separated. Cells still missing are listed at the end.",
+        "",
+    ]
+    lines += report.reproduction()
     if trust_lines:
         lines += ["## Trust on the test sensor", ""]
         lines += [
