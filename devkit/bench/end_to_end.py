@@ -198,7 +198,7 @@ def _subscriber(port: int, out: Path) -> Iterator[subprocess.Popen[str]]:
             process.wait()
 
 
-def _loadgen(mode: str, out: Path, **options: object) -> dict[str, Any]:
+def run_loadgen(mode: str, out: Path, **options: object) -> dict[str, Any]:
     argv = [sys.executable, "-m", "devkit.bench.loadgen", mode, "--out", str(out)]
     for key, value in options.items():
         argv += [f"--{key}", str(value)]
@@ -207,7 +207,7 @@ def _loadgen(mode: str, out: Path, **options: object) -> dict[str, Any]:
     return result
 
 
-def _rate(samples: list[list[float]], warmup_s: float = 1.0) -> float:
+def ingest_rate(samples: list[list[float]], warmup_s: float = 1.0) -> float:
     """Slope of ``ingested`` over the samples after ``warmup_s`` (readings per second)."""
     if len(samples) < 3:
         return float("nan")
@@ -265,7 +265,7 @@ class _Run:
     daemon: GatewayDaemon
 
     def loadgen(self, mode: str, name: str, **options: object) -> dict[str, Any]:
-        return _loadgen(
+        return run_loadgen(
             mode, self.work / f"{name}-{self.sensors}.json", port=self.port, sensors=self.sensors,
             **options,
         )  # fmt: skip
@@ -323,7 +323,7 @@ def _closed_loop_phase(
     cpu1 = daemon.cpu_s()
     readings = max(1, after["readings_in"] - before["readings_in"])
     figures = {
-        f"e2e_{name}readings_per_s_{s}": _rate(loop["samples"]),
+        f"e2e_{name}readings_per_s_{s}": ingest_rate(loop["samples"]),
         f"e2e_{name}cpu_us_per_reading_{s}": 1e6 * (cpu1 - cpu0) / readings,
         f"e2e_{name}calibrations_in_phase_{s}": float(
             after["ticker"]["calibrated"] - before["ticker"]["calibrated"]

@@ -173,7 +173,7 @@ def main(argv: list[str]) -> int:
             e2e[f"e2e_readings_per_s_{s}"] / limit["broker_forward_per_s"]
         )
     _row(
-        "broker limit: the same load to mosquitto_sub (C)",
+        "broker limit: the same closed loop to a C subscriber",
         f"{limit['broker_forward_per_s']:>10,.0f} /s  (devkit/bench/broker_limit.py)",
     )
     _row(
