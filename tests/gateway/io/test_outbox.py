@@ -104,6 +104,19 @@ def test_rows_that_are_not_messages_are_dropped_and_counted(tmp_path: Path) -> N
     assert [log["event"] for log in logs].count("outbox_invalid_row_dropped") == 6
 
 
+def damage_the_queue_page(path: Path) -> None:
+    """Overwrite the outbox table's root page from another connection (checkpointed first)."""
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    (root,) = other.execute("SELECT rootpage FROM sqlite_master WHERE name='outbox'").fetchone()
+    (page_size,) = other.execute("PRAGMA page_size").fetchone()
+    with path.open("r+b") as raw:
+        raw.seek((root - 1) * page_size)
+        raw.write(b"\xa5" * page_size)
+    other.execute("INSERT INTO counters (name, value) VALUES ('poke', 1)")
+    other.close()
+
+
 def test_corruption_met_while_reading_sets_the_file_aside_and_ids_continue(
     tmp_path: Path,
 ) -> None:
@@ -114,16 +127,7 @@ def test_corruption_met_while_reading_sets_the_file_aside_and_ids_continue(
     # Reopened with messages queued: read from the file (no in-memory copy of this queue).
     with Outbox.open(path, max_messages=1000, set_aside=set_aside) as outbox:
         in_flight = outbox.peek_after(0, 10)
-        # Damage the queue's page behind the open connection, then make it re-read the file.
-        other = sqlite3.connect(path, isolation_level=None)
-        other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        (root,) = other.execute("SELECT rootpage FROM sqlite_master WHERE name='outbox'").fetchone()
-        (page_size,) = other.execute("PRAGMA page_size").fetchone()
-        with path.open("r+b") as raw:
-            raw.seek((root - 1) * page_size)
-            raw.write(b"\xa5" * page_size)
-        other.execute("INSERT INTO counters (name, value) VALUES ('poke', 1)")
-        other.close()
+        damage_the_queue_page(path)  # behind the open connection, which then reads it again
         assert outbox.peek_after(in_flight[-1].id, 10) == []  # a fresh queue, not an exception
         assert outbox.resets == 1 and set_aside.count == 1
         assert list(tmp_path.glob("o.sqlite3.corrupt-*"))
@@ -224,15 +228,7 @@ def test_corruption_under_a_mirrored_queue_is_met_at_the_next_write(tmp_path: Pa
     with Outbox.open(path, max_messages=1000, set_aside=set_aside) as outbox:
         outbox.append([message(n) for n in range(100)])
         in_flight = outbox.peek_after(0, 10)
-        other = sqlite3.connect(path, isolation_level=None)
-        other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        (root,) = other.execute("SELECT rootpage FROM sqlite_master WHERE name='outbox'").fetchone()
-        (page_size,) = other.execute("PRAGMA page_size").fetchone()
-        with path.open("r+b") as raw:
-            raw.seek((root - 1) * page_size)
-            raw.write(b"\xa5" * page_size)
-        other.execute("INSERT INTO counters (name, value) VALUES ('poke', 1)")
-        other.close()
+        damage_the_queue_page(path)
         outbox.remove([m.id for m in in_flight])  # meets the damage: set aside, fresh queue
         assert outbox.resets == 1 and set_aside.count == 1
         outbox.append([message(200)])

@@ -177,15 +177,21 @@ def _csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def test_report_from_hand_made_cells(tmp_path: Path) -> None:
-    config = BenchConfig(
+def synthetic_config(seeds: tuple[int, ...] = (0,)) -> BenchConfig:
+    """The hand-made report's grid: one synthetic dataset, TESLA, DLinear and the ablations."""
+    return BenchConfig(
         datasets=(DatasetSpec(dataset="synthetic", id="syn", region="nowhere"),),
         models=("tesla", "dlinear"),
         covariates=False,
         epa=False,
         window_length=32,
         sweep=SweepConfig(enabled=False),
+        seeds=seeds,
     )
+
+
+def test_report_from_hand_made_cells(tmp_path: Path) -> None:
+    config = synthetic_config()
     store = CellStore(tmp_path)
     spec = config.datasets[0]
     for cell in (*config.reference_cells(spec), *config.cells(spec)):

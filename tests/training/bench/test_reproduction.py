@@ -6,8 +6,8 @@ import csv
 from pathlib import Path
 
 from gateway.manifest import ErrorMetrics
+from tests.training.bench.test_report import synthetic_config
 from training.bench.cells import CellResult, CellStore
-from training.bench.grid import BenchConfig, DatasetSpec, SweepConfig
 from training.bench.report import write_report
 from training.bench.reproduction import Spread, reproduction_lines, separated
 
@@ -45,15 +45,7 @@ def test_separated_needs_two_seeds_each_and_disjoint_ranges() -> None:
 
 
 def test_the_report_shows_each_cells_range_and_what_reproduces(tmp_path: Path) -> None:
-    config = BenchConfig(
-        datasets=(DatasetSpec(dataset="synthetic", id="syn", region="nowhere"),),
-        models=("tesla", "dlinear"),
-        covariates=False,
-        epa=False,
-        window_length=32,
-        sweep=SweepConfig(enabled=False),
-        seeds=(0, 1, 2),
-    )
+    config = synthetic_config(seeds=(0, 1, 2))
     store = CellStore(tmp_path)
     spec = config.datasets[0]
     for cell in (*config.reference_cells(spec), *config.cells(spec)):
