@@ -5,8 +5,9 @@
 # its C library headers, which --no-install-recommends would leave out); libstdc++-arm-none-eabi-newlib +
 # qemu-system-arm: the node firmware linked for the Cortex-M4F and run on qemu's mps2-an386
 # (tests/firmware/test_firmware_m4.py); libsodium-dev: Ed25519 in the firmware tests;
-# systemd: systemd-analyze verify for the unit files; mosquitto-clients: mosquitto_sub, the C
-# subscriber against which make bench measures the broker's own limit.
+# systemd: systemd-analyze verify for the unit files; mosquitto-clients: mosquitto_sub (the
+# broker limit's earlier yardstick, for comparison); gcc + libc6-dev: cc builds the bench's own C
+# subscriber (devkit/bench/limit_sub.c).
 set -euo pipefail
 
 need=()
@@ -18,6 +19,8 @@ command -v arm-none-eabi-gcc >/dev/null 2>&1 || need+=(gcc-arm-none-eabi)
 dpkg -s libstdc++-arm-none-eabi-newlib >/dev/null 2>&1 || need+=(libstdc++-arm-none-eabi-newlib)
 command -v qemu-system-arm >/dev/null 2>&1 || need+=(qemu-system-arm)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
+command -v cc >/dev/null 2>&1 || need+=(gcc)
+[ -f /usr/include/stdio.h ] || need+=(libc6-dev)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 dpkg -s libsodium-dev >/dev/null 2>&1 || need+=(libsodium-dev)
 
