@@ -62,7 +62,7 @@ reliability: setup
 wheel:
 	$(PYTHON) -m devkit.wheel --out dist
 
-# Retrain the committed default models from ../shared/data (about 15 minutes on 2 cores).
+# Retrain the committed default models from ../shared/data (about 20 minutes on 2 cores).
 models: setup
 	$(PY) -m training default-models --out models --runs runs
 

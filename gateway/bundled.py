@@ -15,7 +15,13 @@ from pathlib import Path
 from gateway.errors import GatewayError, ManifestError
 from gateway.manifest import MANIFEST_FILENAME, load_manifest
 
-__all__ = ["BundledDataError", "bundled_model_dirs", "bundled_models_dir", "example_config"]
+__all__ = [
+    "BundledDataError",
+    "bundled_model_dirs",
+    "bundled_models",
+    "bundled_models_dir",
+    "example_config",
+]
 
 _PACKAGE = "gateway"
 _MODELS = "default_models"
@@ -42,24 +48,42 @@ def example_config() -> Path:
     )
 
 
-def bundled_model_dirs() -> dict[str, Path]:
-    """Feature -> default model directory, as the manifests say (not the folder names)."""
-    models: dict[str, Path] = {}
+def bundled_models() -> dict[str, list[Path]]:
+    """Feature -> its default model directories, as the manifests say (not the folder names),
+    the model with the fewest input channels first (it serves every sensor of the feature;
+    a covariate model serves those that report its extra channels)."""
+    found: dict[str, list[tuple[int, Path]]] = {}
     for model_dir in sorted(bundled_models_dir().iterdir()):
         if not (model_dir / MANIFEST_FILENAME).is_file():
             continue
         try:
-            feature = load_manifest(model_dir).feature
+            manifest = load_manifest(model_dir)
         except ManifestError as exc:
             raise BundledDataError(f"default model {model_dir} is damaged: {exc}") from exc
-        if feature in models:
-            raise BundledDataError(
-                f"two default models calibrate {feature}: {models[feature]} and {model_dir}"
-            )
-        models[feature] = model_dir
-    if not models:
+        found.setdefault(manifest.feature, []).append((len(manifest.input_channels), model_dir))
+    if not found:
         raise BundledDataError(f"no default model in {bundled_models_dir()}: reinstall the wheel")
+    models: dict[str, list[Path]] = {}
+    for feature, entries in found.items():
+        counts = [count for count, _ in entries]
+        if len(set(counts)) != len(counts):
+            raise BundledDataError(
+                f"two default models of {feature} take as many channels: "
+                f"{', '.join(str(path) for _, path in entries)}"
+            )
+        models[feature] = [path for _, path in sorted(entries)]
     return models
+
+
+def bundled_model_dirs() -> dict[str, Path]:
+    """Slot id -> default model directory, as ``init`` writes them (the feature names its
+    first model, the directory's name the others: gateway.config.model_slot_ids)."""
+    slots: dict[str, Path] = {}
+    for feature, paths in bundled_models().items():
+        slots[feature] = paths[0]
+        for path in paths[1:]:
+            slots[path.name] = path
+    return slots
 
 
 def _packaged(*parts: str) -> Path | None:

@@ -17,8 +17,9 @@ the value came from the environment) and what is wrong with it.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -76,10 +77,41 @@ SourceConfig = Annotated[
 ]
 
 
-class ModelConfig(_Section):
-    """One model in service: the feature it calibrates and the directory it is read from."""
+MODEL_ID_PATTERN = r"^[a-z0-9_][a-z0-9_.+-]{0,63}$"
 
-    feature: Feature = Field(description="Feature the model calibrates (one model per feature).")
+
+def model_slot_ids(models: Sequence[ModelConfig]) -> list[str]:
+    """Each model's slot id: its ``id``, else the feature for the feature's first model (so a
+    gateway that adds a second model keeps its first one's state), else the directory's name."""
+    ids: list[str] = []
+    seen: set[str] = set()
+    for model in models:
+        if model.id is not None:
+            ids.append(model.id)
+        elif model.feature not in seen:
+            ids.append(model.feature)
+        else:
+            ids.append(model.model_dir.name)
+        seen.add(model.feature)
+    return ids
+
+
+class ModelConfig(_Section):
+    """One model in service: the feature it calibrates and the directory it is read from.
+
+    A feature may have several models with different input channels (PM alone; PM, humidity
+    and temperature): each sensor is calibrated by the one with the most channels it supplies.
+    """
+
+    feature: Feature = Field(description="Feature the model calibrates.")
+    id: str | None = Field(
+        default=None,
+        pattern=MODEL_ID_PATTERN,
+        description=(
+            "Name of this model slot in stats, logs and state files; default: the feature for "
+            "a feature's first model, the directory's name for the others."
+        ),
+    )
     model_dir: Path = Field(
         description="Model directory (manifest.json + model.tflite); watched for new versions."
     )
@@ -258,11 +290,22 @@ class GatewayConfig(_Section):
 
     @field_validator("models")
     @classmethod
-    def _one_model_per_feature(cls, value: list[ModelConfig]) -> list[ModelConfig]:
-        features = [model.feature for model in value]
-        duplicates = sorted({f for f in features if features.count(f) > 1})
-        if duplicates:
-            raise ValueError(f"one model per feature; {duplicates} listed more than once")
+    def _model_ids_unique(cls, value: list[ModelConfig]) -> list[ModelConfig]:
+        ids = model_slot_ids(value)
+        for later, slot in enumerate(ids):
+            first = ids.index(slot)
+            if first != later:
+                raise ValueError(
+                    f"entries {first + 1} and {later + 1} share a slot name (a feature's first "
+                    "model is named by the feature, the others by their directory's name): "
+                    "give each an 'id'"
+                )
+        for position, slot in enumerate(ids):
+            if not re.fullmatch(MODEL_ID_PATTERN, slot):
+                raise ValueError(
+                    f"entry {position + 1}: its directory's name cannot name a slot: set 'id' "
+                    f"(matching {MODEL_ID_PATTERN})"
+                )
         return value
 
     @model_validator(mode="after")
@@ -289,7 +332,7 @@ class GatewayConfig(_Section):
 
     @model_validator(mode="after")
     def _signature_needs_key(self) -> GatewayConfig:
-        required = [m.feature for m in self.models if m.signature == "required"]
+        required = [m.id or m.feature for m in self.models if m.signature == "required"]
         if required and self.ota is None:
             raise ValueError(
                 f"models {required} have signature = 'required': add an [ota] section with "
@@ -302,11 +345,20 @@ class GatewayConfig(_Section):
         from gateway.ota.release import load_public_key
 
         key = None if self.ota is None else load_public_key(self.ota.public_key_file)
-        return {m.feature: ModelTrust(m.signature, key) for m in self.models}
+        ids = model_slot_ids(self.models)
+        return {i: ModelTrust(m.signature, key) for i, m in zip(ids, self.models, strict=True)}
 
     @property
     def model_dirs(self) -> dict[str, Path]:
-        return {model.feature: model.model_dir for model in self.models}
+        """Slot id -> model directory, in configuration order."""
+        ids = model_slot_ids(self.models)
+        return {i: m.model_dir for i, m in zip(ids, self.models, strict=True)}
+
+    @property
+    def model_features(self) -> dict[str, str]:
+        """Slot id -> the feature its model calibrates."""
+        ids = model_slot_ids(self.models)
+        return {i: m.feature for i, m in zip(ids, self.models, strict=True)}
 
     @property
     def pid_file(self) -> Path:

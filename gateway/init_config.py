@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import get_args
 
 from gateway import __version__
-from gateway.bundled import bundled_model_dirs, example_config
+from gateway.bundled import bundled_models, example_config
 from gateway.config import load_config
 from gateway.errors import ConfigError, GatewayError
 from gateway.readings import GATEWAY_ID_PATTERN, SENSOR_ID_PATTERN, Feature
@@ -51,7 +51,7 @@ class InitAnswers:
 
     gateway_id: str
     state_dir: str
-    models: dict[str, Path]  # feature -> model directory
+    models: list[tuple[str, Path]]  # (feature, model directory); a feature may have several
     broker_host: str
     broker_port: int
     username: str | None
@@ -206,7 +206,7 @@ def _host_gateway_id() -> str:
     return name if GATEWAY_ID_PATTERN.fullmatch(name) else "gateway"
 
 
-def _models(features: Sequence[str], overrides: Sequence[str]) -> dict[str, Path]:
+def _models(features: Sequence[str], overrides: Sequence[str]) -> list[tuple[str, Path]]:
     chosen = dict.fromkeys(features)
     given: dict[str, Path] = {}
     for value in overrides:
@@ -218,13 +218,13 @@ def _models(features: Sequence[str], overrides: Sequence[str]) -> dict[str, Path
         given[feature] = Path(directory).absolute()
         chosen.setdefault(feature)
     missing = [feature for feature in chosen if feature not in given]
-    bundled = bundled_model_dirs() if missing else {}
-    models: dict[str, Path] = {}
+    bundled = bundled_models() if missing else {}
+    models: list[tuple[str, Path]] = []
     for feature in chosen:
         if feature in given:
-            models[feature] = given[feature]
+            models.append((feature, given[feature]))
         elif feature in bundled:
-            models[feature] = bundled[feature]
+            models += [(feature, path) for path in bundled[feature]]
         else:
             raise InitError(
                 f"no bundled model calibrates {feature} (bundled: {', '.join(bundled)}); "
@@ -264,10 +264,12 @@ def render_config(answers: InitAnswers) -> str:
         f"gateway_id = {_toml(answers.gateway_id)}",
         f"state_dir = {_toml(answers.state_dir)}   # windows, outbox, status.json, pid file",
         "",
-        "# One model per feature. The defaults ship with the gateway (read-only when installed",
-        "# system-wide; docs/deployment.md 'Security'). Each is watched for new versions.",
+        "# The defaults ship with the gateway (read-only when installed system-wide;",
+        "# docs/deployment.md 'Security'). Each is watched for new versions. A feature may have",
+        "# several models (PM alone; PM with rh and temp_c): each sensor is calibrated by the",
+        "# one with the most input channels it reports, and falls back when one stops.",
     ]
-    for feature, model_dir in answers.models.items():
+    for feature, model_dir in answers.models:
         lines += ["[[models]]", f"feature = {_toml(feature)}", f"model_dir = {_toml(model_dir)}"]
         lines.append("")
     lines += ["[sensors]"]

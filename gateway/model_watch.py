@@ -1,4 +1,7 @@
-"""The models in service, one per feature, and their validated hot reload.
+"""The models in service, one per slot, and their validated hot reload.
+
+A slot is one configured model directory (``[[models]]``); a feature may have several slots
+whose models take different input channels (see :mod:`gateway.model_choice`).
 
 A new model version is found by polling each configured model directory (a cheap ``stat`` of the
 manifest and model files) or on demand (SIGHUP, ``tesla-gateway reload``). The candidate goes
@@ -46,6 +49,7 @@ class ReloadOutcome(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ReloadResult:
+    slot: str
     feature: str
     outcome: ReloadOutcome
     version: int | None = None
@@ -54,6 +58,7 @@ class ReloadResult:
 
 @dataclass(slots=True)
 class _Slot:
+    feature: str
     model_dir: Path
     calibrator: Calibrator | None = None
     fingerprint: Fingerprint | None = None
@@ -87,7 +92,7 @@ def _fingerprint(model_dir: Path) -> Fingerprint:
 
 
 class ModelSet:
-    """Thread-safe holder of the current calibrator per feature.
+    """Thread-safe holder of the current calibrator per slot (slot id -> feature, directory).
 
     ``refresh`` does blocking work (hashing, interpreter creation): call it through
     ``asyncio.to_thread``. Readers call :meth:`get` from the event loop at any time.
@@ -100,8 +105,18 @@ class ModelSet:
         *,
         num_threads: int | None = None,
         trust: Mapping[str, ModelTrust] | None = None,
+        features: Mapping[str, str] | None = None,
     ) -> None:
-        self._slots = {feature: _Slot(model_dir=path) for feature, path in model_dirs.items()}
+        """``model_dirs`` and ``trust`` are keyed by slot id; ``features`` gives each slot's
+        feature (default: the slot id is the feature, one model per feature)."""
+        named = dict(features or {})
+        self._slots = {
+            slot: _Slot(feature=named.get(slot, slot), model_dir=path)
+            for slot, path in model_dirs.items()
+        }
+        # Every slot id is its feature (the common case: nothing to choose, nothing to map);
+        # read on every reading, so computed once (the slots are fixed).
+        self.one_per_feature = all(i == slot.feature for i, slot in self._slots.items())
         self._trust = dict(trust or {})
         self._preference = tuple(runtime_preference)
         self._num_threads = num_threads
@@ -109,24 +124,59 @@ class ModelSet:
         self._refresh_lock = threading.Lock()
 
     @property
-    def features(self) -> tuple[str, ...]:
+    def slot_ids(self) -> tuple[str, ...]:
         return tuple(self._slots)
 
-    def model_dir(self, feature: str) -> Path | None:
-        slot = self._slots.get(feature)
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The features served, each once, in configuration order."""
+        return tuple(dict.fromkeys(slot.feature for slot in self._slots.values()))
+
+    def feature_of(self, slot_id: str) -> str:
+        return self._slots[slot_id].feature
+
+    def slots_for(self, feature: str) -> tuple[str, ...]:
+        return tuple(i for i, slot in self._slots.items() if slot.feature == feature)
+
+    def model_dir(self, slot_id: str) -> Path | None:
+        slot = self._slots.get(slot_id)
         return None if slot is None else slot.model_dir
 
-    def get(self, feature: str) -> Calibrator | None:
+    def get(self, slot_id: str) -> Calibrator | None:
         with self._lock:
-            slot = self._slots.get(feature)
+            slot = self._slots.get(slot_id)
             return None if slot is None else slot.calibrator
 
+    def primary(self, feature: str) -> Calibrator | None:
+        """The feature's first serving model in configuration order (its grid and error
+        figures stand for the feature in monitoring)."""
+        with self._lock:
+            for slot in self._slots.values():
+                if slot.feature == feature and slot.calibrator is not None:
+                    return slot.calibrator
+        return None
+
+    def release_slot(self, feature: str, channels: Sequence[str]) -> str | None:
+        """The slot a release of ``feature`` with these input channels replaces: the one
+        serving the same channels, else the feature's only slot, else its one empty slot."""
+        ids = self.slots_for(feature)
+        with self._lock:
+            for slot_id in ids:
+                calibrator = self._slots[slot_id].calibrator
+                if calibrator is not None and calibrator.geometry.channels == tuple(channels):
+                    return slot_id
+            empty = [i for i in ids if self._slots[i].calibrator is None]
+        if len(ids) == 1:
+            return ids[0]
+        return empty[0] if len(empty) == 1 else None
+
     def loaded(self) -> dict[str, Calibrator]:
+        """Slot id -> serving calibrator."""
         with self._lock:
             return {f: s.calibrator for f, s in self._slots.items() if s.calibrator is not None}
 
     def missing(self) -> list[str]:
-        """Features with no model serving: the gateway is degraded for them."""
+        """Slots with no model serving: the gateway is degraded for them."""
         with self._lock:
             return sorted(f for f, s in self._slots.items() if s.calibrator is None)
 
@@ -134,29 +184,47 @@ class ModelSet:
         """Load every model whose directory changed (every one when ``force``)."""
         results: list[ReloadResult] = []
         with self._refresh_lock:
-            for feature, slot in self._slots.items():
+            for slot_id, slot in self._slots.items():
                 fingerprint = _fingerprint(slot.model_dir)
                 if not force and (fingerprint == slot.fingerprint or fingerprint in slot.attempted):
                     continue
-                results.append(self._try_load(feature, slot, fingerprint))
+                results.append(self._try_load(slot_id, slot, fingerprint))
         return results
 
-    def load_candidate(self, feature: str, directory: Path) -> Calibrator:
-        """Load ``directory`` as this gateway loads ``feature``'s models (runtime, trust rule)
+    def load_candidate(self, slot_id: str, directory: Path) -> Calibrator:
+        """Load ``directory`` as this gateway loads the slot's models (runtime, trust rule)
         without serving it; raise a GatewayError naming what is wrong."""
         candidate = Calibrator.load(
             directory,
             self._preference,
             num_threads=self._num_threads,
-            trust=self._trust.get(feature),
+            trust=self._trust.get(slot_id),
         )
-        self._check_candidate(feature, None, candidate)
+        self._check_candidate(self._slots[slot_id].feature, None, candidate)
+        self._check_siblings(slot_id, candidate)
         return candidate
 
-    def adopt(self, feature: str, calibrator: Calibrator) -> bool:
+    def _check_siblings(self, slot_id: str, candidate: Calibrator) -> None:
+        """A feature's models publish on one topic: they must share the period grid."""
+        feature = self._slots[slot_id].feature
+        with self._lock:
+            siblings = [
+                (other, slot.calibrator)
+                for other, slot in self._slots.items()
+                if other != slot_id and slot.feature == feature and slot.calibrator is not None
+            ]
+        for other, sibling in siblings:
+            if sibling.geometry.period_seconds != candidate.geometry.period_seconds:
+                raise ModelRefusedError(
+                    f"{candidate.model_dir} has a {candidate.geometry.period_seconds} s period "
+                    f"but {feature}'s model {other} has {sibling.geometry.period_seconds} s; "
+                    "the models of one feature must share the period"
+                )
+
+    def adopt(self, slot_id: str, calibrator: Calibrator) -> bool:
         """Serve ``calibrator`` (a release just made current); False if it already serves."""
         with self._refresh_lock:
-            slot = self._slots[feature]
+            slot = self._slots[slot_id]
             current = slot.calibrator
             slot.fingerprint = _fingerprint(slot.model_dir)
             slot.attempted.clear()
@@ -170,22 +238,24 @@ class ModelSet:
             with self._lock:
                 slot.calibrator = calibrator
             slot.loads += 1
-        self._log_loaded(feature, slot, calibrator, current, source="release")
+        self._log_loaded(slot_id, slot, calibrator, current, source="release")
         return True
 
-    def _try_load(self, feature: str, slot: _Slot, fingerprint: Fingerprint) -> ReloadResult:
+    def _try_load(self, slot_id: str, slot: _Slot, fingerprint: Fingerprint) -> ReloadResult:
+        feature = slot.feature
         current = slot.calibrator
         failures: list[tuple[Candidate, GatewayError]] = []
         chosen: tuple[Candidate, Calibrator] | None = None
         for place in candidates(slot.model_dir):
             try:
-                candidate = self.load_candidate(feature, place.path)
+                candidate = self.load_candidate(slot_id, place.path)
                 self._check_candidate(feature, current, candidate)
             except GatewayError as exc:
                 failures.append((place, exc))
                 _log.error(
                     "model_rejected",
                     feature=feature,
+                    slot_id=slot_id,
                     model_dir=str(place.path),
                     slot=place.label,
                     error=str(exc),
@@ -204,7 +274,7 @@ class ModelSet:
                 str(exc) if len(failures) == 1 else f"{place.label}: {exc}"
                 for place, exc in failures
             )
-            return ReloadResult(feature, ReloadOutcome.REJECTED, error=slot.last_error)
+            return ReloadResult(slot_id, feature, ReloadOutcome.REJECTED, error=slot.last_error)
         place, candidate = chosen
         slot.fingerprint = fingerprint
         slot.attempted.clear()
@@ -213,6 +283,7 @@ class ModelSet:
             _log.error(
                 "model_fallback",
                 feature=feature,
+                slot_id=slot_id,
                 serving=place.label,
                 model_dir=str(place.path),
                 version=candidate.version,
@@ -222,7 +293,7 @@ class ModelSet:
             candidate.version,
             candidate.sha256,
         ):
-            return ReloadResult(feature, ReloadOutcome.UNCHANGED, version=current.version)
+            return ReloadResult(slot_id, feature, ReloadOutcome.UNCHANGED, version=current.version)
         with self._lock:
             slot.calibrator = candidate
         slot.serving_from = place.label
@@ -230,16 +301,18 @@ class ModelSet:
             slot.fallback = None
         slot.loads += 1
         slot.last_error = None
-        self._log_loaded(feature, slot, candidate, current, source=place.label)
-        return ReloadResult(feature, ReloadOutcome.LOADED, version=candidate.version)
+        self._log_loaded(slot_id, slot, candidate, current, source=place.label)
+        return ReloadResult(slot_id, feature, ReloadOutcome.LOADED, version=candidate.version)
 
     @staticmethod
     def _log_loaded(
-        feature: str, slot: _Slot, candidate: Calibrator, current: Calibrator | None, source: str
+        slot_id: str, slot: _Slot, candidate: Calibrator, current: Calibrator | None, source: str
     ) -> None:
         _log.info(
             "model_loaded",
-            feature=feature,
+            feature=slot.feature,
+            slot_id=slot_id,
+            channels=list(candidate.geometry.channels),
             model=candidate.name,
             version=candidate.version,
             previous_version=None if current is None else current.version,
@@ -271,11 +344,15 @@ class ModelSet:
             )
 
     def stats(self) -> dict[str, dict[str, object]]:
-        """Per feature: serving model, version, runtime, reload counters, last error."""
+        """Per slot: feature, serving model, channels, version, runtime, reload counters."""
         with self._lock:
             return {
-                feature: {
+                slot_id: {
+                    "feature": slot.feature,
                     "model": None if slot.calibrator is None else slot.calibrator.name,
+                    "channels": None
+                    if slot.calibrator is None
+                    else list(slot.calibrator.geometry.channels),
                     "version": None if slot.calibrator is None else slot.calibrator.version,
                     "runtime": None if slot.calibrator is None else slot.calibrator.runtime_name,
                     "model_dir": str(slot.model_dir),
@@ -285,5 +362,5 @@ class ModelSet:
                     "slot": None if slot.calibrator is None else slot.serving_from,
                     "fallback": slot.fallback,
                 }
-                for feature, slot in self._slots.items()
+                for slot_id, slot in self._slots.items()
             }

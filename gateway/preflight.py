@@ -203,25 +203,33 @@ def _check_models(config: GatewayConfig) -> Iterator[Finding]:
         config.runtime.preference,
         num_threads=config.runtime.num_threads,
         trust=trust,
+        features=config.model_features,
     )
-    results = {result.feature: result for result in models.refresh(force=True)}
+    results = {result.slot: result for result in models.refresh(force=True)}
     stats = models.stats()
-    for model in config.models:
-        name = f"model {model.feature}"
+    for slot, model in zip(config.model_dirs, config.models, strict=True):
+        name = (
+            f"model {model.feature}" if slot == model.feature else f"model {model.feature} ({slot})"
+        )
         if not model.model_dir.exists():
             yield Finding(name, Severity.DEGRADED, f"model_dir {model.model_dir} does not exist")
             continue
-        calibrator = models.get(model.feature)
+        calibrator = models.get(slot)
         if calibrator is None:
-            yield Finding(name, Severity.DEGRADED, str(results[model.feature].error))
+            yield Finding(name, Severity.DEGRADED, str(results[slot].error))
             continue
         manifest = calibrator.manifest
-        fallback = stats[model.feature]["fallback"]
+        fallback = stats[slot]["fallback"]
         yield Finding(
             name,
             Severity.OK,
             f"{manifest.name} v{manifest.version} (N={manifest.window_length}, period "
             f"{manifest.period_seconds}s) on {calibrator.runtime_name} "
             f"{calibrator.runtime_version}; {calibrator.trust}"
-            + (f"; FALLBACK to {stats[model.feature]['slot']} ({fallback})" if fallback else ""),
+            + (
+                ""
+                if len(manifest.input_channels) == 1
+                else f"; channels {', '.join(manifest.channel_names)}"
+            )
+            + (f"; FALLBACK to {stats[slot]['slot']} ({fallback})" if fallback else ""),
         )

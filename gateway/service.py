@@ -125,6 +125,7 @@ class GatewayService:
             config.runtime.preference,
             num_threads=config.runtime.num_threads,
             trust=config.model_trust(),
+            features=config.model_features,
         )
         self.set_aside = SetAsideLog(clock=clock)  # state files that could not be read
         self.state = StateStore(config.state_dir, clock=clock, set_aside=self.set_aside)
@@ -239,19 +240,24 @@ class GatewayService:
         copied model directory can repair it while the daemon runs."""
         results = await asyncio.to_thread(self.models.refresh, force=True)
         for result in results:
-            if self.models.get(result.feature) is None:
-                _log.error("model_unavailable", feature=result.feature, error=result.error)
+            if self.models.get(result.slot) is None:
+                _log.error(
+                    "model_unavailable",
+                    feature=result.feature,
+                    slot_id=result.slot,
+                    error=result.error,
+                )
         self._sync_windows()
 
     def _sync_windows(self) -> None:
         """Give loaded models windows, restoring the saved ones where the geometry matches."""
-        for feature in self.ticker.sync_models():
-            calibrator = self.models.get(feature)
+        for slot in self.ticker.sync_models():
+            calibrator = self.models.get(slot)
             if calibrator is None:
                 continue
-            restored = self.state.restore(feature, calibrator.geometry)
+            restored = self.state.restore(slot, calibrator.geometry)
             if restored is not None:
-                self.ticker.install(feature, restored)
+                self.ticker.install(slot, restored)
         self.admission.adopt_windows()  # restored windows count toward sensors.max_sensors
 
     def _replay_ingest_log(self) -> None:
@@ -386,7 +392,7 @@ class GatewayService:
         return made
 
     def _model_info(self, feature: str) -> ModelInfo | None:
-        calibrator = self.models.get(feature)
+        calibrator = self.models.primary(feature)
         if calibrator is None:
             return None
         manifest = calibrator.manifest
@@ -499,7 +505,7 @@ class GatewayService:
             if force:
                 _log.info(
                     "reload_done",
-                    results={r.feature: r.outcome.value for r in results},
+                    results={r.slot: r.outcome.value for r in results},
                 )
 
     async def _status_loop(self, publisher: Publisher) -> None:

@@ -23,6 +23,7 @@ import structlog
 from gateway.calibrated import CalibratedReading, Interval, Quality
 from gateway.calibrator import CalibrationError, Calibrator
 from gateway.geometry import WindowGeometry
+from gateway.model_choice import ModelRank, choose_per_sensor, model_rank
 from gateway.model_watch import ModelSet
 from gateway.readings import Reading
 from gateway.window_store import (
@@ -75,8 +76,9 @@ class TickerStats:
 
 @dataclass(frozen=True, slots=True)
 class TickBatch:
-    """One model's closed periods, taken off the loop to be calibrated."""
+    """One model slot's closed periods, taken off the loop to be calibrated."""
 
+    slot: str
     feature: str
     calibrator: Calibrator | None
     ready: ReadyWindows
@@ -108,31 +110,42 @@ class Ticker:
         self.sync_models()
 
     def sync_models(self) -> list[str]:
-        """Give every loaded model windows of its geometry; returns features whose windows reset."""
+        """Give every loaded model windows of its geometry; returns slots whose windows reset."""
         reset: list[str] = []
-        for feature, calibrator in self.models.loaded().items():
-            previous = self.store[feature].geometry if feature in self.store else None
-            if self.store.ensure(feature, calibrator.geometry):
-                reset.append(feature)
+        loaded = self.models.loaded()
+        for slot, calibrator in loaded.items():
+            previous = self.store[slot].geometry if slot in self.store else None
+            if self.store.ensure(slot, calibrator.geometry):
+                reset.append(slot)
                 if previous is not None:
                     _log.warning(
                         "windows_reset",
-                        feature=feature,
+                        feature=calibrator.feature,
+                        slot_id=slot,
                         reason="model geometry changed",
                         previous=_describe(previous),
                         current=_describe(calibrator.geometry),
                     )
+            self.store[slot].admit_complete_only = _has_simpler_sibling(slot, calibrator, loaded)
         return reset
 
     def ingest(self, reading: Reading) -> dict[str, AddOutcome]:
-        """Add a reading to every model's windows (``arrival`` = now); the outcome per feature."""
+        """Add a reading to every model's windows (``arrival`` = now); the outcome per feature
+        (that of the feature's first model, when it has several)."""
         self.counters.readings_in += 1
         self.counters.last_ingest_monotonic = self._monotonic()
-        return self.store.add(reading, self._clock())
+        outcomes = self.store.add(reading, self._clock())
+        if self.models.one_per_feature:
+            return outcomes
+        by_feature: dict[str, AddOutcome] = {}
+        for slot, outcome in outcomes.items():
+            by_feature.setdefault(self.models.feature_of(slot), outcome)
+        return by_feature
 
-    def install(self, feature: str, windows: ModelWindows) -> None:
+    def install(self, slot: str, windows: ModelWindows) -> None:
         """Adopt windows restored from a snapshot (their geometry already checked)."""
-        self.store.install(feature, windows)
+        self.store.install(slot, windows)
+        self.sync_models()  # the restored windows take the slot's admission rule
 
     def snapshot(self) -> list[tuple[str, WindowState]]:
         """A copy of every model's restorable state, to be written off the loop."""
@@ -156,14 +169,18 @@ class Ticker:
         return {
             "readings_in": self.counters.readings_in,
             "windows": {
-                feature: {
+                slot: {
+                    "feature": self._feature_of(slot),
                     "sensors": len(windows.sensor_ids),
                     "outcomes": {o.value: n for o, n in windows.counts.items()},
                 }
-                for feature, windows in self.store.items()
+                for slot, windows in self.store.items()
             },
             "ticker": self.counters.as_dict(),
         }
+
+    def _feature_of(self, slot: str) -> str:
+        return self.models.feature_of(slot) if slot in self.models.slot_ids else slot
 
     @property
     def has_closed_periods(self) -> bool:
@@ -174,17 +191,25 @@ class Ticker:
         self.sync_models()  # a model swapped in by a reload must never see old-shaped windows
         self.store.close_idle(self._clock(), self.grace_s)
         batches: list[TickBatch] = []
-        for feature, windows in self.store.items():
+        for slot, windows in self.store.items():
             ready = windows.ready_windows()
             if len(ready):
-                batches.append(TickBatch(feature, self.models.get(feature), ready))
+                batches.append(
+                    TickBatch(slot, self._feature_of(slot), self.models.get(slot), ready)
+                )
         return batches
 
     def calibrate(self, batches: list[TickBatch]) -> list[CalibratedReading]:
-        """Run each model once over its valid windows (blocking: call from a thread)."""
-        out: list[CalibratedReading] = []
+        """Run each model once over its valid windows (blocking: call from a thread); where a
+        feature has several models, keep one reading per sensor period (gateway.model_choice)."""
+        by_feature: dict[str, list[tuple[ModelRank, list[CalibratedReading]]]] = {}
         for batch in batches:
-            out.extend(self._calibrate_batch(batch))
+            by_feature.setdefault(batch.feature, []).append(
+                (model_rank(batch.calibrator), self._calibrate_batch(batch))
+            )
+        out: list[CalibratedReading] = []
+        for results in by_feature.values():
+            out.extend(choose_per_sensor(results))
         return out
 
     async def tick(self) -> list[CalibratedReading]:
@@ -227,16 +252,18 @@ class Ticker:
             except CalibrationError as exc:
                 failed = True
                 self.counters.inference_errors += 1
-                _log.error("inference_failed", feature=batch.feature, error=str(exc))
+                _log.error(
+                    "inference_failed", feature=batch.feature, slot_id=batch.slot, error=str(exc)
+                )
             elapsed = time.perf_counter() - started
             self.counters.last_inference_s = elapsed
             self.counters.total_inference_s += elapsed
-            self.counters.last_batch[batch.feature] = int(valid.sum())
+            self.counters.last_batch[batch.slot] = int(valid.sum())
         domain = _outside_domain(calibrator, ready)
         period_seconds = (
             calibrator.geometry.period_seconds
             if calibrator is not None
-            else int(self.store[batch.feature].geometry.period_seconds)
+            else int(self.store[batch.slot].geometry.period_seconds)
         )
         intervals = None if calibrator is None else calibrator.manifest.intervals
         out: list[CalibratedReading] = []
@@ -285,6 +312,17 @@ def _outside_domain(calibrator: Calibrator | None, ready: ReadyWindows) -> np.nd
         low = np.fmin.reduce(flat, axis=1)
         high = np.fmax.reduce(flat, axis=1)
     return np.asarray((low < span.min) | (high > span.max), dtype=np.bool_)
+
+
+def _has_simpler_sibling(slot: str, calibrator: Calibrator, loaded: dict[str, Calibrator]) -> bool:
+    """Does another serving model of the same feature need only a subset of these channels?"""
+    channels = set(calibrator.geometry.channels)
+    return any(
+        other != slot
+        and sibling.feature == calibrator.feature
+        and set(sibling.geometry.channels) < channels
+        for other, sibling in loaded.items()
+    )
 
 
 def _describe(geometry: WindowGeometry) -> str:

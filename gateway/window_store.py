@@ -79,7 +79,8 @@ class AddOutcome(enum.StrEnum):
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"  # same sensor and timestamp already averaged into the open period
     LATE = "late"  # its period was already closed; counted, never re-opened
-    IRRELEVANT = "irrelevant"  # carries none of the model's input channels
+    IRRELEVANT = "irrelevant"  # carries none of the model's channels (or, for a new sensor of
+    # a model that has a sibling with fewer channels, not all of them)
     HELD = "held"  # for a period the gateway clock has not reached: waits (gateway.clock_sanity)
     CLOCK_OUTLIER = "clock_outlier"  # a held reading the sensor's next reading contradicted
 
@@ -152,6 +153,10 @@ class ModelWindows:
         self._overflow: list[_Snapshot] = []
         self._pending_rows = 0  # count of True in _pending: asked for after every reading
         self.counts: dict[AddOutcome, int] = dict.fromkeys(AddOutcome, 0)
+        # Set by the ticker when the feature has a model with fewer channels: a sensor gets a
+        # window here only once a reading brings every channel, so PM-only sensors cost no
+        # covariate windows (10,000 sensors x 3 channels x N = 360 would be 43 MB).
+        self.admit_complete_only = False
         self._allocate(max(capacity, 1))
 
     # -- allocation -------------------------------------------------------------------------
@@ -248,6 +253,8 @@ class ModelWindows:
         period = period_index(timestamp, self.geometry.period_seconds)
         row = self._index.get(reading.sensor_id)
         if row is None:
+            if self.admit_complete_only and len(present) < self._channels:
+                return self._count(AddOutcome.IRRELEVANT)
             row = self._row(reading.sensor_id)
         open_period = self._open_period.item(row)
         if open_period == NO_PERIOD:
@@ -551,7 +558,7 @@ class ModelWindows:
 
 
 class WindowStore:
-    """The windows of every model, keyed by feature (one model per feature).
+    """The windows of every model, keyed by model slot (the feature, when it has one model).
 
     With a ``clock_sanity`` (the daemon's), readings ahead of the gateway clock wait for the
     sensor's next reading before they may move a window (:mod:`gateway.clock_sanity`);

@@ -333,7 +333,7 @@ def _default_models(args: argparse.Namespace) -> int:
             )
         best = min(results, key=lambda result: result.validation.rmse)
         exported = export_run(
-            best.run_dir, args.out / default.name, name=default.name, targets="both"
+            best.run_dir, args.out / default.name, name=default.name, targets=default.targets
         )
         print(
             json.dumps(

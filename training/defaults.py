@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from training.export import ExportTargets
 from training.models import TeslaConfig
 from training.train import TrainConfig
 
@@ -23,6 +24,8 @@ class DefaultModel:
     name: str
     config: TrainConfig
     seeds: tuple[int, ...] = (0, 1)
+    # export_run's targets: a covariate model may ship for the gateway only
+    targets: ExportTargets = "both"
 
 
 DEFAULT_MODELS = (
@@ -49,5 +52,21 @@ DEFAULT_MODELS = (
             batch_size=32,
             learning_rate=3e-4,
         ),
+    ),
+    # Ispra's station humidity and temperature, beside the same PMS5003 PM10: the gateway serves
+    # it to sensors that report rh and temp_c and the PM-only model to the others.
+    DefaultModel(
+        name="pm10-ispra-1min-rh-temp",
+        config=TrainConfig(
+            dataset="ispra-1min",
+            window_length=360,
+            max_interpolated_periods=30,
+            channels=("raw", "rh", "temp_c"),
+            model=TeslaConfig(d_model=16, heads=4),
+            epochs=20,
+            batch_size=32,
+            learning_rate=3e-4,
+        ),
+        targets="both-if-possible",
     ),
 )

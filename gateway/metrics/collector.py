@@ -107,20 +107,23 @@ class StatsCollector(Collector):
         ):
             yield _counter(f"sensors_{key}", help_text, _num(admission, key))
         windows = GaugeMetricFamily(
-            f"{PREFIX}_windows", "Sensor windows held, per feature.", labels=["feature"]
+            f"{PREFIX}_windows",
+            "Sensor windows held, per feature and model slot.",
+            labels=["feature", "slot"],
         )
         outcomes = CounterMetricFamily(
             f"{PREFIX}_window_outcomes",
-            "What happened to readings at the windows, per feature and outcome.",
-            labels=["feature", "outcome"],
+            "What happened to readings at the windows, per feature, model slot and outcome.",
+            labels=["feature", "slot", "outcome"],
         )
-        for feature, document in sorted(_map(stats, "windows").items()):
+        for slot, document in sorted(_map(stats, "windows").items()):
+            feature = str(_map(document).get("feature", slot))
             sensors = _num(document, "sensors")
             if sensors is not None:
-                windows.add_metric([feature], sensors)
+                windows.add_metric([feature, slot], sensors)
             for outcome, count in sorted(_map(document, "outcomes").items()):
                 if isinstance(count, int):
-                    outcomes.add_metric([feature, outcome], count)
+                    outcomes.add_metric([feature, slot, outcome], count)
         yield windows
         yield outcomes
 
@@ -161,26 +164,27 @@ class StatsCollector(Collector):
         yield ready
         loaded = GaugeMetricFamily(
             f"{PREFIX}_model_loaded",
-            "1 if a model serves the feature, 0 if it runs degraded.",
-            labels=["feature"],
+            "1 if a model serves the slot, 0 if it runs degraded.",
+            labels=["feature", "slot"],
         )
         info = GaugeMetricFamily(
             f"{PREFIX}_model_info",
-            "The model serving each feature (always 1).",
-            labels=["feature", "model", "version", "runtime"],
+            "The model serving each slot (always 1).",
+            labels=["feature", "slot", "model", "version", "runtime"],
         )
         reloads = CounterMetricFamily(
-            f"{PREFIX}_model_reloads", "Models loaded, per feature.", labels=["feature"]
+            f"{PREFIX}_model_reloads", "Models loaded, per slot.", labels=["feature", "slot"]
         )
-        for feature, document in sorted(_map(stats, "models").items()):
+        for slot, document in sorted(_map(stats, "models").items()):
+            feature = str(_map(document).get("feature", slot))
             model = _map(document).get("model")
-            loaded.add_metric([feature], 0 if model is None else 1)
+            loaded.add_metric([feature, slot], 0 if model is None else 1)
             if model is not None:
                 version, runtime = _map(document).get("version"), _map(document).get("runtime")
-                info.add_metric([feature, str(model), str(version), str(runtime)], 1)
+                info.add_metric([feature, slot, str(model), str(version), str(runtime)], 1)
             count = _num(document, "reloads")
             if count is not None:
-                reloads.add_metric([feature], count)
+                reloads.add_metric([feature, slot], count)
         yield loaded
         yield info
         yield reloads

@@ -107,6 +107,9 @@ class Monitor:
         self._model_info = model_info
         self._health: dict[tuple[str, str], SensorHealth] = {}
         self._published: dict[tuple[str, str], tuple[HealthFlag, ...]] = {}
+        # The model that calibrated each sensor's latest period: with several models for a
+        # feature (gateway.model_choice) it depends on the channels the sensor supplies.
+        self._served: dict[tuple[str, str], tuple[str, int | None]] = {}
         self._flag_counts: Counter[str] = Counter()
         self._dirty: set[tuple[str, str]] = set()
         self._next_health = now + health.publish_interval_s
@@ -165,6 +168,8 @@ class Monitor:
             if reading.feature not in infos:
                 infos[reading.feature] = self._model_info(reading.feature)
             info = infos[reading.feature]
+            if reading.calibrated is not None and reading.model_name is not None:
+                self._served[key] = (reading.model_name, reading.model_version)
             if enabled:
                 tracker = self._health.get(key)
                 if tracker is None:
@@ -268,9 +273,13 @@ class Monitor:
             "training_range": None
             if input_range is None
             else {"p01": input_range.p01, "p99": input_range.p99, "max": input_range.max},
-            "model": None if info is None else info.name,
-            "model_version": None if info is None else info.version,
         }
+        served = self._served.get(key)
+        if served is not None:
+            document["model"], document["model_version"] = served
+        else:
+            document["model"] = None if info is None else info.name
+            document["model_version"] = None if info is None else info.version
         tracked = self._tracked.get(key)
         if tracked is not None:
             document["reference"] = self._reference_figures(tracked)

@@ -17,7 +17,7 @@ import hashlib
 import json
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -53,13 +53,17 @@ class ServingModels(Protocol):
     @property
     def features(self) -> tuple[str, ...]: ...
 
-    def model_dir(self, feature: str) -> Path | None: ...
+    def feature_of(self, slot_id: str) -> str: ...
 
-    def get(self, feature: str) -> Calibrator | None: ...
+    def release_slot(self, feature: str, channels: Sequence[str]) -> str | None: ...
 
-    def load_candidate(self, feature: str, directory: Path) -> Calibrator: ...
+    def model_dir(self, slot_id: str) -> Path | None: ...
 
-    def adopt(self, feature: str, calibrator: Calibrator) -> bool: ...
+    def get(self, slot_id: str) -> Calibrator | None: ...
+
+    def load_candidate(self, slot_id: str, directory: Path) -> Calibrator: ...
+
+    def adopt(self, slot_id: str, calibrator: Calibrator) -> bool: ...
 
 
 class OtaService:
@@ -201,13 +205,21 @@ class OtaService:
         if not self._in_rollout(authentic):
             return
         feature = authentic.manifest.feature
-        model_dir = self._models.model_dir(feature)
-        if model_dir is None:
+        channels = authentic.manifest.channel_names
+        slot = self._models.release_slot(feature, channels)
+        model_dir = None if slot is None else self._models.model_dir(slot)
+        if slot is None or model_dir is None:
+            served = sorted(self._models.features)
             raise IncompatibleReleaseError(
-                f"release for {feature}, this gateway serves {sorted(self._models.features)}; "
-                "add a [[models]] entry for it or publish it to the right gateways"
+                f"release for {feature} (channels {', '.join(channels)}), this gateway serves "
+                f"{served}"
+                + (
+                    " with no model slot of those channels"
+                    if feature in served
+                    else "; add a [[models]] entry for it or publish it to the right gateways"
+                )
             )
-        serving = self._models.get(feature)
+        serving = self._models.get(slot)
         running = None if serving is None else serving.version
         if authentic.version == running:  # our own retained release, redelivered
             _log.debug("release_already_running", feature=feature, version=running)
@@ -215,7 +227,7 @@ class OtaService:
         release = verify_release(  # the one downgrade rule, now with the running version
             payload, self._public_key, running, self._config.allow_downgrade, target="gateway"
         )
-        installed = await asyncio.to_thread(self._install, release, model_dir, feature)
+        installed = await asyncio.to_thread(self._install, release, model_dir, slot)
         self._on_installed()  # windows for the new model, before its first tick
         _log.info(
             "release_installed",
@@ -229,17 +241,17 @@ class OtaService:
             "gateway", release.metadata.model, release.version, "installed", str(installed.slot)
         )
 
-    def _install(self, release: VerifiedRelease, model_dir: Path, feature: str) -> InstalledRelease:
+    def _install(self, release: VerifiedRelease, model_dir: Path, slot: str) -> InstalledRelease:
         """Stage, check, switch (blocking; in a worker thread), then serve the new model."""
-        serving = self._models.get(feature)
+        serving = self._models.get(slot)
         installed = install_release(
             release,
             model_dir,
-            feature,
-            load=lambda slot: self._models.load_candidate(feature, slot),
+            self._models.feature_of(slot),
+            load=lambda staged: self._models.load_candidate(slot, staged),
             keep=None if serving is None else serving.model_dir,
         )
-        self._models.adopt(feature, installed.calibrator)
+        self._models.adopt(slot, installed.calibrator)
         return installed
 
     # -- run -------------------------------------------------------------------------------

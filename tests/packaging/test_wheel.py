@@ -33,7 +33,7 @@ from tests.gateway.io.helpers import Collector
 pytestmark = pytest.mark.slow
 
 MODELS = REPO / "models"
-BUNDLED = {"pm10-ispra-1min", "pm2_5-antwerp-1h"}
+BUNDLED = {"pm10-ispra-1min", "pm10-ispra-1min-rh-temp", "pm2_5-antwerp-1h"}
 GATEWAY_ID = "gw-wheel"
 SENSOR = "pi-node-1"
 P = 60  # the bundled pm10 model's period ...

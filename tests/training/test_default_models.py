@@ -16,6 +16,7 @@ MODELS = Path(__file__).resolve().parents[2] / "models"
 DEFAULTS = {
     "pm10-ispra-1min": ("ispra-1min", "ispra-1min"),
     "pm2_5-antwerp-1h": ("antwerp-hourly-pm2_5", "antwerp-hourly"),
+    "pm10-ispra-1min-rh-temp": ("ispra-1min", "ispra-1min"),
 }
 
 
@@ -26,13 +27,28 @@ def test_committed_model_directory_is_intact(name: str) -> None:
     verify_model_files(model_dir, manifest)
     assert manifest.name == name
     float_graph = read_graph((model_dir / manifest.files["float32"].path).read_bytes())
-    assert float_graph.input_shape_signature == (-1, manifest.window_length)
+    channels = len(manifest.input_channels)
+    assert float_graph.input_shape_signature == (
+        (-1, manifest.window_length) if channels == 1 else (-1, manifest.window_length, channels)
+    )
     assert unsupported_on_device(manifest.files["int8"].ops) == []
     arena = manifest.files["int8"].tflm_arena_bytes
     assert arena is not None
     # nRF52840: 256 KB RAM shared with the sketch; the model must leave most of it free.
     assert arena + manifest.files["int8"].size_bytes < 128 * 1024
     assert manifest.test.model.rmse < manifest.test.linear.rmse < manifest.test.raw.rmse
+
+
+def test_the_covariate_model_serves_beside_the_pm_only_one_and_beats_it() -> None:
+    """Same feature, sensors, split and grid: the gateway may switch between them per sensor."""
+    plain = load_manifest(MODELS / "pm10-ispra-1min")
+    covariate = load_manifest(MODELS / "pm10-ispra-1min-rh-temp")
+    assert covariate.channel_names == ("pm10", "rh", "temp_c")
+    assert (covariate.feature, covariate.period_seconds) == (plain.feature, plain.period_seconds)
+    assert covariate.data.test_sensor == plain.data.test_sensor
+    assert covariate.data.validation_sensor == plain.data.validation_sensor
+    assert covariate.validation.rmse < plain.validation.rmse
+    assert covariate.test.model.rmse < plain.test.model.rmse
 
 
 @pytest.mark.realdata

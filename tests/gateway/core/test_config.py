@@ -69,10 +69,33 @@ def test_unknown_source_kind_and_bad_nested_key(tmp_path: Path) -> None:
         load_config(write(tmp_path, text), environ={})
 
 
-def test_duplicate_feature_is_refused(tmp_path: Path) -> None:
-    text = MINIMAL + '[[models]]\nfeature = "pm10"\nmodel_dir = "other"\n'
-    with pytest.raises(ConfigError, match=r"models: .*one model per feature"):
-        load_config(write(tmp_path, text), environ={})
+def test_a_feature_may_have_several_models_each_in_its_own_slot(tmp_path: Path) -> None:
+    text = MINIMAL + '[[models]]\nfeature = "pm10"\nmodel_dir = "models/pm10-rh-temp"\n'
+    config = load_config(write(tmp_path, text), environ={})
+    # The first keeps the feature's name (its state survives adding a second model).
+    assert config.model_dirs == {
+        "pm10": tmp_path / "models" / "pm10",
+        "pm10-rh-temp": tmp_path / "models" / "pm10-rh-temp",
+    }
+    assert config.model_features == {"pm10": "pm10", "pm10-rh-temp": "pm10"}
+    named = MINIMAL + '[[models]]\nfeature = "pm10"\nmodel_dir = "x"\nid = "pm10.covariates"\n'
+    assert list(load_config(write(tmp_path, named), environ={}).model_dirs) == [
+        "pm10",
+        "pm10.covariates",
+    ]
+
+
+def test_two_models_in_one_slot_are_refused(tmp_path: Path) -> None:
+    same_dir_name = MINIMAL + '[[models]]\nfeature = "pm10"\nmodel_dir = "other/pm10"\n'
+    with pytest.raises(
+        ConfigError, match=r"models: .*entries 1 and 2 share a slot name.*give each an 'id'"
+    ):
+        load_config(write(tmp_path, same_dir_name), environ={})
+    bad_name = MINIMAL + '[[models]]\nfeature = "pm10"\nmodel_dir = "Other Model"\n'
+    with pytest.raises(
+        ConfigError, match=r"models: .*entry 2: its directory's name cannot name a slot: set 'id'"
+    ):
+        load_config(write(tmp_path, bad_name), environ={})
 
 
 def test_toml_syntax_error(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from devkit.broker import make_test_pki
-from gateway.bundled import bundled_model_dirs, example_config
+from gateway.bundled import bundled_model_dirs, bundled_models, example_config
 from gateway.cli import main
 from gateway.config import load_config
 from gateway.manifest import load_manifest
@@ -19,10 +19,13 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_bundled_models_are_found_by_their_manifests_feature() -> None:
-    models = bundled_model_dirs()
+    models = bundled_models()
     assert set(models) == {"pm10", "pm2_5"}
-    for feature, model_dir in models.items():
-        assert load_manifest(model_dir).feature == feature
+    for feature, model_dirs in models.items():
+        assert [load_manifest(d).feature for d in model_dirs] == [feature] * len(model_dirs)
+    # The fewest channels first: that model serves every sensor of the feature.
+    assert [len(load_manifest(d).input_channels) for d in models["pm10"]] == [1, 3]
+    assert set(bundled_model_dirs()) == {"pm10", "pm10-ispra-1min-rh-temp", "pm2_5"}
     assert example_config().read_text(encoding="utf-8").startswith("# tesla-gateway")
 
 
@@ -69,13 +72,21 @@ def test_init_writes_what_was_asked_and_check_config_accepts_it(
     checked = capsys.readouterr().out
     assert "model pm10: pm10-ispra-1min" in checked
     assert "model pm2_5: pm2_5-antwerp-1h" in checked
+    # The covariate model is written beside the PM-only one, in its own slot.
+    assert "model pm10 (pm10-ispra-1min-rh-temp): pm10-ispra-1min-rh-temp" in checked
+    assert "channels pm10, rh, temp_c" in checked
 
 
 def test_defaults_give_a_local_broker_and_the_bundled_pm10_model(tmp_path: Path) -> None:
     out = tmp_path / "gateway.toml"
     assert main(["init", "--out", str(out)]) == 0
     config = load_config(out, environ={})
-    assert config.model_dirs == {"pm10": bundled_model_dirs()["pm10"]}
+    bundled = bundled_model_dirs()
+    assert config.model_dirs == {
+        "pm10": bundled["pm10"],
+        "pm10-ispra-1min-rh-temp": bundled["pm10-ispra-1min-rh-temp"],
+    }
+    assert bundled["pm10"].name == "pm10-ispra-1min"  # the PM-only model is the feature's first
     assert (config.publisher.broker.host, config.publisher.broker.port) == ("127.0.0.1", 1883)
     assert config.sensors.allow_unknown is True
     assert [source.kind for source in config.sources] == ["mqtt"]
@@ -90,7 +101,7 @@ def test_init_does_not_overwrite_without_force(
     assert "--force" in capsys.readouterr().err
     assert out.read_text(encoding="utf-8") == "# mine\n"
     assert main(["init", "--out", str(out), "--force"]) == 0
-    assert load_config(out, environ={}).model_dirs == {"pm10": bundled_model_dirs()["pm10"]}
+    assert set(load_config(out, environ={}).model_dirs) == {"pm10", "pm10-ispra-1min-rh-temp"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gateway.toml"]  # no leftovers
 
 

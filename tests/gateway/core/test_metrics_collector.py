@@ -14,12 +14,15 @@ SNAPSHOT: dict[str, object] = {  # the shape of the stats topic (docs/mqtt.md, "
     "readings_in": 40,
     "rejected": {"total": 3, "by_reason": {"bad_json": 2, "negative": 1}, "by_source": {}},
     "admission": {"sensors": 2, "max_sensors": 10, "admitted": 2, "evicted": 0, "rejected_full": 0},
-    "windows": {"pm10": {"sensors": 2, "outcomes": {"accepted": 38, "late": 2}}},
+    "windows": {"pm10": {"feature": "pm10", "sensors": 2, "outcomes": {"accepted": 38, "late": 2}},
+                "pm10-rh": {"feature": "pm10", "sensors": 1, "outcomes": {"accepted": 19}}},
     "ticker": {"ticks": 5, "published": 9, "calibrated": 4, "total_inference_s": 0.002,
                "last_inference_ms": 0.4, "inference_errors": 0, "sensors_ready": {"pm10": 1}},
     "models": {
         "pm10": {"model": "tesla-pm10", "version": 3, "runtime": "ai_edge_litert", "reloads": 1},
         "pm2_5": {"model": None, "version": None, "runtime": None, "reloads": 0},
+        "pm10-rh": {"feature": "pm10", "model": "tesla-pm10-rh", "version": 2,
+                    "runtime": "ai_edge_litert", "reloads": 1},
     },
     "publisher": {"connected": True, "queued": 1, "published": 8, "dropped_total": 0, "refused": 0,
                   "sensors_online": 2},
@@ -47,13 +50,21 @@ def test_the_snapshot_becomes_prometheus_series() -> None:
     samples = scrape(StatsCollector(lambda: SNAPSHOT))
     assert samples[("tesla_gateway_readings_total", ())] == 40
     assert samples[("tesla_gateway_rejected_total", (("reason", "bad_json"),))] == 2
-    assert (
-        samples[("tesla_gateway_window_outcomes_total", (("feature", "pm10"), ("outcome", "late")))]
-        == 2
+    late = (("feature", "pm10"), ("outcome", "late"), ("slot", "pm10"))
+    assert samples[("tesla_gateway_window_outcomes_total", late)] == 2
+    # A feature's second model is its own slot, labelled with the feature it calibrates.
+    assert samples[("tesla_gateway_windows", (("feature", "pm10"), ("slot", "pm10-rh")))] == 1
+    rh_info = (
+        ("feature", "pm10"),
+        ("model", "tesla-pm10-rh"),
+        ("runtime", "ai_edge_litert"),
+        ("slot", "pm10-rh"),
+        ("version", "2"),
     )
+    assert samples[("tesla_gateway_model_info", rh_info)] == 1
     assert samples[("tesla_gateway_inference_seconds_total", ())] == 0.002
     assert samples[("tesla_gateway_last_inference_seconds", ())] == 0.0004
-    assert samples[("tesla_gateway_model_loaded", (("feature", "pm2_5"),))] == 0
+    assert samples[("tesla_gateway_model_loaded", (("feature", "pm2_5"), ("slot", "pm2_5")))] == 0
     assert samples[("tesla_gateway_mqtt_inbox_dropped_total", (("source", "mqtt-source-0"),))] == 5
     assert samples[("tesla_gateway_drift", (("feature", "pm10"), ("sensor", "s1")))] == 1
     assert samples[("tesla_gateway_harm", (("feature", "pm10"), ("sensor", "s1")))] == 0

@@ -76,7 +76,7 @@ def test_metrics_endpoint_counts_readings_and_serves_the_dashboards_metrics(
         before, names = scrape(port)
         assert before[("tesla_gateway_readings_total", ())] == 0
         assert before[("tesla_gateway_publisher_connected", ())] == 1
-        assert before[("tesla_gateway_model_loaded", (("feature", "pm10"),))] == 1
+        assert before[("tesla_gateway_model_loaded", (("feature", "pm10"), ("slot", "pm10")))] == 1
         info = [k for k in before if k[0] == "tesla_gateway_info"]
         assert dict(info[0][1])["gateway_id"] == "gw-e2e"
         assert "process_resident_memory_bytes" in names
@@ -99,7 +99,7 @@ def test_metrics_endpoint_counts_readings_and_serves_the_dashboards_metrics(
         after = wait_for(moved, "the counters to move")
         assert after[("tesla_gateway_ticks_total", ())] > before[("tesla_gateway_ticks_total", ())]
         assert after[("tesla_gateway_sensors", ())] == 1
-        assert after[("tesla_gateway_windows", (("feature", "pm10"),))] == 1
+        assert after[("tesla_gateway_windows", (("feature", "pm10"), ("slot", "pm10")))] == 1
         assert not any(dict(labels).get("sensor") for _, labels in after)  # per_sensor is off
 
         _, names = scrape(port)

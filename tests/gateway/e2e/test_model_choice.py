@@ -1,0 +1,166 @@
+"""Two committed pm10 models in one daemon: each sensor gets the model its channels allow.
+
+The daemon serves the committed defaults ``models/pm10-ispra-1min`` (PM10 alone) and
+``models/pm10-ispra-1min-rh-temp`` (PM10, relative humidity, temperature; N = 360 one-minute
+periods each) against a real broker. ``node-rh`` reports humidity and temperature with every
+reading, ``node-plain`` does not. The calibrated topic of each must carry the values LiteRT
+(run by the test) gives for that sensor's windows under the right model, and say which model;
+its health must name the same model; the PM-only sensor must cost no covariate window; and
+after a restart both sensors are calibrated at once by the same models (windows restored per
+model slot).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from devkit.broker import Mosquitto
+from gateway.manifest import load_manifest
+from tests.gateway.e2e.harness import (
+    PREFIX,
+    Calibrated,
+    Daemon,
+    MqttNodes,
+    iso,
+    litert_expected,
+    wait_for,
+    write_config,
+)
+
+MODELS = Path(__file__).resolve().parents[3] / "models"
+PLAIN, COVARIATE = "pm10-ispra-1min", "pm10-ispra-1min-rh-temp"
+P, N = 60, 360
+PERIODS = N + 6
+CHUNK = 100
+
+
+def send(nodes: MqttNodes, sensor: str, documents: list[dict[str, object]]) -> None:
+    for first in range(0, len(documents), CHUNK):
+        nodes.send_raw(
+            f"sensors/{sensor}/raw", json.dumps(documents[first : first + CHUNK]).encode()
+        )
+
+
+def documents(base: int, periods: range, series: dict[str, np.ndarray]) -> list[dict[str, object]]:
+    return [
+        {
+            "ts": base + period * P + 3,
+            **{name: float(values[period]) for name, values in series.items()},
+        }
+        for period in periods
+    ]
+
+
+def health(calibrated: Calibrated, sensor: str) -> dict[str, Any] | None:
+    payloads = calibrated.collector.on(f"{PREFIX}/{sensor}/pm10/health")
+    return dict(json.loads(payloads[-1])) if payloads else None
+
+
+def test_each_sensor_is_calibrated_by_the_model_of_its_channels(
+    tmp_path: Path, mosquitto: Mosquitto, daemons: list[Daemon]
+) -> None:
+    plain_dir, covariate_dir = tmp_path / "pm10", tmp_path / "pm10-rh-temp"
+    shutil.copytree(MODELS / PLAIN, plain_dir)
+    shutil.copytree(MODELS / COVARIATE, covariate_dir)
+    assert load_manifest(covariate_dir).channel_names == ("pm10", "rh", "temp_c")
+    config = write_config(tmp_path, mosquitto, plain_dir)
+    with config.open("a", encoding="utf-8") as out:
+        out.write(f'[[models]]\nfeature = "pm10"\nmodel_dir = "{covariate_dir}"\n')
+        out.write("[health]\npublish_interval_s = 0.3\n")
+
+    total = PERIODS + 1  # one more period after the restart
+    rng = np.random.default_rng(21)
+    pm10 = np.clip(60 + np.cumsum(rng.normal(0, 2.0, total)), 10, 140).round(2)
+    rh = np.clip(70 + np.cumsum(rng.normal(0, 1.0, total)), 30, 99).round(1)
+    temp_c = np.clip(8 + np.cumsum(rng.normal(0, 0.2, total)), -2, 20).round(1)
+    plain_pm10 = np.clip(40 + np.cumsum(rng.normal(0, 2.0, total)), 10, 140).round(2)
+    with_rh = {"pm10": pm10, "rh": rh, "temp_c": temp_c}
+    plain = {"pm10": plain_pm10}
+    valid = list(range(N - 1, total))
+    expected = {
+        "node-rh": dict(
+            zip(
+                valid,
+                litert_expected(
+                    covariate_dir,
+                    np.stack([np.stack([pm10, rh, temp_c], -1)[p - N + 1 : p + 1] for p in valid]),
+                ),
+                strict=True,
+            )
+        ),
+        "node-plain": dict(
+            zip(
+                valid,
+                litert_expected(
+                    plain_dir, np.stack([plain_pm10[p - N + 1 : p + 1] for p in valid])
+                ),
+                strict=True,
+            )
+        ),
+    }
+    model_of = {"node-rh": COVARIATE, "node-plain": PLAIN}
+
+    calibrated = Calibrated(mosquitto)
+    nodes = MqttNodes(mosquitto)
+    state = tmp_path / "state"
+    base = (int(time.time()) // P - total - 5) * P  # replayed, recent past
+
+    def check(sensor: str, periods: range) -> None:
+        got = calibrated.by_period(sensor)
+        for period in periods:
+            payload = got[iso(base + period * P)]
+            if period < N - 1:
+                assert payload["calibrated"] is None and payload["quality"] == ["warming_up"]
+                continue
+            assert payload["model"] == model_of[sensor], (sensor, period, payload)
+            assert payload["calibrated"] == pytest.approx(
+                float(expected[sensor][period]), rel=1e-4, abs=1e-3
+            )
+
+    try:
+        daemons.append(Daemon(config, state))
+        send(nodes, "node-rh", documents(base, range(PERIODS), with_rh))
+        send(nodes, "node-plain", documents(base, range(PERIODS), plain))
+        for sensor in model_of:
+            wait_for(lambda s=sensor: calibrated.has(s, PERIODS), f"{sensor}'s periods")
+            arrivals = calibrated.arrivals(sensor)
+            assert len(arrivals) == PERIODS  # one message per period, never one per model
+            check(sensor, range(PERIODS))
+            document = wait_for(
+                lambda s=sensor: (d := health(calibrated, s)) and d["model"] == model_of[s] and d,
+                f"{sensor}'s health naming its model",
+            )
+            assert document["feature"] == "pm10"
+        stats = wait_for(
+            lambda: (s := calibrated.latest_stats()) and s["ticker"]["calibrated"] >= 14 and s,
+            "the stats",
+        )
+        assert stats["models"]["pm10"]["model"] == PLAIN
+        assert stats["models"]["pm10-rh-temp"] == {
+            **stats["models"]["pm10-rh-temp"],
+            "feature": "pm10",
+            "model": COVARIATE,
+            "channels": ["pm10", "rh", "temp_c"],
+        }
+        assert stats["windows"]["pm10"]["sensors"] == 2
+        assert stats["windows"]["pm10-rh-temp"]["sensors"] == 1  # no covariate window for plain
+
+        assert daemons[-1].stop() == 0
+        saved = {p.name for p in (state / "windows").glob("*.npz")}
+        assert saved == {"pm10.npz", "pm10-rh-temp.npz"}  # one snapshot per model slot
+        daemons.append(Daemon(config, state))
+        send(nodes, "node-rh", documents(base, range(PERIODS, total), with_rh))
+        send(nodes, "node-plain", documents(base, range(PERIODS, total), plain))
+        for sensor in model_of:
+            wait_for(lambda s=sensor: calibrated.has(s, total), f"{sensor}'s period after restart")
+            check(sensor, range(PERIODS, total))  # restored windows: no second warm-up
+    finally:
+        nodes.close()
+        calibrated.close()
