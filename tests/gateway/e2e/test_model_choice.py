@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,11 @@ def documents(base: int, periods: range, series: dict[str, np.ndarray]) -> list[
 def health(calibrated: Calibrated, sensor: str) -> dict[str, Any] | None:
     payloads = calibrated.collector.on(f"{PREFIX}/{sensor}/pm10/health")
     return dict(json.loads(payloads[-1])) if payloads else None
+
+
+def health_naming(calibrated: Calibrated, sensor: str, model: str) -> dict[str, Any] | None:
+    document = health(calibrated, sensor)
+    return document if document is not None and document["model"] == model else None
 
 
 def test_each_sensor_is_calibrated_by_the_model_of_its_channels(
@@ -128,13 +134,13 @@ def test_each_sensor_is_calibrated_by_the_model_of_its_channels(
         daemons.append(Daemon(config, state))
         send(nodes, "node-rh", documents(base, range(PERIODS), with_rh))
         send(nodes, "node-plain", documents(base, range(PERIODS), plain))
-        for sensor in model_of:
-            wait_for(lambda s=sensor: calibrated.has(s, PERIODS), f"{sensor}'s periods")
+        for sensor, model in model_of.items():
+            wait_for(partial(calibrated.has, sensor, PERIODS), f"{sensor}'s periods")
             arrivals = calibrated.arrivals(sensor)
             assert len(arrivals) == PERIODS  # one message per period, never one per model
             check(sensor, range(PERIODS))
             document = wait_for(
-                lambda s=sensor: (d := health(calibrated, s)) and d["model"] == model_of[s] and d,
+                partial(health_naming, calibrated, sensor, model),
                 f"{sensor}'s health naming its model",
             )
             assert document["feature"] == "pm10"
@@ -159,7 +165,7 @@ def test_each_sensor_is_calibrated_by_the_model_of_its_channels(
         send(nodes, "node-rh", documents(base, range(PERIODS, total), with_rh))
         send(nodes, "node-plain", documents(base, range(PERIODS, total), plain))
         for sensor in model_of:
-            wait_for(lambda s=sensor: calibrated.has(s, total), f"{sensor}'s period after restart")
+            wait_for(partial(calibrated.has, sensor, total), f"{sensor}'s period after restart")
             check(sensor, range(PERIODS, total))  # restored windows: no second warm-up
     finally:
         nodes.close()
