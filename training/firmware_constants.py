@@ -61,6 +61,11 @@ def slot_bytes(model_bytes: int) -> int:
 
 
 def render_model_constants(manifest: Manifest, source: str) -> str:
+    if len(manifest.input_channels) != 1:
+        raise FirmwareConstantsError(
+            f"{source} takes {', '.join(manifest.channel_names)}; the node sketch feeds its "
+            "model one channel (its PM readings): build the firmware with a PM-only model"
+        )
     device = manifest.files.get("int8")
     if device is None or device.batch != 1 or device.tflm_arena_bytes is None:
         why = (

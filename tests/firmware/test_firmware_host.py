@@ -150,6 +150,8 @@ def test_every_default_device_graph_runs_on_the_arduino_library(model: str) -> N
     ops = manifest.files["int8"].ops
     assert set(ops) <= ARDUINO_TFLM_OPS
     assert "BATCH_MATMUL" not in ops
+    if len(manifest.input_channels) > 1:
+        return  # the sketch feeds one channel: no firmware of a covariate model (test_release)
     header = render_model_constants(manifest, model)
     registered = re.findall(r"^  X\(([A-Z0-9_]+), (\w+)\)", header, re.MULTILINE)
     assert [op for op, _ in registered] == sorted(ops)

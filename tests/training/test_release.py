@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import stat
 import threading
 from pathlib import Path
@@ -59,6 +60,29 @@ def test_release_cli_writes_a_verifiable_node_release(tmp_path: Path) -> None:
     assert descriptor.window_length == 360
     assert descriptor.image_size == len(release.node_image)
     assert descriptor.arena_bytes == release.manifest.files["int8"].tflm_arena_bytes
+
+
+def test_a_covariate_model_is_released_to_gateways_never_to_nodes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The node sketch feeds its model PM windows only: a 3-channel model is refused for nodes
+    with the reason (the node's self-test would reject it too) and accepted for gateways."""
+    from training.errors import TrainingError
+    from training.firmware_constants import render_model_constants
+
+    covariate = DEFAULT_NODE_MODEL.parent / "pm10-ispra-1min-rh-temp"
+    keys = keygen(tmp_path / "keys")
+    args = ["release", "--model", str(covariate), "--key", str(keys.private_path)]
+    assert main([*args, "--target", "node", "--out", str(tmp_path / "node")]) == 2
+    assert re.search(r"takes pm10, rh, temp_c.*--target gateway", capsys.readouterr().err)
+    assert not (tmp_path / "node").exists() or not any((tmp_path / "node").iterdir())
+    assert main([*args, "--target", "gateway", "--out", str(tmp_path / "gw")]) == 0
+    release = verify_release(tmp_path / "gw", load_public_key(keys.public_path), None)
+    assert release.manifest.channel_names == ("pm10", "rh", "temp_c")
+    from gateway.manifest import load_manifest
+
+    with pytest.raises(TrainingError, match=r"takes pm10, rh, temp_c.*PM-only model"):
+        render_model_constants(load_manifest(covariate), "pm10-ispra-1min-rh-temp")
 
 
 def test_gateway_release_carries_every_flatbuffer(tmp_path: Path) -> None:
