@@ -49,14 +49,21 @@ class ClockSanity:
     ) -> dict[str, AddOutcome]:
         """Feed one reading (``arrival``: the gateway clock) to every model's windows."""
         outcomes: dict[str, AddOutcome] = {}
+        refuted: list[str] = []
+        held: tuple[Reading, float] | None = None
         for feature, model in models.items():
             if self._held:
-                self._settle(feature, model, reading)
+                outlier = self._settle(feature, model, reading)
+                if outlier is not None:
+                    refuted.append(feature)
+                    held = outlier
             if model.would_run_ahead(reading, arrival):
                 self._held[feature, reading.sensor_id] = (reading, arrival)
                 outcomes[feature] = model.note(AddOutcome.HELD)
             else:
                 outcomes[feature] = model.add(reading, arrival)
+        if held is not None:  # one reject per reading, whatever number of windows held it
+            self._reject_outlier(held, reading, refuted)
         if _LATE in outcomes.values():  # (a test per reading: the usual answer is no)
             late = [feature for feature, outcome in outcomes.items() if outcome is _LATE]
             self._rejects.reject(
@@ -97,16 +104,25 @@ class ClockSanity:
         for key in [key for key in self._held if key[1] in gone]:
             del self._held[key]
 
-    def _settle(self, feature: str, model: ModelWindows, reading: Reading) -> None:
-        """The sensor's next reading confirms (same or later period) or refutes a held one."""
+    def _settle(
+        self, feature: str, model: ModelWindows, reading: Reading
+    ) -> tuple[Reading, float] | None:
+        """The sensor's next reading confirms (same or later period) or refutes a held one;
+        returns the refuted reading (and its arrival), counted in this window."""
         entry = self._held.pop((feature, reading.sensor_id), None)
         if entry is None:
-            return
+            return None
         held, held_arrival = entry
         if model.period_of(reading) >= model.period_of(held):
             model.add(held, held_arrival)
-            return
+            return None
         model.note(AddOutcome.CLOCK_OUTLIER)
+        return entry
+
+    def _reject_outlier(
+        self, entry: tuple[Reading, float], reading: Reading, windows: list[str]
+    ) -> None:
+        held, held_arrival = entry
         self._rejects.reject(
             RejectReason.CLOCK_OUTLIER,
             source=held.source,
@@ -114,6 +130,7 @@ class ClockSanity:
             detail=(
                 f"sensor {held.sensor_id}: reading at {held.timestamp:.0f} was "
                 f"{held.timestamp - held_arrival:.0f} s ahead of the gateway clock and its next "
-                f"reading ({reading.timestamp:.0f}) is earlier; dropped from its {feature} window"
+                f"reading ({reading.timestamp:.0f}) is earlier; dropped from its "
+                f"{', '.join(windows)} window{'s' if len(windows) > 1 else ''}"
             ),
         )

@@ -77,6 +77,28 @@ def test_one_reading_300_s_fast_makes_no_true_reading_late_and_leaves_no_ramp() 
         assert np.nanmax(window) < 99.0
 
 
+def test_a_refuted_reading_held_by_two_models_is_one_reject() -> None:
+    # A feature with a PM-only and a covariate model (gateway.model_choice): the fast reading
+    # is held in both windows, refuted in both, and rejected once, naming both windows.
+    rejects = RejectCounter()
+    store = WindowStore(clock_sanity=ClockSanity(rejects))
+    store.ensure("pm10", GEOMETRY)
+    store.ensure(
+        "pm10-rh", WindowGeometry(12, P, ("pm10", "rh"), GapPolicy(max_interpolated_periods=10))
+    )
+    now = T0 + 7.0
+    store.add(Reading("s", now, {"pm10": 20.0, "rh": 50.0}, source="mqtt"), now)
+    fast = Reading("s", now + 300, {"pm10": 99.0, "rh": 50.0}, source="mqtt")
+    assert store.add(fast, now) == {"pm10": AddOutcome.HELD, "pm10-rh": AddOutcome.HELD}
+    with capture_logs() as logs:
+        store.add(Reading("s", now + 15, {"pm10": 21.0, "rh": 50.0}, source="mqtt"), now + 15)
+    assert store["pm10"].counts[AddOutcome.CLOCK_OUTLIER] == 1
+    assert store["pm10-rh"].counts[AddOutcome.CLOCK_OUTLIER] == 1
+    assert rejects.count(RejectReason.CLOCK_OUTLIER) == 1 and rejects.count() == 1
+    (logged,) = [e for e in logs if e["event"] == "reading_rejected"]
+    assert logged["detail"].endswith("dropped from its pm10, pm10-rh windows")
+
+
 def test_late_readings_are_counted_as_rejects_with_the_sensor() -> None:
     store, rejects = daemon_store()
     now = T0 + 3 * P + 5
