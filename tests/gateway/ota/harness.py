@@ -106,6 +106,7 @@ async def gateway(
     device: PtySerial | None,
     *,
     model_dirs: dict[str, Path] | None = None,
+    features: dict[str, str] | None = None,
     gateway_id: str = GATEWAY_ID,
 ) -> AsyncIterator[Gateway]:
     """The OTA service over a real ModelSet loaded from ``model_dirs`` (as the daemon's)."""
@@ -123,7 +124,7 @@ async def gateway(
         )
     serial = SerialSource(ports)
     reloads: list[int] = []
-    models = ModelSet(model_dirs or {})
+    models = ModelSet(model_dirs or {}, features=features)
     await asyncio.to_thread(models.refresh, force=True)
     service = OtaService(
         config,

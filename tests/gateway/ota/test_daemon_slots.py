@@ -17,6 +17,7 @@ import pytest
 
 from devkit.broker import Mosquitto
 from gateway.cli import main
+from gateway.manifest import load_manifest, write_manifest
 from gateway.ota.install import install_release
 from gateway.ota.release import Rollout, Target, verify_release
 from tests.gateway.core.test_service import Daemon, NotifySocket, daemons, wait_for
@@ -189,3 +190,62 @@ def test_a_staged_rollout_is_ignored_by_other_gateways_and_installed_by_its_grou
     ]
     assert "gw-kitchen" in str(states[0]["detail"]) and "canary" in str(states[0]["detail"])
     assert versions == [base, base + 2, base + 2]
+
+
+def _covariate_release(kit: ReleaseKit, version: int) -> Path:
+    """The committed covariate pm10 model as a signed gateway release announcing ``version``."""
+    source = DEFAULT_NODE_MODEL.parent / "pm10-ispra-1min-rh-temp"
+    model = kit.root / f"covariate-v{version}"
+    out = kit.root / f"release-covariate-v{version}"
+    if not out.exists():
+        shutil.copytree(source, model, dirs_exist_ok=True)
+        write_manifest(model, load_manifest(model).model_copy(update={"version": version}))
+        build_release(model, "gateway", kit.keys.private_path, out)
+    return out
+
+
+def test_a_release_goes_to_the_model_slot_of_its_channels(
+    release_kit: ReleaseKit, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """Two pm10 models (PM only; PM, rh, temp_c): each release replaces the one whose input
+    channels it has, never the other; a feature this gateway does not serve is rejected."""
+    plain, covariate = tmp_path / "pm10", tmp_path / "pm10-rh-temp"
+    shutil.copytree(DEFAULT_NODE_MODEL, plain)
+    shutil.copytree(DEFAULT_NODE_MODEL.parent / "pm10-ispra-1min-rh-temp", covariate)
+    plain_version = load_manifest(plain).version
+    covariate_version = load_manifest(covariate).version
+    releases = [
+        _covariate_release(release_kit, covariate_version + 1),
+        release_kit.release(release_kit.base_version + 1, "gateway"),
+    ]
+
+    async def scenario() -> tuple[list[dict[str, object]], list[tuple[int | None, ...]]]:
+        served: list[tuple[int | None, ...]] = []
+        with collecting(mosquitto, ["tesla/gw-hall/ota/gateway"]) as collector:
+            async with gateway(
+                ota_config(release_kit, mosquitto),
+                None,
+                model_dirs={"pm10": plain, "pm10-rh-temp": covariate},
+                features={"pm10": "pm10", "pm10-rh-temp": "pm10"},
+                gateway_id="gw-hall",
+            ) as gw:
+                for release in releases:
+                    count = len(gateway_states(collector, "gw-hall"))
+                    await asyncio.to_thread(push_release, release, broker_config(mosquitto))
+                    await eventually(partial(answered, collector, count), 10)
+                    served.append(
+                        tuple(
+                            None if (c := gw.models.get(slot)) is None else c.version
+                            for slot in ("pm10", "pm10-rh-temp")
+                        )
+                    )
+            return gateway_states(collector, "gw-hall"), served
+
+    states, served = asyncio.run(scenario())
+    assert [s["status"] for s in states] == ["installed", "installed"]
+    assert served == [
+        (plain_version, covariate_version + 1),  # the covariate release: its own slot only
+        (release_kit.base_version + 1, covariate_version + 1),
+    ]
+    assert (covariate / "current" / "manifest.json").is_file()
+    assert load_manifest(covariate / "current").channel_names == ("pm10", "rh", "temp_c")
