@@ -10,10 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from gateway.errors import ConfigError
 
-__all__ = ["DEFAULT_MAX_INBOX", "ClientKind", "MqttBrokerConfig", "MqttTlsConfig", "Will"]
+__all__ = ["DEFAULT_MAX_INBOX", "ClientKind", "IoLoop", "MqttBrokerConfig", "MqttTlsConfig", "Will"]
 
 DEFAULT_MAX_INBOX = 10_000  # received messages waiting for on_message; ~3 MB of small readings
 
+IoLoop = Literal["thread", "event_loop"]
 ClientKind = Literal["fast", "plain"]
 
 
@@ -74,6 +75,15 @@ class MqttBrokerConfig(BaseModel):
             "'fast': paho with the gateway's lean receive and publish path (fast_path.py); "
             "'plain': paho's own API only, slower. 'fast' falls back to 'plain' by itself, with "
             "a log line, when the installed paho lacks what the fast path relies on."
+        ),
+    )
+
+    io_loop: IoLoop = Field(
+        default="thread",
+        description=(
+            "'thread': paho's network loop in its own thread, messages handed to the event loop "
+            "in batches; 'event_loop': the socket is read and written by the gateway's event "
+            "loop itself (no thread hand-offs; plain TCP only: with TLS 'thread' is used)."
         ),
     )
 

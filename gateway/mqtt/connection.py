@@ -89,6 +89,10 @@ class _Attempt:
     released: threading.Event = field(default_factory=threading.Event)
     publishes: dict[int, asyncio.Future[None]] = field(default_factory=dict)
     subscribes: dict[int, asyncio.Future[None]] = field(default_factory=dict)
+    # Event-loop mode: the socket the loop reads, the keepalive timer, reading paused.
+    socket: Any = None
+    misc: asyncio.TimerHandle | None = None
+    paused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +108,7 @@ _COALESCE_S = 0.002
 # loop's unlocked look at _inbox_waiting can miss costs at most this long).
 _HOLD_POLL_S = 0.05
 _DROP_LOG_INTERVAL_S = 10.0  # QoS 0 drops are logged at most this often
+_MISC_INTERVAL_S = 1.0  # event-loop mode: paho's keepalive check (PINGREQ, a silent broker)
 
 
 class MqttConnection:
@@ -171,6 +176,12 @@ class MqttConnection:
         self._runner: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client_class = _client_class(broker.client, self._log)
+        # Event-loop mode (io_loop): paho's socket is read and written by this event loop, so
+        # every paho callback already runs on it; with TLS the thread is kept (TLS records
+        # buffered inside the ssl object would not wake the loop's selector).
+        self._on_loop = broker.io_loop == "event_loop" and broker.tls is None
+        if broker.io_loop == "event_loop" and broker.tls is not None:
+            self._log.info("mqtt_io_loop_thread", reason="TLS connections keep paho's thread")
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -357,7 +368,10 @@ class MqttConnection:
                 asyncio.to_thread(self._blocking_connect, client),
                 timeout=self._broker.connect_timeout_s,
             )
-            client.loop_start()
+            if self._on_loop:
+                self._attach(attempt)
+            else:
+                client.loop_start()
             session_present = await asyncio.wait_for(
                 asyncio.shield(attempt.connack), timeout=self._broker.connect_timeout_s
             )
@@ -456,9 +470,73 @@ class MqttConnection:
         self._mark_lost(attempt)
         client = attempt.client
         client.disconnect()  # also tells paho's thread to exit instead of reconnecting
-        await asyncio.to_thread(client.loop_stop)
+        if self._on_loop:
+            if attempt.misc is not None:
+                attempt.misc.cancel()
+            with contextlib.suppress(OSError):
+                client.loop_write()  # the DISCONNECT, now (it is a few bytes)
+        else:
+            await asyncio.to_thread(client.loop_stop)
         with contextlib.suppress(OSError):
             client.close_sockets()
+
+    def _attach(self, attempt: _Attempt) -> None:
+        """Event-loop mode: the loop reads and writes paho's socket and runs its keepalive."""
+        loop = asyncio.get_running_loop()
+        client = attempt.client
+        sock = client.socket()
+        if sock is None:
+            raise MqttNotConnectedError("the connection closed during connect")
+
+        def readable() -> None:
+            client.loop_read()  # a failure closes the socket and calls on_disconnect
+
+        def writable() -> None:
+            client.loop_write()
+
+        def closing(_client: object, _userdata: object, closed: Any) -> None:
+            loop.remove_reader(closed)  # before paho closes it: its fd may be reused
+            loop.remove_writer(closed)
+
+        def keepalive() -> None:
+            if attempt.lost.is_set():
+                return
+            client.loop_misc()
+            attempt.misc = loop.call_later(_MISC_INTERVAL_S, keepalive)
+
+        client.on_socket_close = closing
+        client.on_socket_register_write = lambda _c, _u, s: loop.add_writer(s, writable)
+
+        def unregister(_client: object, _userdata: object, written: Any) -> None:
+            loop.remove_writer(written)
+
+        client.on_socket_unregister_write = unregister
+        attempt.socket = sock
+        loop.add_reader(sock, readable)
+        if client.want_write():
+            client.loop_write()  # what connect() left unsent; registers the rest, if any
+        attempt.misc = loop.call_later(_MISC_INTERVAL_S, keepalive)
+
+    def _pause_reading(self, attempt: _Attempt) -> None:
+        """Event-loop mode, inbox full: read no more from the broker until there is room."""
+        if attempt.paused or attempt.socket is None or self._loop is None:
+            return
+        attempt.paused = True
+        self._loop.remove_reader(attempt.socket)
+        if isinstance(attempt.client, LeanClient):
+            attempt.client.hold_reading = True  # the rest of its read buffer waits too
+
+    def _resume_reading(self, attempt: _Attempt) -> None:
+        if not attempt.paused or self._loop is None:
+            return
+        attempt.paused = False
+        client = attempt.client
+        if isinstance(client, LeanClient):
+            client.hold_reading = False
+        if attempt.lost.is_set() or client.socket() is None:
+            return
+        self._loop.add_reader(attempt.socket, client.loop_read)
+        self._loop.call_soon(client.loop_read)  # what its buffer still holds wakes no selector
 
     def _mark_lost(self, attempt: _Attempt) -> None:
         attempt.lost.set()
@@ -511,6 +589,8 @@ class MqttConnection:
                     with self._inbox_lock:
                         self._inbox_room.notify_all()
                 attempt = delivery.attempt
+                if attempt.paused and len(self._inbox) + self._in_hand < self._max_inbox:
+                    self._resume_reading(attempt)
                 # A message of a lost connection is redelivered, not acknowledged. A live one is
                 # acknowledged even before the connection is reported up: the broker sends a
                 # persistent session's queue right after CONNACK, and a message left
@@ -554,9 +634,14 @@ class MqttConnection:
     def _bind_callbacks(self, attempt: _Attempt) -> None:
         loop = self._loop or asyncio.get_running_loop()
 
+        on_loop = self._on_loop  # paho calls back on the loop itself: no self-pipe wake-up
+
         def later(callback: Callable[..., None], *args: Any) -> None:
             with contextlib.suppress(RuntimeError):  # loop already closed at interpreter exit
-                loop.call_soon_threadsafe(callback, attempt, *args)
+                if on_loop:
+                    loop.call_soon(callback, attempt, *args)
+                else:
+                    loop.call_soon_threadsafe(callback, attempt, *args)
 
         client = attempt.client
         client.on_connect = lambda _c, _u, flags, rc, p: later(self._on_connack, flags, rc, p)
@@ -596,6 +681,9 @@ class MqttConnection:
                 if self._inbox_signalled:
                     return
                 self._inbox_signalled = True
+            if on_loop:
+                self._inbox_ready.set()
+                return
             with contextlib.suppress(RuntimeError):  # loop already closed at interpreter exit
                 loop.call_soon_threadsafe(self._inbox_ready.set)
 
@@ -622,6 +710,12 @@ class MqttConnection:
             self._inbox_dropped += 1
             return False
         self._inbox_held += 1
+        if self._on_loop:
+            # The loop cannot wait for itself: this message goes in (one over the bound) and
+            # the socket is read no more until the dispatcher has made room; the broker keeps
+            # the rest unacknowledged.
+            self._pause_reading(attempt)
+            return True
         self._inbox_waiting += 1
         try:
             while len(self._inbox) + self._in_hand >= self._max_inbox:

@@ -182,6 +182,9 @@ class LeanClient(paho.Client):
 
     on_publish_received: PublishCallback | None = None
     on_lean_puback: Callable[[int, ReasonCode], None] | None = None
+    # Set by an event-loop connection whose inbox is full: loop_read stops after the current
+    # packet and leaves the rest of its buffer for when reading resumes.
+    hold_reading = False
     _read_buffer = b""
     _read_position = 0
 
@@ -270,7 +273,11 @@ class LeanClient(paho.Client):
     def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:
         rc = super().loop_read(max_packets)
         # Packets already in the buffer would not wake the select() in paho's loop.
-        while rc == MQTTErrorCode.MQTT_ERR_SUCCESS and self._read_position < len(self._read_buffer):
+        while (
+            rc == MQTTErrorCode.MQTT_ERR_SUCCESS
+            and self._read_position < len(self._read_buffer)
+            and not self.hold_reading
+        ):
             rc = super().loop_read(1)
         return rc
 
