@@ -68,6 +68,7 @@ def write_config(
     model_poll_s: float = 600.0,
     grace_s: float = 0.5,
     shutdown_flush_s: float = 5.0,
+    io_loop: str = "thread",
 ) -> Path:
     """A gateway.toml with fast reconnects, ticks and stats."""
     sensors = (
@@ -113,6 +114,7 @@ topics = ["sensors/+/raw"]
 port = {broker.port}
 reconnect_initial_s = 0.05
 reconnect_max_s = 0.5
+io_loop = "{io_loop}"
 {serial}
 [publisher]
 stats_interval_s = 0.2
@@ -121,6 +123,7 @@ shutdown_flush_s = {shutdown_flush_s}
 port = {broker.port}
 reconnect_initial_s = 0.05
 reconnect_max_s = 0.5
+io_loop = "{io_loop}"
 """,
         encoding="utf-8",
     )

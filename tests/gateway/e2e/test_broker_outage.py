@@ -38,15 +38,19 @@ DURING = 15  # periods calibrated while the broker is down
 PERIODS = BEFORE + DURING
 
 
+@pytest.mark.parametrize("io_loop", ["thread", "event_loop"])
 def test_outage_queues_calibrated_readings_and_delivers_all_in_order(
     tmp_path: Path,
     mosquitto: Mosquitto,
     pty_serial: PtySerial,
     model_factory: ModelFactory,
     daemons: list[Daemon],
+    io_loop: str,
 ) -> None:
     model = model_factory.copy(tmp_path / "model", **MODEL)
-    config = write_config(tmp_path, mosquitto, model.path, serial_ports=[pty_serial.path])
+    config = write_config(
+        tmp_path, mosquitto, model.path, serial_ports=[pty_serial.path], io_loop=io_loop
+    )
     node = SerialNode(pty_serial, "node-o")
     calibrated = Calibrated(mosquitto, persistent_id="e2e-observer")
     mqtt: MqttNodes | None = None
