@@ -44,6 +44,7 @@ def test_outage_queues_calibrated_readings_and_delivers_all_in_order(
     mosquitto: Mosquitto,
     pty_serial: PtySerial,
     model_factory: ModelFactory,
+    *,
     daemons: list[Daemon],
     io_loop: str,
 ) -> None:
