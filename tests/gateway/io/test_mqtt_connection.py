@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -418,6 +420,31 @@ def _flood(broker: Mosquitto, topic: str, count: int, qos: int) -> paho.Client:
     return client
 
 
+class BlockedConsumer:
+    """An ``on_message`` that handles nothing until ``release`` is set: the inbox fills."""
+
+    def __init__(self) -> None:
+        self.received: list[InboundMessage] = []
+        self.release = asyncio.Event()
+
+    async def __call__(self, message: InboundMessage) -> None:
+        await self.release.wait()
+        self.received.append(message)
+
+
+@contextlib.asynccontextmanager
+async def flood_subscriber(
+    config: MqttBrokerConfig, consumer: BlockedConsumer, bound: int
+) -> AsyncIterator[MqttConnection]:
+    """A connection subscribed to ``flood/#`` (QoS 1) with an inbox of ``bound`` messages."""
+    async with MqttConnection(
+        config, client_id="sub", clean_start=True, on_message=consumer, max_inbox=bound
+    ) as sub:
+        await sub.subscribe(["flood/#"], qos=1)
+        await asyncio.wait_for(sub.wait_connected(), 10)
+        yield sub
+
+
 def _stop(client: paho.Client) -> None:
     client.disconnect()
     client.loop_stop()
@@ -433,20 +460,12 @@ def test_a_qos0_flood_is_bounded_by_the_inbox_and_the_excess_is_counted(
     most max_inbox messages wait, the rest are dropped and counted, none is lost silently.
     (paho's thread; on the event loop reading stops at the bound instead: the next test.)"""
     flood, bound = 20_000, 200
-    received: list[InboundMessage] = []
-    release = asyncio.Event()
-
-    async def on_message(message: InboundMessage) -> None:
-        await release.wait()
-        received.append(message)
+    consumer = BlockedConsumer()
+    received, release = consumer.received, consumer.release
 
     async def scenario() -> dict[str, int]:
         config = broker_config(mosquitto, client=client, io_loop="thread", protocol=protocol)
-        async with MqttConnection(
-            config, client_id="sub", clean_start=True, on_message=on_message, max_inbox=bound
-        ) as sub:
-            await sub.subscribe(["flood/#"], qos=1)
-            await asyncio.wait_for(sub.wait_connected(), 10)
+        async with flood_subscriber(config, consumer, bound) as sub:
             publisher = await asyncio.to_thread(_flood, mosquitto, "flood/q0", flood, 0)
             try:
                 # A QoS 1 marker after the flood: once it is held back at the bound, every
@@ -477,20 +496,12 @@ def test_on_the_event_loop_a_qos0_flood_stops_reading_at_the_bound(mosquitto: Mo
     dropped and counted, the one that found it full), and reading resumes, in order, as soon as
     the consumer makes room."""
     flood, bound = 20_000, 200
-    received: list[InboundMessage] = []
-    release = asyncio.Event()
-
-    async def on_message(message: InboundMessage) -> None:
-        await release.wait()
-        received.append(message)
+    consumer = BlockedConsumer()
+    received, release = consumer.received, consumer.release
 
     async def scenario() -> tuple[dict[str, int], dict[str, int]]:
         config = broker_config(mosquitto, io_loop="event_loop")
-        async with MqttConnection(
-            config, client_id="sub", clean_start=True, on_message=on_message, max_inbox=bound
-        ) as sub:
-            await sub.subscribe(["flood/#"], qos=1)
-            await asyncio.wait_for(sub.wait_connected(), 10)
+        async with flood_subscriber(config, consumer, bound) as sub:
             publisher = await asyncio.to_thread(_flood, mosquitto, "flood/q0", flood, 0)
             try:
                 publisher.publish("flood/marker", b"end", qos=1)
@@ -521,20 +532,12 @@ def test_qos1_beyond_the_inbox_waits_at_the_broker_and_none_is_lost(
     """QoS 1 is never dropped at the bound: paho's thread holds the next message back and
     reads no more, so the rest stay unacknowledged at the broker until there is room."""
     count, bound = 300, 5
-    received: list[InboundMessage] = []
-    release = asyncio.Event()
-
-    async def on_message(message: InboundMessage) -> None:
-        await release.wait()
-        received.append(message)
+    consumer = BlockedConsumer()
+    received, release = consumer.received, consumer.release
 
     async def scenario() -> tuple[dict[str, int], dict[str, int]]:
         config = broker_config(mosquitto, **paho_setup, protocol=protocol)
-        async with MqttConnection(
-            config, client_id="sub", clean_start=True, on_message=on_message, max_inbox=bound
-        ) as sub:
-            await sub.subscribe(["flood/#"], qos=1)
-            await asyncio.wait_for(sub.wait_connected(), 10)
+        async with flood_subscriber(config, consumer, bound) as sub:
             publisher = await asyncio.to_thread(_flood, mosquitto, "flood/q1", count, 1)
             try:
                 await eventually(lambda: sub.inbox_stats()["held_back"] >= 1, 30)
