@@ -44,6 +44,21 @@ def _parser() -> argparse.ArgumentParser:
         default=_ROOT / "models" / "pm10-ispra-1min",
         help="model directory (default: the committed models/pm10-ispra-1min)",
     )
+    covariate = parser.add_mutually_exclusive_group()
+    covariate.add_argument(
+        "--covariate-model",
+        type=Path,
+        default=_ROOT / "models" / "pm10-ispra-1min-rh-temp",
+        help="served beside --model to the nodes that report rh and temp_c (default: the "
+        "committed models/pm10-ispra-1min-rh-temp)",
+    )
+    covariate.add_argument(
+        "--no-covariate-model",
+        dest="covariate_model",
+        action="store_const",
+        const=None,
+        help="serve --model alone",
+    )
     parser.add_argument(
         "--out", type=Path, default=_ROOT / "demo-output", help="where the plot and CSV go"
     )
@@ -73,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         speed=args.speed,
         tty=sys.stdout.isatty() if args.tty is None else args.tty,
         mosquitto=args.mosquitto,
+        covariate_model_dir=args.covariate_model,
     )
     signal.signal(signal.SIGTERM, _interrupt)
     try:

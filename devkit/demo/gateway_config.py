@@ -28,6 +28,7 @@ class DemoGatewayConfig:
     model_dir: Path
     serial_ports: tuple[Path, ...]
     oldest_reading: float  # Unix seconds of the oldest replayed reading
+    covariate_model_dir: Path | None = None  # served beside model_dir to sensors with rh, temp_c
 
     @property
     def state_dir(self) -> Path:
@@ -50,6 +51,17 @@ def write_gateway_config(config: DemoGatewayConfig, now: float) -> Path:
         'feature = "pm10"',
         f"model_dir = {json.dumps(str(config.model_dir))}",
         "",
+        *(
+            [
+                "[[models]]  # each sensor gets the model with the most channels it reports",
+                'feature = "pm10"',
+                f"model_dir = {json.dumps(str(config.covariate_model_dir))}",
+                'id = "pm10-rh-temp"',
+                "",
+            ]
+            if config.covariate_model_dir is not None
+            else []
+        ),
         "[tick]",
         "grace_s = 1.0  # the last replayed period closes a second after the replay stops",
         "settle_s = 0.1",

@@ -75,15 +75,25 @@ class ReplayClock:
 class MqttNode:
     """A node publishing JSON readings on ``sensors/<id>/raw`` (QoS 1)."""
 
-    def __init__(self, sensor_id: str, broker: MqttBrokerConfig, *, iso_timestamps: bool) -> None:
+    def __init__(
+        self,
+        sensor_id: str,
+        broker: MqttBrokerConfig,
+        *,
+        iso_timestamps: bool,
+        covariates: bool = True,
+    ) -> None:
         self.sensor_id = sensor_id
         self.link = "mqtt"
         self._broker = broker
         self._iso = iso_timestamps  # the documented variants: Unix seconds or ISO-8601
+        self._covariates = covariates  # False: a node without a humidity sensor (PM10 only)
         self._topic = f"sensors/{sensor_id}/raw"
 
     def payload(self, row: SliceRow) -> bytes:
-        document: dict[str, object] = {"pm10": row.raw, "rh": row.rh, "temp_c": row.temp_c}
+        document: dict[str, object] = {"pm10": row.raw}
+        if self._covariates:
+            document.update(rh=row.rh, temp_c=row.temp_c)
         if self._iso:
             stamp = datetime.fromtimestamp(row.timestamp, UTC).isoformat()
             document["timestamp"] = stamp.replace("+00:00", "Z")

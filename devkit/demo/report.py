@@ -27,7 +27,7 @@ def summary_table(board: Scoreboard, roles: dict[str, str]) -> str:
     header = (
         f"{'sensor':<8} {'link':<6} {'role in training':<17} {'sent':>5} {'back':>5} "
         f"{'calibrated':>10} {'warm-up':>7} {'gap':>4}  {'RMSE raw':>8} {'RMSE cal':>8} "
-        f"{'MAE raw':>8} {'MAE cal':>8}"
+        f"{'MAE raw':>8} {'MAE cal':>8}  model"
     )
     lines = [header, "-" * len(header)]
     for score in board.sensors.values():
@@ -36,7 +36,7 @@ def summary_table(board: Scoreboard, roles: dict[str, str]) -> str:
             f"{score.sent:>5} {len(score.outputs):>5} {score.calibrated:>10} "
             f"{score.warming_up:>7} {score.gap:>4}  {_fmt(score.rmse_raw):>8} "
             f"{_fmt(score.rmse_calibrated):>8} {_fmt(score.mae_raw):>8} "
-            f"{_fmt(score.mae_calibrated):>8}"
+            f"{_fmt(score.mae_calibrated):>8}  {score.model}"
         )
     return "\n".join(lines)
 
@@ -47,7 +47,16 @@ def write_traces(board: Scoreboard, path: Path) -> Path:
     with path.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(
-            ["period_start", "sensor_id", "link", "raw", "calibrated", "reference", "quality"]
+            [
+                "period_start",
+                "sensor_id",
+                "link",
+                "raw",
+                "calibrated",
+                "reference",
+                "quality",
+                "model",
+            ]
         )
         for score in board.sensors.values():
             for start in sorted(score.outputs):
@@ -61,6 +70,7 @@ def write_traces(board: Scoreboard, path: Path) -> Path:
                         "" if output.calibrated is None else round(output.calibrated, 3),
                         "" if not math.isfinite(output.reference) else output.reference,
                         " ".join(output.quality),
+                        output.model or "",
                     ]
                 )
     return path

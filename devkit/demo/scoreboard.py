@@ -25,6 +25,7 @@ class Output:
     calibrated: float | None
     reference: float
     quality: tuple[str, ...]
+    model: str | None = None  # the model that calibrated it (several serve pm10: channels)
 
 
 @dataclass(slots=True)
@@ -46,6 +47,7 @@ class SensorScore:
     _raw_abs: float = 0.0
     _cal_abs: float = 0.0
     latest: Output | None = None
+    models: dict[str, int] = field(default_factory=dict)  # calibrated periods per model
 
     def add(self, output: Output) -> None:
         if output.period_start in self.outputs:
@@ -61,6 +63,8 @@ class SensorScore:
         if output.calibrated is None:
             return
         self.calibrated += 1
+        if output.model is not None:
+            self.models[output.model] = self.models.get(output.model, 0) + 1
         if output.raw is None or not math.isfinite(output.reference):
             return
         self.scored += 1
@@ -70,6 +74,11 @@ class SensorScore:
         self._cal_sq += cal_error * cal_error
         self._raw_abs += abs(raw_error)
         self._cal_abs += abs(cal_error)
+
+    @property
+    def model(self) -> str:
+        """The model that calibrated most of its periods ('—' before any)."""
+        return max(self.models, key=self.models.__getitem__) if self.models else "—"
 
     @property
     def rmse_raw(self) -> float:
@@ -116,6 +125,7 @@ class Scoreboard:
                 calibrated=_optional(document["calibrated"]),
                 reference=self._reference[score.sensor_id].get(start.timestamp(), math.nan),
                 quality=tuple(str(flag) for flag in document["quality"]),
+                model=None if document.get("model") is None else str(document["model"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError):
             self.malformed += 1

@@ -54,6 +54,8 @@ class DemoOptions:
     speed: float | None  # history seconds per wall second; None: fit the slice into ``seconds``
     tty: bool
     mosquitto: Path = MOSQUITTO
+    # Served beside model_dir: the nodes with a humidity sensor get it (gateway.model_choice).
+    covariate_model_dir: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +87,21 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoOutcome:
     serial_ids = set(sensors[-_SERIAL_SENSORS:])
     links = {s: ("serial" if s in serial_ids else "mqtt") for s in sensors}
     roles = _roles(manifest)
+    covariate = (
+        None if options.covariate_model_dir is None else _load_model(options.covariate_model_dir)
+    )
+    # Without a humidity sensor: the first training box, so both models are seen at work.
+    training = [s for s in sensors if roles.get(s) == "training box"]
+    pm_only = {(training or list(sensors))[0]} if covariate else set()
+    models_line = (
+        ""
+        if covariate is None
+        else f"and {covariate.name} v{covariate.version} (PM10, rh, temp_c) for the nodes that "
+        f"report humidity (all but {', '.join(sorted(pm_only))}) "
+    )
     header = (
         f"TESLA gateway demo: model {manifest.name} v{manifest.version} "
-        f"(N={manifest.window_length}) in the real daemon\n"
+        f"(N={manifest.window_length}) {models_line}in the real daemon\n"
         f"replaying Ispra PM10 {format_time(demo_slice.start)} to {format_time(demo_slice.end)} "
         f"at {speed:.0f}x ({speed / 60:.1f} min of history per second)"
     )
@@ -119,6 +133,9 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoOutcome:
                 model_dir=options.model_dir.resolve(),
                 serial_ports=tuple(p.path for p in ptys),
                 oldest_reading=demo_slice.start,
+                covariate_model_dir=None
+                if options.covariate_model_dir is None
+                else options.covariate_model_dir.resolve(),
             ),
             now=time.time(),
         )
@@ -137,7 +154,9 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoOutcome:
         nodes: list[Node] = [
             SerialNode(s, next(pty_iter))
             if links[s] == "serial"
-            else MqttNode(s, broker_config, iso_timestamps=index % 2 == 1)
+            else MqttNode(
+                s, broker_config, iso_timestamps=index % 2 == 1, covariates=s not in pm_only
+            )
             for index, s in enumerate(sensors)
         ]
         board = Scoreboard(demo_slice, links)

@@ -32,11 +32,19 @@ def test_demo_runs_the_daemon_and_ends_by_itself(
     tmp_path: Path, model_factory: ModelFactory
 ) -> None:
     model = model_factory.copy(tmp_path / "model", window_length=8, period_seconds=60)
+    covariate = model_factory.copy(
+        tmp_path / "covariate",
+        window_length=8,
+        period_seconds=60,
+        name="test-rh-temp",
+        extra_channels=("rh", "temp_c"),
+    )
     out = tmp_path / "out"
     # 4 s at one replayed hour per second: 240 minutes per sensor, N = 8.
     result = run_demo(
-        "--seconds", "4", "--speed", "3600", "--model", str(model.path), "--out", str(out)
-    )
+        "--seconds", "4", "--speed", "3600", "--model", str(model.path),
+        "--covariate-model", str(covariate.path), "--out", str(out)
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr + result.stdout
     summary = result.stdout[result.stdout.index("role in training") :]
     for sensor in SENSORS:
@@ -49,6 +57,14 @@ def test_demo_runs_the_daemon_and_ends_by_itself(
         assert sum(r["quality"] == "warming_up" for r in sensor_rows) == 7
         assert sum(r["calibrated"] != "" for r in sensor_rows) > 50
     assert {r["link"] for r in rows} == {"mqtt", "serial"}
+    # The first node has no humidity sensor (PM10 only): the PM-only model calibrates it; the
+    # others report rh and temp_c and get the covariate model, on the same topic.
+    models = {s: {r["model"] for r in by_sensor[s] if r["calibrated"]} for s in SENSORS}
+    assert models == {
+        SENSORS[0]: {"test-tesla"},
+        **{sensor: {"test-rh-temp"} for sensor in SENSORS[1:]},
+    }
+    assert "test-rh-temp" in summary
     assert (out / "demo-traces.png").stat().st_size > 10_000
     assert '"event": "gateway_stopped"' in (out / "gateway.log").read_text()
 
