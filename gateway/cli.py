@@ -152,17 +152,25 @@ def _status(config: GatewayConfig, *, as_json: bool) -> int:
 
 
 def _model_lines(models: object) -> list[str]:
-    """One line per feature, with the degraded and fallback states an operator must see."""
+    """One line per model slot, with the degraded and fallback states an operator must see."""
     lines: list[str] = []
     if not isinstance(models, dict):
         return lines
-    for feature, model in sorted(models.items()):
+    for slot, model in sorted(models.items()):
         if not isinstance(model, dict):
             continue
+        feature = model.get("feature", slot)
+        name = slot if feature == slot else f"{feature} ({slot})"
+        channels = model.get("channels")
         line = (
-            f"  model {feature}: {model.get('model')} v{model.get('version')} "
+            f"  model {name}: {model.get('model')} v{model.get('version')} "
             f"on {model.get('runtime')}, reloads {model.get('reloads')}, "
             f"rejected {model.get('rejected')}"
+            + (
+                f", channels {', '.join(map(str, channels))}"
+                if isinstance(channels, list) and len(channels) > 1
+                else ""
+            )
         )
         if model.get("version") is None:
             line += "\n    DEGRADED: no model serves; a release or a copied model repairs it"

@@ -51,13 +51,17 @@ def test_status_of_a_stopped_daemon(config: Path, capsys: pytest.CaptureFixture[
         '{"gateway_id": "gw-1", "version": "0.1.0", "phase": "stopped", "updated_at": 0,'
         ' "readings_in": 5, "rejected": {"total": 1, "by_reason": {"bad_json": 1}},'
         ' "ticker": {"published": 4}, "models": {"pm10": {"model": "m", "version": 3,'
-        ' "runtime": "ai_edge_litert", "reloads": 1, "rejected": 0, "last_error": null}}}'
+        ' "runtime": "ai_edge_litert", "reloads": 1, "rejected": 0, "last_error": null},'
+        ' "pm10-rh": {"feature": "pm10", "model": "m-rh", "version": 2, "channels":'
+        ' ["pm10", "rh"], "runtime": "ai_edge_litert", "reloads": 1, "rejected": 0}}}'
     )
     assert main(["status", "--config", str(config)]) == 3  # LSB: not running
     out = capsys.readouterr().out
     assert "not running (last phase stopped)" in out
     assert "rejected 1 {'bad_json': 1}" in out
     assert "model pm10: m v3 on ai_edge_litert" in out
+    assert "model pm10 (pm10-rh): m-rh v2 on ai_edge_litert" in out
+    assert "channels pm10, rh" in out
     assert main(["status", "--json", "--config", str(config)]) == 3
     assert '"readings_in": 5' in capsys.readouterr().out
 
