@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import structlog
 
@@ -134,6 +134,7 @@ class SequenceTracker:
         self._log = structlog.get_logger(__name__)
         self._sensors: dict[str, SensorSequence] = {}
         self.missing: Counter[str] = Counter()  # per sensor
+        self._missing_forgotten = 0  # of sensors forgotten (evicted): kept in the total
         self.counts: Counter[SequenceOutcome] = Counter()
         self._unlogged_missing: Counter[str] = Counter()
         self._unlogged_resets: Counter[str] = Counter()
@@ -173,7 +174,15 @@ class SequenceTracker:
 
     @property
     def readings_missing(self) -> int:
-        return self.missing.total()
+        return self.missing.total() + self._missing_forgotten
+
+    def forget(self, sensor_ids: Iterable[str]) -> None:
+        """Evicted sensors: their state goes (their missing readings stay in the total)."""
+        for sensor_id in sensor_ids:
+            self._sensors.pop(sensor_id, None)
+            self._missing_forgotten += self.missing.pop(sensor_id, 0)
+            self._unlogged_missing.pop(sensor_id, None)
+            self._unlogged_resets.pop(sensor_id, None)
 
     def stats(self) -> dict[str, object]:
         """For the stats topic: totals and the sensors missing the most readings."""

@@ -225,7 +225,9 @@ class GatewayService:
         return 0
 
     def _evicted(self, sensor_ids: list[str]) -> None:
-        """Evicted sensors: the publisher withdraws them (discovery, availability)."""
+        """Evicted sensors: the publisher withdraws them (discovery, availability), the
+        monitor forgets their health."""
+        self.monitor.forget_sensors(sensor_ids)
         if self.publisher is None:
             self._evicted_early.extend(sensor_ids)
         else:

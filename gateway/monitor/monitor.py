@@ -208,6 +208,20 @@ class Monitor:
             self._dirty.clear()
         return out
 
+    def forget_sensors(self, sensor_ids: Iterable[str]) -> None:
+        """Evicted sensors (admission): their health and sequence state go, so a churn of
+        sensor ids over the years costs no memory. Co-located sensors keep their reference
+        state (configured, so bounded)."""
+        gone = set(sensor_ids)
+        if not gone:
+            return
+        self.sequences.forget(gone)
+        for key in [key for key in self._health if key[0] in gone]:
+            del self._health[key]
+            self._dirty.discard(key)
+            self._served.pop(key, None)
+            self._flag_counts.subtract(flag.value for flag in self._published.pop(key, ()))
+
     def close(self) -> None:
         """Flush and fsync the pair files (at shutdown)."""
         for writer in self._writers.values():

@@ -233,3 +233,21 @@ def test_too_few_pairs_never_judge_harm(tmp_path: Path) -> None:
         mon.observe_tick([calibrated("co", period, 20.0 + period, 90.0)], now=0.0)
     assert mon.stats()["drift"]["co/pm10"]["harm"] is False  # type: ignore[index]
     mon.close()
+
+
+def test_evicted_sensors_leave_the_monitor_and_their_loss_stays_counted(tmp_path: Path) -> None:
+    """Sensor ids that come and go over years must not pile up: an evicted sensor's health,
+    flags and sequence state go; what it missed stays in readings_missing."""
+    mon = monitor(tmp_path)
+    for seq in (1, 2, 5):  # two readings of "b" never arrived
+        mon.observe_reading(Reading("b", T0 + seq, {"pm10": 1.0}, "mqtt", seq=seq), {})
+    mon.observe_tick([calibrated("a", 0, 30.0, 25.0)], now=1.0)
+    mon.observe_tick([calibrated("b", 0, 30.0, None, Quality.MISSING_CHANNEL)], now=1.0)
+    assert mon.stats()["health"] == {"tracked": 2, "flagged": {"missing_channel": 1}}
+    mon.forget_sensors(["b", "never-seen"])
+    assert mon.stats()["health"] == {"tracked": 1, "flagged": {}}
+    assert mon.sequences.missing_for("b") is None
+    assert mon.sequences.readings_missing == 2
+    periodic = mon.poll(now=31.0)
+    assert [d.sensor_id for d in periodic] == ["a"]
+    assert periodic[0].document["model"] == "m"  # the model that calibrated it
