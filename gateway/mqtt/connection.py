@@ -94,6 +94,7 @@ class _Attempt:
     subscribes: dict[int, asyncio.Future[None]] = field(default_factory=dict)
     # Event-loop mode: the socket the loop reads, the keepalive timer, reading paused.
     socket: Any = None
+    on_readable: Callable[[], None] | None = None
     misc: asyncio.TimerHandle | None = None
     paused: bool = False
 
@@ -514,7 +515,7 @@ class MqttConnection:
             loop.remove_writer(written)
 
         client.on_socket_unregister_write = unregister
-        attempt.socket = sock
+        attempt.socket, attempt.on_readable = sock, readable
         loop.add_reader(sock, readable)
         if client.want_write():
             client.loop_write()  # what connect() left unsent; registers the rest, if any
@@ -536,10 +537,11 @@ class MqttConnection:
         client = attempt.client
         if isinstance(client, LeanClient):
             client.hold_reading = False
-        if attempt.lost.is_set() or client.socket() is None:
+        readable = attempt.on_readable
+        if attempt.lost.is_set() or client.socket() is None or readable is None:
             return
-        self._loop.add_reader(attempt.socket, client.loop_read)
-        self._loop.call_soon(client.loop_read)  # what its buffer still holds wakes no selector
+        self._loop.add_reader(attempt.socket, readable)
+        self._loop.call_soon(readable)  # what its buffer still holds wakes no selector
 
     def _mark_lost(self, attempt: _Attempt) -> None:
         attempt.lost.set()
