@@ -49,6 +49,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     grid.add_argument("--max-gap", type=int, help="longest gap (periods) to interpolate")
     grid.add_argument("--feature", action="append", help="keep only this feature (repeatable)")
     grid.add_argument("--models", type=_names, help="learned models, comma-separated")
+    grid.add_argument(
+        "--defer-models",
+        type=_names,
+        default=[],
+        help="compute these models' cells after all others (e.g. transformer,informer)",
+    )
     grid.add_argument("--no-ablations", action="store_true", help="skip TESLA's ablations")
     grid.add_argument("--no-covariates", action="store_true", help="skip tesla+rh, tesla+rh+t")
     grid.add_argument("--no-epa", action="store_true", help="skip the EPA reference row")
@@ -158,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         work_dir=args.work_dir,
         progress=not args.no_progress,
         write=False,
+        defer=args.defer_models,
     )
     path = write_report(config, args.report_dir, command=_command())
     print(

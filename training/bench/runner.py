@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -341,6 +342,26 @@ def _learned_cell(
     )
 
 
+QueuedCell = tuple[DatasetSpec, CellResult | None, Cell, str]
+
+
+def compute_order(
+    queue: Sequence[QueuedCell], seeds: Sequence[int], defer: Sequence[str] = ()
+) -> list[QueuedCell]:
+    """Order queued ``(spec, raw cell, cell, fingerprint)``: deferred models last, then by seed.
+
+    The sort is stable, so datasets and models keep the grid's order within one seed.
+    """
+    rank = {seed: index for index, seed in enumerate(seeds)}
+    deferred = set(defer)
+
+    def key(entry: QueuedCell) -> tuple[bool, int]:
+        cell = entry[2]
+        return cell.model in deferred, -1 if cell.seed is None else rank.get(cell.seed, len(rank))
+
+    return sorted(queue, key=key)
+
+
 def run_bench(
     config: BenchConfig,
     report_dir: Path,
@@ -348,8 +369,14 @@ def run_bench(
     work_dir: Path | None = None,
     progress: bool = True,
     write: bool = True,
+    defer: Sequence[str] = (),
 ) -> BenchSummary:
-    """Compute every cell not already stored, then write the report (unless ``write=False``)."""
+    """Compute every cell not already stored, then write the report (unless ``write=False``).
+
+    Cells run seed by seed (every dataset's seed 0 before any seed 1), so a run stopped early
+    leaves whole seeds; the models in ``defer`` run after all others, so a long run's cheap
+    cells are stored first.
+    """
     from training.bench.report import write_report
 
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -375,6 +402,7 @@ def run_bench(
 
     display = Progress(sum(len(p) for _, p in plan), enabled=progress)
     try:
+        queue: list[QueuedCell] = []
         for spec, pending in plan:
             references = _reference_cells(config, spec, store, summary)
             raw_cell = next((r for r in references if r.model == "raw"), None)
@@ -382,31 +410,31 @@ def run_bench(
                 summary.excluded_datasets.append(spec.key)
                 display.note(f"{spec.key}: feature {raw_cell.feature} not in {config.features}")
                 continue
-            for cell, expected in pending:
-                display.start(cell.label)
-                result = _learned_cell(
-                    config,
-                    spec,
-                    cell,
-                    expected=expected,
-                    work_dir=work / spec.key,
-                    raw_cell=raw_cell,
-                    progress=display,
+            queue += [(spec, raw_cell, cell, expected) for cell, expected in pending]
+        for spec, raw_cell, cell, expected in compute_order(queue, config.seeds, defer):
+            display.start(cell.label)
+            result = _learned_cell(
+                config,
+                spec,
+                cell,
+                expected=expected,
+                work_dir=work / spec.key,
+                raw_cell=raw_cell,
+                progress=display,
+            )
+            store.save(cell, result)
+            if result.status == "skipped":
+                summary.skipped.append(cell.label)
+                display.finish(f"{cell.label}: skipped ({result.reason})")
+            else:
+                summary.computed.append(cell.label)
+                test = result.test
+                spent = sum(result.seconds.values())
+                display.finish(
+                    f"{cell.label}: test RMSE {test.rmse:.2f} MAE {test.mae:.2f} ({spent:.0f} s)"
+                    if test
+                    else cell.label
                 )
-                store.save(cell, result)
-                if result.status == "skipped":
-                    summary.skipped.append(cell.label)
-                    display.finish(f"{cell.label}: skipped ({result.reason})")
-                else:
-                    summary.computed.append(cell.label)
-                    test = result.test
-                    spent = sum(result.seconds.values())
-                    display.finish(
-                        f"{cell.label}: test RMSE {test.rmse:.2f} MAE {test.mae:.2f} "
-                        f"({spent:.0f} s)"
-                        if test
-                        else cell.label
-                    )
     finally:
         display.close()
     if write:

@@ -62,6 +62,31 @@ def test_cells_share_the_main_window_with_the_sweep() -> None:
     assert len({c.file_name for c in cells}) == len(cells)
 
 
+def test_cells_run_seed_by_seed_with_deferred_models_last() -> None:
+    """A long run stopped early leaves whole seeds, and the slow models never block the rest."""
+    from training.bench.runner import compute_order
+
+    config = BenchConfig(
+        models=("transformer", "tesla", "dlinear"),
+        ablations=False,
+        covariates=False,
+        seeds=(0, 1),
+        sweep=SweepConfig(enabled=False),
+    )
+    spec_a, spec_b = (*config.datasets, *config.datasets)[:2]
+    queue = [(spec, None, cell, "") for spec in (spec_a, spec_b) for cell in config.cells(spec)]
+    ordered = [(e[2].model, e[2].seed) for e in compute_order(queue, config.seeds)]
+    assert [seed for _, seed in ordered] == sorted(seed for _, seed in ordered)
+    assert ordered[:3] == [("transformer", 0), ("tesla", 0), ("dlinear", 0)]
+    deferred = [
+        (e[2].model, e[2].seed) for e in compute_order(queue, config.seeds, ["transformer"])
+    ]
+    assert [m for m, _ in deferred[-4:]] == ["transformer"] * 4
+    assert [s for _, s in deferred[-4:]] == [0, 0, 1, 1]
+    assert [s for m, s in deferred if m != "transformer"] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert sorted(deferred) == sorted(ordered)
+
+
 @pytest.mark.parametrize(
     ("payload", "message"),
     [
