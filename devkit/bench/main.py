@@ -173,8 +173,12 @@ def main(argv: list[str]) -> int:
             e2e[f"e2e_readings_per_s_{s}"] / limit["broker_forward_per_s"]
         )
     _row(
-        "broker limit: the same closed loop to a C subscriber",
+        "broker limit: C publisher -> broker -> C subscriber",
         f"{limit['broker_forward_per_s']:>10,.0f} /s  (devkit/bench/broker_limit.py)",
+    )
+    _row(
+        "  same loop, the bench's load generator publishing",
+        f"{limit['broker_forward_loadgen_per_s']:>10,.0f} /s",
     )
     _row(
         f"daemon at {max(e2e_counts):,} sensors, 1 per message / broker limit",
