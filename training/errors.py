@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "DataError",
+    "DivergedTrainingError",
     "ExportError",
     "ExportVerificationError",
     "FeatureMismatchError",
@@ -33,6 +34,10 @@ class ExportError(TrainingError):
 
 class ExportVerificationError(ExportError):
     """An exported FlatBuffer disagrees with the Keras model or does not run where it must."""
+
+
+class DivergedTrainingError(TrainingError):
+    """Training produced a model whose predictions are not finite (the loss became NaN or inf)."""
 
 
 class HarmfulModelError(TrainingError):

@@ -38,7 +38,17 @@ def describe(scores: TestMetrics, unit: str = "µg/m³") -> str:
 
 
 def check_not_harmful(scores: TestMetrics, sensor: str, *, force: bool) -> None:
-    """Raise :class:`HarmfulModelError` when the model loses to raw or linear (unless forced)."""
+    """Raise :class:`HarmfulModelError` when the model loses to raw or linear (unless forced).
+
+    A model without a finite value for some windows the raw readings score on is refused even
+    when forced: its RMSE is over fewer windows (over none it is 0) and cannot be compared.
+    """
+    if scores.model.n < scores.raw.n:
+        raise HarmfulModelError(
+            f"on validation sensor {sensor} the model gives no finite value (NaN or inf) for "
+            f"{scores.raw.n - scores.model.n} of {scores.raw.n} windows: it diverged and "
+            "cannot be exported, even with --force; retrain with a lower learning rate"
+        )
     worse = [
         label
         for label, baseline in (("the raw readings", scores.raw), ("a linear fit", scores.linear))

@@ -29,7 +29,7 @@ from training.data import (
     paper_split,
     to_grid,
 )
-from training.errors import DataError
+from training.errors import DataError, DivergedTrainingError
 from training.harm import compare_on
 from training.metrics import LinearCalibration, error_metrics
 from training.models import ModelConfig, TeslaConfig, build_model
@@ -231,6 +231,24 @@ def _training_indices(config: TrainConfig, windows: WindowSet) -> npt.NDArray[np
     return indices
 
 
+def _refuse_diverged(
+    config: TrainConfig, predicted: npt.NDArray[np.floating], history: dict[str, list[float]]
+) -> None:
+    """A model that predicts NaN or inf is a failed run: its scores over the finite pairs left
+    would be empty (an RMSE of 0 over n = 0), and it must never be exported or ranked."""
+    bad = int(np.count_nonzero(~np.isfinite(predicted)))
+    if bad == 0:
+        return
+    losses = history.get("loss", [])
+    epoch = next((i + 1 for i, v in enumerate(losses) if not np.isfinite(v)), None)
+    where = f"the training loss became NaN or inf in epoch {epoch}; " if epoch else ""
+    raise DivergedTrainingError(
+        f"training diverged: {where}the model predicts NaN or inf for {bad} of {predicted.size} "
+        f"validation windows (model {config.model.kind}, seed {config.seed}, learning rate "
+        f"{config.learning_rate}). Lower the learning rate or try another seed."
+    )
+
+
 def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") -> RunResult:
     """Fit the configured model and write the run directory."""
     keras.utils.set_random_seed(config.seed)
@@ -261,12 +279,14 @@ def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") ->
                 monitor="val_loss",
                 patience=config.early_stopping_patience,
                 restore_best_weights=True,
-            )
+            ),
+            keras.callbacks.TerminateOnNaN(),  # a diverged run stops at once, not after N epochs
         ],
         verbose=verbose,
     )
     linear = LinearCalibration.fit(prepared.train.current_raw(), prepared.train.targets())
     validation_predicted = predict_windows(model, prepared.validation)
+    _refuse_diverged(config, validation_predicted, history.history)
     validation = error_metrics(validation_predicted, validation_y)
     baselines = compare_on(prepared.validation, validation_predicted, linear)
     test = _test_metrics(model, prepared, linear)

@@ -99,7 +99,7 @@ class CellResult(_Strict):
     window_length: int
     seed: int | None
     fingerprint: str
-    status: Literal["done", "skipped"]
+    status: Literal["done", "skipped", "diverged"]
     reason: str | None = None
     test: ErrorMetrics | None = None
     validation: ErrorMetrics | None = None
@@ -132,7 +132,8 @@ class CellStore:
         return self.directory / cell.file_name
 
     def load(self, cell: Cell, expected_fingerprint: str | None = None) -> CellResult | None:
-        """The stored result, or None when absent, unreadable or computed for another config."""
+        """The stored result, or None when absent, unreadable, computed for another config, or
+        scored over no window at all (a diverged run from before divergence was detected)."""
         path = self.path(cell)
         if not path.is_file():
             return None
@@ -142,6 +143,8 @@ class CellStore:
             return None
         if expected_fingerprint is not None and result.fingerprint != expected_fingerprint:
             return None
+        if result.status == "done" and result.test is not None and result.test.n == 0:
+            return None  # a diverged run stored as done before the check existed: run it again
         return result
 
     def save(self, cell: Cell, result: CellResult) -> Path:

@@ -716,9 +716,22 @@ def write_report(config: BenchConfig, report_dir: Path, *, command: str | None =
     skipped = [r for r in report.results if r.status == "skipped"]
     if skipped:
         lines += ["Rows not computed:", ""]
-        lines += [f"- `{r.model}` N = {r.window_length}: {one_line(r.reason)}" for r in skipped] + [
-            ""
+        lines += [
+            f"- `{r.model}` N = {r.window_length} ({r.dataset}): {one_line(r.reason)}"
+            for r in skipped
+        ] + [""]
+    diverged = [r for r in report.results if r.status == "diverged"]
+    if diverged:
+        lines += [
+            "Runs that diverged (left out of every mean and range above, which are over the "
+            "seeds that finished; a model's count of seeds per cell is in table1.csv):",
+            "",
         ]
+        lines += [
+            f"- `{r.model}` N = {r.window_length} ({r.dataset}), seed {r.seed}: "
+            f"{one_line(r.reason)}"
+            for r in sorted(diverged, key=lambda r: (r.dataset, r.model, r.seed or 0))
+        ] + [""]
     if ablation_lines:
         lines += [f"## Table 2 — ablation (N = {config.window_length}, test RMSE)", ""]
         lines += ablation_lines

@@ -29,7 +29,7 @@ from training.bench.efficiency import ExportOutcome, measure_efficiency
 from training.bench.grid import COVARIATE_MODELS, MODELS, BenchConfig, Cell, DatasetSpec
 from training.bench.progress import Progress
 from training.bench.trust import measure_trust
-from training.errors import DataError, ExportError
+from training.errors import DataError, DivergedTrainingError, ExportError
 from training.reference_calibrations import (
     EPA_FEATURE,
     epa_purpleair_pm25,
@@ -297,8 +297,12 @@ def _learned_cell(
         prepared = prepare_data(tc)
     except DataError as exc:
         return CellResult(status="skipped", reason=str(exc), **common)
-    with progress.training(f"{cell.model} N={cell.window_length}"):
-        result = train(tc, cell_dir / "run", verbose=0)
+    try:
+        with progress.training(f"{cell.model} N={cell.window_length}"):
+            result = train(tc, cell_dir / "run", verbose=0)
+    except DivergedTrainingError as exc:  # a result of the protocol, reported, never ranked
+        seconds["train"] = time.perf_counter() - started
+        return CellResult(status="diverged", reason=str(exc), seconds=seconds, **common)
     seconds["train"] = time.perf_counter() - started
 
     progress.stage("exporting")
@@ -395,9 +399,7 @@ def run_bench(
             if stored is None:
                 pending.append((cell, expected))
             else:
-                (summary.skipped if stored.status == "skipped" else summary.reused).append(
-                    cell.label
-                )
+                (summary.reused if stored.status == "done" else summary.skipped).append(cell.label)
         plan.append((spec, pending))
 
     display = Progress(sum(len(p) for _, p in plan), enabled=progress)
@@ -423,9 +425,9 @@ def run_bench(
                 progress=display,
             )
             store.save(cell, result)
-            if result.status == "skipped":
+            if result.status != "done":
                 summary.skipped.append(cell.label)
-                display.finish(f"{cell.label}: skipped ({result.reason})")
+                display.finish(f"{cell.label}: {result.status} ({result.reason})")
             else:
                 summary.computed.append(cell.label)
                 test = result.test
