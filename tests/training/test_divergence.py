@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ from training.train import TrainConfig, train
 
 pytestmark = pytest.mark.slow
 
-DATA = {"n_sensors": 4, "days": 1, "seed": 5}
+DATA: dict[str, int | float | str] = {"n_sensors": 4, "days": 1, "seed": 5}
 EXPLODING = 1e20  # Adam moves every weight by about the learning rate per step: inf, then NaN
 
 
@@ -79,7 +80,7 @@ def test_a_cell_stored_as_done_over_no_window_is_computed_again(tmp_path: Path) 
 
     cell = Cell(dataset="d", model="itransformer", window_length=360, seed=1)
     store = CellStore(tmp_path)
-    common = {
+    common: dict[str, Any] = {
         "dataset": "d", "region": "r", "feature": "pm2_5", "model": "itransformer",
         "group": "paper", "window_length": 360, "seed": 1, "fingerprint": "f",
     }  # fmt: skip

@@ -75,11 +75,11 @@ def test_cells_run_seed_by_seed_with_deferred_models_last() -> None:
     )
     spec_a, spec_b = (*config.datasets, *config.datasets)[:2]
     queue = [(spec, None, cell, "") for spec in (spec_a, spec_b) for cell in config.cells(spec)]
-    ordered = [(e[2].model, e[2].seed) for e in compute_order(queue, config.seeds)]
+    ordered = [(e[2].model, e[2].seed or 0) for e in compute_order(queue, config.seeds)]
     assert [seed for _, seed in ordered] == sorted(seed for _, seed in ordered)
     assert ordered[:3] == [("transformer", 0), ("tesla", 0), ("dlinear", 0)]
     deferred = [
-        (e[2].model, e[2].seed) for e in compute_order(queue, config.seeds, ["transformer"])
+        (e[2].model, e[2].seed or 0) for e in compute_order(queue, config.seeds, ["transformer"])
     ]
     assert [m for m, _ in deferred[-4:]] == ["transformer"] * 4
     assert [s for _, s in deferred[-4:]] == [0, 0, 1, 1]
