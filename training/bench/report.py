@@ -161,7 +161,7 @@ def table1_rows(
 
 
 def _range_text(row: dict[str, object], key: str) -> str:
-    """`` [low–high]`` after an RMSE averaged over two or more seeds, else nothing."""
+    """`` [low–high]`` after an RMSE averaged over two or more seeds, ``†`` if a seed diverged."""
     if not key.endswith("_rmse") or key == "avg_rmse":
         return ""
     region = key.removesuffix("_rmse")
@@ -170,9 +170,10 @@ def _range_text(row: dict[str, object], key: str) -> str:
         row.get(f"{region}_rmse_min"),
         row.get(f"{region}_rmse_max"),
     )
+    dagger = " †" if row.get(f"{region}_diverged") else ""
     if not isinstance(seeds, int) or seeds < 2 or low is None or high is None:
-        return ""
-    return f" [{_fmt(low)}–{_fmt(high)}]"
+        return dagger
+    return f" [{_fmt(low)}–{_fmt(high)}]{dagger}"
 
 
 def _fmt(value: object, digits: int = 2) -> str:
@@ -331,6 +332,7 @@ class _Report:
                     row[f"{column.region}_rmse_min"] = score.rmse_min if score else None
                     row[f"{column.region}_rmse_max"] = score.rmse_max if score else None
                     row[f"{column.region}_seeds"] = score.seeds if score else 0
+                    row[f"{column.region}_diverged"] = self.diverged_seeds(column.dataset, model)
                 body.append(
                     [
                         model,
@@ -342,7 +344,21 @@ class _Report:
                 every.append({"feature": feature, **row})
             lines += [f"### {feature.upper().replace('_', '.')} (N = {self.n})", ""]
             lines += _md_table(header, body)
+            if any(row.get(f"{c.region}_diverged") for row in rows for c in columns):
+                lines += [
+                    '† a seed of this cell diverged (listed under "Runs that diverged"); the '
+                    "value is over the seeds that finished.",
+                    "",
+                ]
         return lines, every
+
+    def diverged_seeds(self, dataset: str, model: str) -> int:
+        return sum(
+            1
+            for r in self.results
+            if (r.dataset, r.model, r.window_length, r.status)
+            == (dataset, model, self.n, "diverged")
+        )
 
     # What reproduces -------------------------------------------------------------------------
     def reproduction(self) -> list[str]:
@@ -716,10 +732,11 @@ def write_report(config: BenchConfig, report_dir: Path, *, command: str | None =
     skipped = [r for r in report.results if r.status == "skipped"]
     if skipped:
         lines += ["Rows not computed:", ""]
-        lines += [
+        reasons = (
             f"- `{r.model}` N = {r.window_length} ({r.dataset}): {one_line(r.reason)}"
             for r in skipped
-        ] + [""]
+        )
+        lines += [*dict.fromkeys(reasons), ""]  # once per dataset, not once per seed
     diverged = [r for r in report.results if r.status == "diverged"]
     if diverged:
         lines += [

@@ -98,3 +98,37 @@ def test_one_seed_is_never_judged_against_seed_noise() -> None:
         "- Table 1: TESLA ranks 1 of 2 of the paper's models; TESLA 6.50 (1 seed) below "
         "dlinear 6.69 (1 seed): one seed, so not judged against seed noise."
     )
+
+
+def test_a_diverged_seed_is_left_out_of_the_mean_and_marked(tmp_path: Path) -> None:
+    """A cell with a diverged seed shows the finished seeds' mean with a dagger and a note, and
+    the diverged run is listed with its reason (found: iTransformer seed 1 on Antwerp)."""
+    config = synthetic_config(seeds=(0, 1, 2))
+    store = CellStore(tmp_path)
+    spec = config.datasets[0]
+    for cell in (*config.reference_cells(spec), *config.cells(spec)):
+        rmse = REFERENCE[cell.model] if cell.seed is None else SEEDED[cell.model][cell.seed]
+        diverged = cell.model == "dlinear" and cell.seed == 2
+        store.save(
+            cell,
+            CellResult(
+                dataset="syn", region="nowhere", feature="pm10", model=cell.model,
+                group="paper" if cell.seed is not None else "reference", window_length=32,
+                seed=cell.seed, fingerprint="hand-made",
+                status="diverged" if diverged else "done",
+                reason="training diverged: the training loss became NaN" if diverged else None,
+                test=None if diverged else ErrorMetrics(rmse=rmse, mae=rmse * 0.8, n=50),
+                test_sensor="S3", windows={"train": 100, "validation": 50, "test": 50},
+            ),
+        )  # fmt: skip
+    report = write_report(config, tmp_path).read_text(encoding="utf-8")
+
+    low, high = sorted(SEEDED["dlinear"][:2])
+    mean = (low + high) / 2
+    assert f"| dlinear | *{mean:.2f}* [{low:.2f}–{high:.2f}] † |" in report
+    assert "† a seed of this cell diverged" in report
+    assert "- `dlinear` N = 32 (syn), seed 2: training diverged" in report
+    assert "| tesla | **8.03** [7.90–8.20] |" in report  # no dagger where every seed finished
+    with (tmp_path / "table1.csv").open(encoding="utf-8") as handle:
+        rows = {row["model"]: row for row in csv.DictReader(handle)}
+    assert rows["dlinear"]["nowhere_seeds"] == "2" and rows["dlinear"]["nowhere_diverged"] == "1"
