@@ -17,27 +17,14 @@
  * the broker; this one a fraction of that, so the broker gets that core. Exits 2 with a message
  * on stderr on any failure.
  */
-#include <errno.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
 #include <time.h>
-#include <unistd.h>
+
+#include "limit_io.h"
 
 #define CHUNK 500
 #define MAX_UNACKED 30000
 #define MAX_SAMPLES 200000
 #define PACKET_MAX 128
-
-static void fail(const char *what) {
-    fprintf(stderr, "limit_pub: %s%s%s\n", what, errno ? ": " : "", errno ? strerror(errno) : "");
-    exit(2);
-}
 
 static double monotonic_s(void) {
     struct timespec t;
@@ -48,18 +35,6 @@ static double monotonic_s(void) {
 static void sleep_s(double seconds) {
     struct timespec t = {0, (long)(seconds * 1e9)};
     nanosleep(&t, NULL);
-}
-
-static void write_all(int fd, const uint8_t *data, size_t size) {
-    while (size > 0) {
-        ssize_t n = write(fd, data, size);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            fail("write");
-        }
-        data += n;
-        size -= (size_t)n;
-    }
 }
 
 /* The consumer's status: 1 and its fields when readable and whole, else 0. */
@@ -104,6 +79,7 @@ static long long read_acks(int fd, int block, uint8_t *pending, size_t *have) {
 }
 
 int main(int argc, char **argv) {
+    limit_program = "limit_pub";
     if (argc != 9) {
         fprintf(stderr, "usage: limit_pub HOST PORT CLIENT_ID SENSORS DURATION_S BACKLOG "
                         "STATUS_FILE OUT_JSON\n");
@@ -117,15 +93,7 @@ int main(int argc, char **argv) {
     errno = 0;
     if (sensors < 1 || sensors > 99999 || duration <= 0 || backlog < 1) fail("bad arguments");
 
-    struct addrinfo hints = {0}, *address = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(host, port, &hints, &address) != 0 || address == NULL) fail("resolve");
-    int fd = socket(address->ai_family, address->ai_socktype, address->ai_protocol);
-    if (fd < 0 || connect(fd, address->ai_addr, address->ai_addrlen) != 0) fail("connect");
-    freeaddrinfo(address);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    int fd = connect_to(host, port);
 
     /* CONNECT: "MQTT" level 4, clean session, no keep-alive (as devkit/bench/mqtt_wire.py). */
     uint8_t connect_packet[64];

@@ -16,36 +16,11 @@
  * as it drives the daemon. Exits 0 after COUNT messages (all acknowledged), printing
  * "received N"; any protocol surprise exits 2 with a message on stderr.
  */
-#include <errno.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
 #include <time.h>
-#include <unistd.h>
+
+#include "limit_io.h"
 
 #define READ_CHUNK (1 << 20)
-
-static void fail(const char *what) {
-    fprintf(stderr, "limit_sub: %s%s%s\n", what, errno ? ": " : "", errno ? strerror(errno) : "");
-    exit(2);
-}
-
-static void write_all(int fd, const uint8_t *data, size_t size) {
-    while (size > 0) {
-        ssize_t n = write(fd, data, size);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            fail("write");
-        }
-        data += n;
-        size -= (size_t)n;
-    }
-}
 
 static size_t put_string(uint8_t *out, const char *text) {
     size_t n = strlen(text);
@@ -122,6 +97,7 @@ static void consume(uint8_t *buf, size_t *have, size_t used) {
 }
 
 int main(int argc, char **argv) {
+    limit_program = "limit_sub";
     if (argc != 6 && argc != 7) {
         fprintf(stderr, "usage: limit_sub HOST PORT CLIENT_ID TOPIC COUNT [STATUS_FILE]\n");
         return 2;
@@ -130,15 +106,7 @@ int main(int argc, char **argv) {
     long long wanted = atoll(argv[5]);
     const char *status = argc == 7 ? argv[6] : NULL;
 
-    struct addrinfo hints = {0}, *address = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(host, port, &hints, &address) != 0 || address == NULL) fail("resolve");
-    int fd = socket(address->ai_family, address->ai_socktype, address->ai_protocol);
-    if (fd < 0 || connect(fd, address->ai_addr, address->ai_addrlen) != 0) fail("connect");
-    freeaddrinfo(address);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    int fd = connect_to(host, port);
 
     uint8_t *buf = malloc(READ_CHUNK + 16);
     uint8_t *acks = malloc(READ_CHUNK); /* a PUBLISH is >= 4 bytes, a PUBACK 4 */
