@@ -487,7 +487,10 @@ def test_a_qos0_flood_is_bounded_by_the_inbox_and_the_excess_is_counted(
     assert received[-1].payload == b"end"
     drops = [entry for entry in logs if entry["event"] == "mqtt_inbox_full_dropped"]
     assert len(drops) == 1  # rate-limited: one line for the whole burst
-    assert drops[0]["dropped_total"] == flood - bound
+    # The line is written when the dispatcher next wakes: after the release it says all of
+    # them; on a loaded machine it may wake during the flood and say the count so far (the
+    # stats above are exact either way).
+    assert 0 < drops[0]["dropped_total"] <= flood - bound
 
 
 def test_on_the_event_loop_a_qos0_flood_stops_reading_at_the_bound(mosquitto: Mosquitto) -> None:
