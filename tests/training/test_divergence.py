@@ -64,13 +64,13 @@ def test_the_bench_records_a_diverged_cell_and_reports_it_apart(tmp_path: Path) 
     cell = json.loads((tmp_path / "cells" / "synthetic__N32__linear__seed0.json").read_text())
     assert cell["status"] == "diverged" and cell["test"] is None
     assert "training diverged" in cell["reason"]
-    assert summary.skipped == ["synthetic N=32 linear seed 0"]
+    assert summary.diverged == ["synthetic N=32 linear seed 0"] and not summary.skipped
     assert "synthetic N=32 linear seed 0" not in summary.computed
     report = (tmp_path / "report.md").read_text(encoding="utf-8")
     assert "Runs that diverged" in report and "`linear` N = 32 (synthetic), seed 0" in report
     assert "| linear | 0.00" not in report
     again = run_bench(config, tmp_path, work_dir=tmp_path / "work", progress=False)
-    assert again.skipped == ["synthetic N=32 linear seed 0"] and not again.computed  # stored
+    assert again.diverged == ["synthetic N=32 linear seed 0"] and not again.computed  # stored
 
 
 def test_a_cell_stored_as_done_over_no_window_is_computed_again(tmp_path: Path) -> None:

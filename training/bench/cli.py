@@ -174,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
                 "computed": len(summary.computed),
                 "reused": len(summary.reused),
                 "skipped": summary.skipped,
+                "diverged": summary.diverged,
                 "excluded_datasets": summary.excluded_datasets,
             },
             indent=2,

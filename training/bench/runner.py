@@ -49,7 +49,12 @@ class BenchSummary:
     computed: list[str] = field(default_factory=list)
     reused: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    diverged: list[str] = field(default_factory=list)
     excluded_datasets: list[str] = field(default_factory=list)
+
+    def by_status(self, status: str) -> list[str]:
+        """The list a cell of this status goes to (a stored "done" cell is reused)."""
+        return {"skipped": self.skipped, "diverged": self.diverged}.get(status, self.reused)
 
 
 def train_config(config: BenchConfig, spec: DatasetSpec, cell: Cell) -> TrainConfig:
@@ -399,7 +404,7 @@ def run_bench(
             if stored is None:
                 pending.append((cell, expected))
             else:
-                (summary.reused if stored.status == "done" else summary.skipped).append(cell.label)
+                summary.by_status(stored.status).append(cell.label)
         plan.append((spec, pending))
 
     display = Progress(sum(len(p) for _, p in plan), enabled=progress)
@@ -426,7 +431,7 @@ def run_bench(
             )
             store.save(cell, result)
             if result.status != "done":
-                summary.skipped.append(cell.label)
+                summary.by_status(result.status).append(cell.label)
                 display.finish(f"{cell.label}: {result.status} ({result.reason})")
             else:
                 summary.computed.append(cell.label)
