@@ -15,7 +15,12 @@ Array = npt.NDArray[np.floating]
 
 
 def error_metrics(predicted: Array, reference: Array) -> ErrorMetrics:
-    """RMSE and MAE over the pairs where both values exist."""
+    """RMSE and MAE over the pairs where both values exist.
+
+    ``n`` is part of the score: over no pair RMSE and MAE are 0 and mean nothing, and two
+    scores compare only over the same ``n`` (the harm guard refuses a model scored over fewer
+    windows than the raw readings; ``train`` refuses one that predicts NaN at all).
+    """
     predicted = np.asarray(predicted, dtype=np.float64).reshape(-1)
     reference = np.asarray(reference, dtype=np.float64).reshape(-1)
     keep = np.isfinite(predicted) & np.isfinite(reference)

@@ -78,6 +78,30 @@ static long long read_acks(int fd, int block, uint8_t *pending, size_t *have) {
     return acks;
 }
 
+/* What the closed loop knows of its consumer, and the samples it writes out. */
+struct loop_state {
+    const char *status;
+    double last_at;
+    long long consumed0, consumed, published;
+    double (*samples)[3];
+    size_t sample_count;
+};
+
+/* Reads the consumer's status; a new one updates `consumed` and adds a sample. */
+static void poll_status(struct loop_state *loop) {
+    double at;
+    long long count;
+    if (!read_status(loop->status, &at, &count) || at == loop->last_at) return;
+    loop->last_at = at;
+    loop->consumed = count - loop->consumed0;
+    if (loop->sample_count < MAX_SAMPLES) {
+        double *sample = loop->samples[loop->sample_count++];
+        sample[0] = at;
+        sample[1] = (double)loop->published;
+        sample[2] = (double)loop->consumed;
+    }
+}
+
 int main(int argc, char **argv) {
     limit_program = "limit_pub";
     if (argc != 9) {
@@ -125,43 +149,25 @@ int main(int argc, char **argv) {
     if (level == NULL || packets == NULL || samples == NULL) fail("out of memory");
     for (long i = 0; i < sensors; i++) level[i] = 2.0 + (double)((i * 7919) % 4801) / 100.0;
 
-    double base_at;
-    long long consumed0, consumed = 0;
-    if (!read_status(status, &base_at, &consumed0)) fail("the consumer's status file is not readable");
-    double last_at = base_at;
-    size_t sample_count = 0;
-    long long published = 0, acked = 0;
+    struct loop_state loop = {.status = status, .samples = samples};
+    if (!read_status(status, &loop.last_at, &loop.consumed0))
+        fail("the consumer's status file is not readable");
+    long long acked = 0;
     uint8_t pending[4];
     size_t pending_have = 0;
     unsigned packet_id = 0;
     long long ts0 = (long long)time(NULL) - 86400;
     double end = monotonic_s() + duration, status_read = 0.0;
 
-#define POLL()                                                                                 \
-    do {                                                                                       \
-        double at;                                                                             \
-        long long count;                                                                       \
-        if (read_status(status, &at, &count) && at != last_at) {                               \
-            last_at = at;                                                                      \
-            consumed = count - consumed0;                                                      \
-            if (sample_count < MAX_SAMPLES) {                                                  \
-                samples[sample_count][0] = at;                                                 \
-                samples[sample_count][1] = (double)published;                                  \
-                samples[sample_count][2] = (double)consumed;                                   \
-                sample_count++;                                                                \
-            }                                                                                  \
-        }                                                                                      \
-    } while (0)
-
     for (long long round = 0;; round++) {
         for (long start = 0; start < sensors; start += CHUNK) {
             long stop = start + CHUNK < sensors ? start + CHUNK : sensors;
-            while (published - consumed > backlog) {
+            while (loop.published - loop.consumed > backlog) {
                 sleep_s(0.002);
-                POLL();
+                poll_status(&loop);
                 acked += read_acks(fd, 0, pending, &pending_have);
             }
-            while (published + (stop - start) - acked > MAX_UNACKED)
+            while (loop.published + (stop - start) - acked > MAX_UNACKED)
                 acked += read_acks(fd, 1, pending, &pending_have);
             size_t size = 0;
             for (long i = start; i < stop; i++) {
@@ -172,9 +178,11 @@ int main(int argc, char **argv) {
                     snprintf(payload, sizeof payload, "{\"ts\":%lld,\"pm10\":%.1f}", ts0 + round, value);
                 packet_id = packet_id % 65535 + 1;
                 size_t remaining = 2 + (size_t)topic_length + 2 + (size_t)payload_length;
+                errno = 0;
+                if (remaining > 127) fail("a PUBLISH longer than one length byte holds");
                 uint8_t *p = packets + size;
                 *p++ = 0x32; /* PUBLISH, QoS 1 */
-                *p++ = (uint8_t)remaining; /* < 128 */
+                *p++ = (uint8_t)remaining;
                 *p++ = 0;
                 *p++ = (uint8_t)topic_length;
                 memcpy(p, topic, (size_t)topic_length);
@@ -186,17 +194,17 @@ int main(int argc, char **argv) {
                 size = (size_t)(p - packets);
             }
             write_all(fd, packets, size);
-            published += stop - start;
+            loop.published += stop - start;
             acked += read_acks(fd, 0, pending, &pending_have);
             if (monotonic_s() - status_read > 0.01) {
                 status_read = monotonic_s();
-                POLL();
+                poll_status(&loop);
             }
         }
         if (monotonic_s() >= end) break;
     }
     double deadline = monotonic_s() + 30.0;
-    while (acked < published) {
+    while (acked < loop.published) {
         errno = 0;
         if (monotonic_s() > deadline) fail("PUBACKs still missing 30 s after the last publish");
         acked += read_acks(fd, 1, pending, &pending_have);
@@ -207,8 +215,8 @@ int main(int argc, char **argv) {
 
     FILE *out = fopen(out_path, "w");
     if (out == NULL) fail("cannot write the output file");
-    fprintf(out, "{\"readings_published\": %lld, \"samples\": [", published);
-    for (size_t i = 0; i < sample_count; i++)
+    fprintf(out, "{\"readings_published\": %lld, \"samples\": [", loop.published);
+    for (size_t i = 0; i < loop.sample_count; i++)
         fprintf(out, "%s[%.6f, %.0f, %.0f]", i ? ", " : "", samples[i][0], samples[i][1],
                 samples[i][2]);
     fprintf(out, "]}\n");

@@ -64,6 +64,7 @@ def test_the_bench_records_a_diverged_cell_and_reports_it_apart(tmp_path: Path) 
     cell = json.loads((tmp_path / "cells" / "synthetic__N32__linear__seed0.json").read_text())
     assert cell["status"] == "diverged" and cell["test"] is None
     assert "training diverged" in cell["reason"]
+    assert cell["seconds"]["train"] > 0  # what the diverged run cost is kept
     assert summary.diverged == ["synthetic N=32 linear seed 0"] and not summary.skipped
     assert "synthetic N=32 linear seed 0" not in summary.computed
     report = (tmp_path / "report.md").read_text(encoding="utf-8")

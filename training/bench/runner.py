@@ -302,13 +302,15 @@ def _learned_cell(
         prepared = prepare_data(tc)
     except DataError as exc:
         return CellResult(status="skipped", reason=str(exc), **common)
+    diverged: str | None = None
     try:
         with progress.training(f"{cell.model} N={cell.window_length}"):
             result = train(tc, cell_dir / "run", verbose=0)
     except DivergedTrainingError as exc:  # a result of the protocol, reported, never ranked
-        seconds["train"] = time.perf_counter() - started
-        return CellResult(status="diverged", reason=str(exc), seconds=seconds, **common)
+        diverged = str(exc)
     seconds["train"] = time.perf_counter() - started
+    if diverged is not None:
+        return CellResult(status="diverged", reason=diverged, seconds=seconds, **common)
 
     progress.stage("exporting")
     started = time.perf_counter()
