@@ -28,6 +28,7 @@ from training.bench.cells import CaseTrace, CellResult, CellStore, fingerprint
 from training.bench.efficiency import ExportOutcome, measure_efficiency
 from training.bench.grid import COVARIATE_MODELS, MODELS, BenchConfig, Cell, DatasetSpec
 from training.bench.progress import Progress
+from training.bench.trained_runs import TrainedRun, forget_trained, mark_trained, reuse_trained
 from training.bench.trust import measure_trust
 from training.errors import DataError, DivergedTrainingError, ExportError
 from training.reference_calibrations import (
@@ -302,21 +303,32 @@ def _learned_cell(
         prepared = prepare_data(tc)
     except DataError as exc:
         return CellResult(status="skipped", reason=str(exc), **common)
-    diverged: str | None = None
-    try:
-        with progress.training(f"{cell.model} N={cell.window_length}"):
-            result = train(tc, cell_dir / "run", verbose=0)
-    except DivergedTrainingError as exc:  # a result of the protocol, reported, never ranked
-        diverged = str(exc)
-    seconds["train"] = time.perf_counter() - started
-    if diverged is not None:
-        return CellResult(status="diverged", reason=diverged, seconds=seconds, **common)
+    run_dir = cell_dir / "run"
+    reused = reuse_trained(run_dir, expected, tc)
+    if isinstance(reused, TrainedRun):
+        progress.note(f"{cell.label}: reusing its finished training in {run_dir}")
+        result = reused.result
+        seconds["train"] = reused.train_seconds
+    else:
+        if reused is not None:
+            progress.note(f"{cell.label}: training again, {reused}")
+        forget_trained(run_dir)
+        diverged: str | None = None
+        try:
+            with progress.training(f"{cell.model} N={cell.window_length}"):
+                result = train(tc, run_dir, verbose=0)
+        except DivergedTrainingError as exc:  # a result of the protocol, reported, never ranked
+            diverged = str(exc)
+        seconds["train"] = time.perf_counter() - started
+        if diverged is not None:
+            return CellResult(status="diverged", reason=diverged, seconds=seconds, **common)
+        mark_trained(run_dir, expected, seconds["train"])
 
     progress.stage("exporting")
     started = time.perf_counter()
     outcome = _export(
         result.model,
-        cell_dir / "run",
+        run_dir,
         cell_dir / "model",
         "bench-" + cell.model.replace("+", "-"),
         full=cell.full,
