@@ -14,28 +14,21 @@ from typing import Any
 
 import pytest
 
+from tests.training.bench.test_run import CONFIG as RUN_CONFIG
 from training.bench import runner
-from training.bench.grid import BenchConfig, DatasetSpec, SweepConfig
+from training.bench.grid import SweepConfig
 from training.bench.runner import run_bench
 from training.bench.trained_runs import MARKER_NAME
 from training.train import train as train_for_real
 
-CONFIG = BenchConfig(
-    datasets=(
-        DatasetSpec(
-            dataset="synthetic",
-            options={"n_sensors": 4, "days": 1, "seed": 7},
-            max_interpolated_periods=10,
-        ),
-    ),
-    models=("dlinear",),
-    ablations=False,
-    covariates=False,
-    epa=False,
-    window_length=32,
-    sweep=SweepConfig(enabled=False),
-    epochs=1,
-    max_train_windows=128,
+CONFIG = RUN_CONFIG.model_copy(
+    update={
+        "models": ("dlinear",),
+        "epa": False,
+        "sweep": SweepConfig(enabled=False),
+        "max_train_windows": 128,
+        "case_study_models": (),
+    }
 )
 
 
