@@ -6,6 +6,9 @@
 #   sudo deploy/install.sh [--gateway-id ID] [--node ID]... [--broker-host NAME]
 #                          [--root DIR] [--dry-run] [--arch arm64|armhf|amd64] [--pip-args ARGS]
 #
+# --gateway-id ID  default: the host name. Gateways that share a broker need different ids
+#              (their MQTT client ids derive from it); Raspberry Pi OS's default host name
+#              "raspberrypi" gets a warning.
 # --root DIR   install into DIR instead of / (a throwaway tree: no apt, no systemctl; the
 #              users are created in DIR/etc with useradd --root)
 # --dry-run    print what would be done, change nothing
@@ -28,6 +31,7 @@ ARCH=""
 PIP_ARGS=""
 WHEELHOUSE=""
 GATEWAY_ID="$(hostname -s 2>/dev/null || echo gateway)"
+GATEWAY_ID_GIVEN=0
 BROKER_HOST="$(hostname -f 2>/dev/null || hostname)"
 NODES=()
 
@@ -40,7 +44,7 @@ MQTT_GATEWAY_USER="tesla-gateway"
 MQTT_READER_USER="tesla-reader"
 MQTT_RELEASE_USER="tesla-release"
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -49,7 +53,7 @@ while [[ $# -gt 0 ]]; do
         --arch) ARCH="$2"; shift 2 ;;
         --pip-args) PIP_ARGS="$2"; shift 2 ;;
         --wheelhouse) WHEELHOUSE="$2"; shift 2 ;;
-        --gateway-id) GATEWAY_ID="$2"; shift 2 ;;
+        --gateway-id) GATEWAY_ID="$2"; GATEWAY_ID_GIVEN=1; shift 2 ;;
         --broker-host) BROKER_HOST="$2"; shift 2 ;;
         --node) NODES+=("$2"); shift 2 ;;
         -h|--help) usage 0 ;;
@@ -59,6 +63,11 @@ done
 
 ID_PATTERN='^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$'
 [[ "$GATEWAY_ID" =~ $ID_PATTERN ]] || { echo "install.sh: bad --gateway-id $GATEWAY_ID" >&2; exit 2; }
+if [[ $GATEWAY_ID_GIVEN -eq 0 && "$GATEWAY_ID" == "raspberrypi" ]]; then
+    echo "install.sh: warning: gateway_id is the host name \"raspberrypi\", Raspberry Pi OS's" \
+        "default: gateways that share a broker with the same id take each other's MQTT" \
+        "sessions over. Give each its own (--gateway-id, or a host name of its own)." >&2
+fi
 for node in "${NODES[@]+"${NODES[@]}"}"; do
     [[ "$node" =~ $ID_PATTERN ]] || { echo "install.sh: bad --node $node" >&2; exit 2; }
 done

@@ -23,6 +23,7 @@ from gateway import __version__
 from gateway.config import GatewayConfig, load_config
 from gateway.errors import ConfigError, GatewayError
 from gateway.init_config import add_init_parser, run_init
+from gateway.mqtt.session_loss import session_problems
 
 __all__ = ["main"]
 
@@ -225,7 +226,24 @@ def _summary(status: dict[str, object], running: int | None) -> str:
             f"{publisher.get('queued')}, published {publisher.get('published')}, dropped "
             f"{publisher.get('dropped_total')}"
         )
+    lines.extend(_session_lines(status))
     return "\n".join(lines)
+
+
+def _session_lines(status: dict[str, object]) -> list[str]:
+    """The MQTT sessions' problems (session_loss.session_problems), with the likely cause."""
+    stored = status.get("mqtt_sessions")
+    sessions: dict[str, object] = dict(stored) if isinstance(stored, dict) else {}
+    publisher = status.get("publisher")
+    if isinstance(publisher, dict):
+        sessions["publisher"] = publisher.get("session")
+    lines = [f"  {problem}" for problem in session_problems(sessions, time.time())]
+    if lines:
+        lines.append(
+            f"  is a second gateway running with gateway_id {status.get('gateway_id')} (a copied "
+            "SD card or config)? Give each gateway its own gateway_id."
+        )
+    return lines
 
 
 def _reload(config: GatewayConfig) -> int:

@@ -19,7 +19,7 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 
 import structlog
@@ -34,6 +34,7 @@ from gateway.memory import release_free_heap
 from gateway.model_watch import ModelSet, ReloadOutcome
 from gateway.monitor.monitor import ModelInfo, Monitor, SensorDocument
 from gateway.monitor.references import ReferenceConfig
+from gateway.mqtt.session_loss import session_problems
 from gateway.ota.config import OtaConfig
 from gateway.ota.service import OtaService
 from gateway.publish.errors import PublisherError
@@ -596,6 +597,13 @@ class GatewayService:
             "mqtt_sources_connected": {name: s.connected for name, s in sources.items()},
             "mqtt_other_shard": {name: s.other_shard for name, s in sources.items()},
             "mqtt_inbox": {name: s.inbox for name, s in sources.items()},
+            "mqtt_sessions": {
+                **{name: s.session for name, s in sources.items()},
+                **{
+                    f"reference-{name}": source.stats().session
+                    for name, source in self._reference_sources.items()
+                },
+            },
             "fleet_sources": {name: s.stats() for name, s in self._fleet_sources.items()},
             "references_connected": {
                 name: source.connected for name, source in self._reference_sources.items()
@@ -619,7 +627,16 @@ class GatewayService:
             degraded.append(f"{self.set_aside.count} state file(s) set aside")
         if self.publisher is not None and self.publisher.outbox_in_memory:
             degraded.append("outbox in memory (state_dir refuses it)")
+        degraded.extend(session_problems(self._mqtt_sessions(), self._clock()))
         return "; ".join([line, *degraded])
+
+    def _mqtt_sessions(self) -> dict[str, Mapping[str, object]]:
+        sessions: dict[str, Mapping[str, object]] = {
+            name: source.stats().session for name, source in self._mqtt_sources.items()
+        }
+        if self.publisher is not None:
+            sessions["publisher"] = self.publisher.session_stats()
+        return sessions
 
     def _write_status(self) -> None:
         document: dict[str, object] = {

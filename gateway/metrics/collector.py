@@ -56,6 +56,7 @@ class StatsCollector(Collector):
         yield from self._models(stats)
         yield from self._publisher(stats)
         yield from self._sources(stats)
+        yield from self._sessions(stats)
         yield from self._monitor(stats)
         if self._sensor_idle is not None:
             idle = GaugeMetricFamily(
@@ -256,6 +257,32 @@ class StatsCollector(Collector):
                 value = _num(inbox, key)
                 if value is not None:
                     family.add_metric([source], value)
+        yield from families.values()
+
+    @staticmethod
+    def _sessions(stats: Snapshot) -> Iterator[Metric]:
+        """Per MQTT connection: losses, and takeovers by a client with the same client id."""
+        sessions = {
+            **_map(stats, "mqtt_sessions"),
+            "publisher": _map(stats, "publisher", "session"),
+        }
+        families = {
+            "lost": CounterMetricFamily(
+                f"{PREFIX}_mqtt_connections_lost",
+                "Connections to the broker lost after it accepted them.",
+                labels=["connection"],
+            ),
+            "taken_over": CounterMetricFamily(
+                f"{PREFIX}_mqtt_sessions_taken_over",
+                "Connections the broker closed because another client used the same client id.",
+                labels=["connection"],
+            ),
+        }
+        for name, session in sorted(sessions.items()):
+            for key, family in families.items():
+                value = _num(session, key)
+                if value is not None:
+                    family.add_metric([name], value)
         yield from families.values()
 
     @staticmethod

@@ -53,6 +53,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from gateway.errors import ConfigError
+from gateway.mqtt import session_loss
 from gateway.mqtt.config import DEFAULT_MAX_INBOX, ClientKind, MqttBrokerConfig, Will
 from gateway.mqtt.errors import (
     MqttConnectError,
@@ -62,6 +63,11 @@ from gateway.mqtt.errors import (
 )
 from gateway.mqtt.fast_path import LeanClient, contract_problems, paho_version
 from gateway.mqtt.plain_client import PlainClient
+from gateway.mqtt.session_loss import (
+    UNSTABLE_HINT_AFTER,
+    SessionLossPolicy,
+    taken_over_message,
+)
 from gateway.task_group import run_task_group
 
 __all__ = ["InboundMessage", "MessageHandler", "MqttConnection"]
@@ -97,6 +103,8 @@ class _Attempt:
     on_readable: Callable[[], None] | None = None
     misc: asyncio.TimerHandle | None = None
     paused: bool = False
+    connected_at: float | None = None  # monotonic time of the CONNACK that made it usable
+    lost_reason: int | None = None  # the broker's DISCONNECT reason code (MQTT 5), if it sent one
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +164,7 @@ class MqttConnection:
             connection=name, broker=f"{broker.host}:{broker.port}", client_id=client_id
         )
         self._attempt: _Attempt | None = None
+        self._losses = SessionLossPolicy(broker.reconnect_initial_s, broker.reconnect_max_s)
         self._connected = False
         self._connected_event = asyncio.Event()
         self._generation = 0
@@ -342,24 +351,66 @@ class MqttConnection:
     # -- supervision -----------------------------------------------------------------------
 
     async def _supervise(self) -> None:
-        delay = self._broker.reconnect_initial_s
         failures = 0
         while True:
             try:
                 attempt = await self._connect_once()
             except MqttConnectError as exc:
                 failures += 1
+                delay = self._losses.after_failed_attempt()
                 log = self._log.warning if failures == 1 else self._log.debug
                 log("mqtt_connect_failed", error=str(exc), retry_in_s=delay, failures=failures)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self._broker.reconnect_max_s)
                 continue
-            delay = self._broker.reconnect_initial_s
             failures = 0
             await attempt.lost.wait()
             self._mark_lost(attempt)
-            self._log.warning("mqtt_connection_lost")
+            wait = self._report_loss(attempt)
             await self._teardown(attempt)
+            if wait > 0:
+                await asyncio.sleep(wait)
+
+    def session_stats(self) -> dict[str, int | float | None]:
+        """Connections made, lost, and taken over by another client with this client id."""
+        attempt = self._attempt
+        stable = (
+            self._connected
+            and attempt is not None
+            and attempt.connected_at is not None
+            and time.monotonic() - attempt.connected_at >= session_loss.STABLE_AFTER_S
+        )
+        return self._losses.stats(self._generation, stable_now=stable)
+
+    def _report_loss(self, attempt: _Attempt) -> float:
+        """Log a lost connection as what it was; the seconds to wait before reconnecting."""
+        connected_at = attempt.connected_at
+        lasted = time.monotonic() - connected_at if connected_at is not None else 0.0
+        decision = self._losses.after_loss(lasted_s=lasted, reason_code=attempt.lost_reason)
+        fields: dict[str, Any] = {
+            "lasted_s": round(lasted, 1),
+            "retry_in_s": decision.wait_s,
+            "reason": _reason_name(attempt.lost_reason),
+        }
+        if decision.taken_over:
+            log = self._log.error if decision.report else self._log.debug
+            log(
+                "mqtt_session_taken_over",
+                error=taken_over_message(self._client_id),
+                taken_over=self._losses.taken_over,
+                **fields,
+            )
+        elif decision.unstable:
+            hint = (
+                {"hint": "the broker keeps closing this connection right after accepting it; "
+                 + taken_over_message(self._client_id)}
+                if decision.in_a_row >= UNSTABLE_HINT_AFTER
+                else {}
+            )  # fmt: skip
+            log = self._log.warning if decision.report else self._log.debug
+            log("mqtt_connection_unstable", in_a_row=decision.in_a_row, **fields, **hint)
+        else:
+            self._log.warning("mqtt_connection_lost", **fields)
+        return decision.wait_s
 
     async def _connect_once(self) -> _Attempt:
         loop = asyncio.get_running_loop()
@@ -401,6 +452,7 @@ class MqttConnection:
             await self._teardown(attempt)
             raise
         self._connected = True
+        attempt.connected_at = time.monotonic()
         self._generation += 1
         self._connected_event.set()
         self._connected_event = asyncio.Event()
@@ -650,7 +702,9 @@ class MqttConnection:
 
         client = attempt.client
         client.on_connect = lambda _c, _u, flags, rc, p: later(self._on_connack, flags, rc, p)
-        client.on_disconnect = lambda _c, _u, _f, rc, _p: later(self._on_disconnect, rc)
+        client.on_disconnect = lambda _c, _u, flags, rc, _p: later(
+            self._on_disconnect, rc, flags.is_disconnect_packet_from_server
+        )
         client.on_subscribe = lambda _c, _u, mid, rcs, _p: later(self._on_suback, mid, rcs)
 
         # PUBACKs come in bursts (the publisher keeps many messages in flight): one hand-off to
@@ -757,7 +811,9 @@ class MqttConnection:
         else:
             attempt.connack.set_result(bool(flags.session_present))
 
-    def _on_disconnect(self, attempt: _Attempt, rc: ReasonCode) -> None:
+    def _on_disconnect(self, attempt: _Attempt, rc: ReasonCode, from_server: bool) -> None:
+        if from_server and attempt.lost_reason is None:
+            attempt.lost_reason = rc.value
         if not attempt.connack.done():
             attempt.connack.set_exception(MqttConnectError(f"disconnected before CONNACK: {rc}"))
             attempt.connack.exception()
@@ -797,3 +853,13 @@ def _client_class(kind: ClientKind, log: Any) -> type[LeanClient] | type[PlainCl
         using="plain",
     )
     return PlainClient
+
+
+def _reason_name(code: int | None) -> str | None:
+    """The DISCONNECT reason's name (MQTT 5), e.g. 'Session taken over'; None without one."""
+    if code is None:
+        return None
+    try:
+        return str(ReasonCode(PacketTypes.DISCONNECT, identifier=code))
+    except (KeyError, ValueError):
+        return f"reason code {code}"

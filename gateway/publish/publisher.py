@@ -194,6 +194,7 @@ class Publisher:
         self._connection: MqttConnection | None = None
         self._runner: asyncio.Task[None] | None = None  # delivery and stats, in a TaskGroup
         self._closed_counts: tuple[int, int] | None = None  # (queued, dropped_total) at close
+        self._session: dict[str, int | float | None] = {}  # the connection's, kept after close
 
     # -- the non-blocking side -------------------------------------------------------------
 
@@ -352,11 +353,18 @@ class Publisher:
             "dropped_total": dropped_total,
             "refused": delivered.refused,
             "outbox": self._outbox.stats(),
+            "session": self.session_stats(),
         }
 
     @property
     def connected(self) -> bool:
         return self._connection is not None and self._connection.connected
+
+    def session_stats(self) -> dict[str, int | float | None]:
+        """The connection's: made, lost, taken over by another client with this client id."""
+        if self._connection is not None:
+            self._session = self._connection.session_stats()
+        return dict(self._session)
 
     @property
     def outbox_in_memory(self) -> bool:
@@ -420,6 +428,8 @@ class Publisher:
     async def aclose(self) -> None:
         """Deliver what can be delivered within ``shutdown_flush_s``, say offline, disconnect."""
         connection, self._connection = self._connection, None
+        if connection is not None:
+            self._session = connection.session_stats()
         try:
             if connection is not None and connection.connected and len(self._outbox):
                 with contextlib.suppress(TimeoutError):
@@ -436,6 +446,7 @@ class Publisher:
                             connection.publish(self.topics.status, b"offline", retain=True), 2.0
                         )
                 await connection.close()
+                self._session = connection.session_stats()
         finally:
             if self._closed_counts is None:
                 self._closed_counts = (len(self._outbox), self._outbox.dropped_total)

@@ -113,11 +113,13 @@ class MqttSourceConfig(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class MqttSourceStats:
-    """A snapshot of one subscription: connected, readings of other shards, inbox hand-off."""
+    """A snapshot of one subscription: connected, readings of other shards, inbox hand-off,
+    connections made, lost and taken over by another client with this client id."""
 
     connected: bool
     other_shard: int
     inbox: dict[str, int]
+    session: dict[str, int | float | None]  # MqttConnection.session_stats()
 
 
 class MqttSource:
@@ -138,6 +140,7 @@ class MqttSource:
         self._connection: MqttConnection | None = None
         self._started = asyncio.Event()
         self._inbox_stats: dict[str, int] = {}
+        self._session_stats: dict[str, int | float | None] = {}
         self._other_shard = 0  # readings left to the gateways of other shards (not rejects)
 
     @property
@@ -151,8 +154,14 @@ class MqttSource:
 
     def stats(self) -> MqttSourceStats:
         """This source's part of the stats topic."""
+        connection = self._connection
+        if connection is not None:
+            self._session_stats = connection.session_stats()
         return MqttSourceStats(
-            connected=self.connected, other_shard=self._other_shard, inbox=self.inbox_stats()
+            connected=self.connected,
+            other_shard=self._other_shard,
+            inbox=self.inbox_stats(),
+            session=dict(self._session_stats),
         )
 
     def inbox_stats(self) -> dict[str, int]:
@@ -201,6 +210,7 @@ class MqttSource:
                 await connection.serve()
             finally:
                 self._inbox_stats = connection.inbox_stats()
+                self._session_stats = connection.session_stats()
                 self._connection = None
                 self._started.clear()
 

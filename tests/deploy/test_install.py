@@ -6,6 +6,7 @@ See conftest.py for what is faked (a minimal /etc, an offline wheel install with
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import tomllib
 import zipfile
@@ -157,6 +158,33 @@ def test_dry_run_changes_nothing(tmp_path: Path) -> None:
     assert snapshot(root) == before
     assert "would: useradd" in result.stdout
     assert "[legacy-runtime]" in result.stdout  # armhf: no LiteRT wheels
+
+
+def test_the_default_raspberry_pi_host_name_as_gateway_id_is_warned_about(tmp_path: Path) -> None:
+    # Fake: this machine is not a Pi; a `hostname` on PATH answers as a fresh Raspberry Pi OS.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "hostname"
+    fake.write_text("#!/bin/sh\necho raspberrypi\n", encoding="utf-8")
+    fake.chmod(0o755)
+    root = tmp_path / "root"
+    make_base_root(root)
+    args = install_command(root, "--dry-run")
+    at = args.index("--gateway-id")
+    without_id = [*args[:at], *args[at + 2 :]]
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    result = subprocess.run(without_id, capture_output=True, text=True, check=False, env=env)
+    assert result.returncode == 0, result.stderr
+    assert 'gateway_id is the host name "raspberrypi"' in result.stderr
+    assert "--gateway-id" in result.stderr
+    given = subprocess.run(
+        [*without_id, "--gateway-id", "raspberrypi"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert given.returncode == 0 and "warning" not in given.stderr  # chosen on purpose
 
 
 def test_uninstall_then_purge(tmp_path: Path, installed_root: InstalledRoot) -> None:

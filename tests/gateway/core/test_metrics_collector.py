@@ -25,7 +25,11 @@ SNAPSHOT: dict[str, object] = {  # the shape of the stats topic (docs/mqtt.md, "
                     "runtime": "ai_edge_litert", "reloads": 1},
     },
     "publisher": {"connected": True, "queued": 1, "published": 8, "dropped_total": 0, "refused": 0,
-                  "sensors_online": 2},
+                  "sensors_online": 2,
+                  "session": {"connections": 9, "lost": 8, "taken_over": 8,
+                              "last_taken_over": 1.8e9, "unstable_in_a_row": 8}},
+    "mqtt_sessions": {"mqtt-source-0": {"connections": 2, "lost": 1, "taken_over": 0,
+                                        "last_taken_over": None, "unstable_in_a_row": 0}},
     "mqtt_sources_connected": {"mqtt-source-0": True},
     "mqtt_inbox": {"mqtt-source-0": {"buffered": 0, "dropped_qos0": 5, "held_back": 0}},
     "health": {"tracked": 2, "flagged": {"stuck": 1}},
@@ -86,3 +90,13 @@ def test_an_empty_snapshot_still_renders() -> None:
     samples = scrape(StatsCollector(dict))
     assert ("tesla_gateway_readings_total", ()) not in samples  # unknown, not a made-up 0
     assert samples[("tesla_gateway_info", (("gateway_id", ""), ("version", "")))] == 1
+
+
+def test_lost_and_taken_over_sessions_are_counted_per_connection() -> None:
+    samples = scrape(StatsCollector(lambda: SNAPSHOT))
+    lost = "tesla_gateway_mqtt_connections_lost_total"
+    taken = "tesla_gateway_mqtt_sessions_taken_over_total"
+    assert samples[(lost, (("connection", "mqtt-source-0"),))] == 1
+    assert samples[(lost, (("connection", "publisher"),))] == 8
+    assert samples[(taken, (("connection", "publisher"),))] == 8
+    assert samples[(taken, (("connection", "mqtt-source-0"),))] == 0

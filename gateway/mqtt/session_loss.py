@@ -1,0 +1,153 @@
+"""How long to wait after losing a connection, and how the loss is told to the operator.
+
+Measured against a real mosquitto: two gateways with one client id (a copied SD card or
+config gives two Pis the same ``gateway_id``, hence the same client ids) took each other's
+session over about 50 times a second under MQTT 5 and 10 times a second under 3.1.1, each time
+with a log line, a new session hand-over and the in-flight messages of the other one lost,
+because a loss after a successful connection was followed by an immediate reconnect.
+
+So a connection that ends soon after its CONNACK counts as a failed attempt: the next attempt
+waits, and the wait doubles up to ``reconnect_max_s`` (the same backoff as a refused
+connection); a connection that lasted :data:`STABLE_AFTER_S` resets it and reconnects at once,
+as before. An MQTT 5 broker says why it closed a connection: ``Session taken over`` (reason
+code 0x8E) means another client connected with this client id, which the gateway reports as an
+error with what to change. Mosquitto 2.0.11 (Debian bookworm) sends no reason even to an MQTT 5
+client, and MQTT 3.1.1 has none: there a run of short connections is reported with the same
+hint. Repeats are reported at most every :data:`REPORT_INTERVAL_S` (debug in between).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeGuard
+
+__all__ = [
+    "RECENT_TAKEOVER_S",
+    "SESSION_TAKEN_OVER",
+    "STABLE_AFTER_S",
+    "LossDecision",
+    "SessionLossPolicy",
+    "session_problems",
+    "taken_over_message",
+]
+
+SESSION_TAKEN_OVER = 0x8E  # MQTT 5 DISCONNECT reason code: another client took the session
+STABLE_AFTER_S = 10.0  # a connection that lasted this long ended for another reason
+REPORT_INTERVAL_S = 60.0  # a repeating loss is reported (error/warning) at most this often
+UNSTABLE_HINT_AFTER = 3  # short connections in a row before the 3.1.1 hint is given
+RECENT_TAKEOVER_S = 600.0  # the service's status line names a takeover this recent
+
+
+def taken_over_message(client_id: str) -> str:
+    """What the operator reads when another client holds this client id."""
+    return (
+        f"another client connected to the broker with this connection's client id "
+        f"{client_id!r}, so the broker closed this one: a second gateway with the same "
+        f"gateway_id (a copied SD card or config?) or another program using that client id. "
+        f"Give each gateway its own gateway_id (or set client_id)."
+    )
+
+
+def session_problems(
+    sessions: Mapping[str, object], now: float, within_s: float = RECENT_TAKEOVER_S
+) -> list[str]:
+    """What the status line and ``tesla-gateway status`` say about the connections' sessions
+    (``sessions``: name -> :meth:`SessionLossPolicy.stats`): a takeover within ``within_s`` of
+    ``now``, or a run of connections the broker closed right after accepting them."""
+    problems = []
+    for name, session in sorted(sessions.items()):
+        if not isinstance(session, Mapping):
+            continue
+        when, taken = session.get("last_taken_over"), session.get("taken_over")
+        in_a_row = session.get("unstable_in_a_row")
+        if _number(when) and now - when <= within_s:
+            problems.append(
+                f"mqtt {name}: session taken over by another client with its client id "
+                f"({taken} time(s) in all)"
+            )
+        elif _number(in_a_row) and in_a_row >= UNSTABLE_HINT_AFTER:
+            problems.append(
+                f"mqtt {name}: the broker closed {in_a_row} connections in a row right after "
+                f"accepting them (another client with its client id?)"
+            )
+    return problems
+
+
+def _number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class LossDecision:
+    """What to do after one lost connection."""
+
+    wait_s: float  # before the next attempt (0: reconnect at once)
+    taken_over: bool  # the broker said another client took this session
+    unstable: bool  # ended within STABLE_AFTER_S of its CONNACK (or taken over)
+    in_a_row: int  # unstable losses in a row, this one included (0 when stable)
+    report: bool  # log at warning/error level (otherwise debug: rate-limited)
+
+
+@dataclass
+class SessionLossPolicy:
+    """Backoff and counters over one supervised connection's attempts (event loop only)."""
+
+    initial_s: float
+    max_s: float
+    monotonic: Callable[[], float] = time.monotonic
+    wall_clock: Callable[[], float] = time.time
+    lost: int = 0
+    taken_over: int = 0
+    last_taken_over_at: float | None = None  # wall-clock time of the last takeover
+    _delay_s: float = field(default=0.0, init=False)
+    _in_a_row: int = field(default=0, init=False)
+    _next_report: float = field(default=float("-inf"), init=False)
+
+    def __post_init__(self) -> None:
+        self._delay_s = self.initial_s
+
+    def after_failed_attempt(self) -> float:
+        """Seconds to wait after a refused or failed attempt; the next wait doubles."""
+        wait = self._delay_s
+        self._delay_s = min(self._delay_s * 2, self.max_s)
+        return wait
+
+    def after_loss(self, *, lasted_s: float, reason_code: int | None) -> LossDecision:
+        """Account for a lost connection that lasted ``lasted_s`` after its CONNACK."""
+        self.lost += 1
+        taken_over = reason_code == SESSION_TAKEN_OVER
+        if taken_over:
+            self.taken_over += 1
+            self.last_taken_over_at = self.wall_clock()
+        unstable = taken_over or lasted_s < STABLE_AFTER_S
+        if not unstable:
+            self._in_a_row = 0
+            self._delay_s = self.initial_s
+            return LossDecision(0.0, taken_over=False, unstable=False, in_a_row=0, report=True)
+        self._in_a_row += 1
+        now = self.monotonic()
+        # The first of a run is reported, and the one that makes the 3.1.1 hint worth giving.
+        hint_due = not taken_over and self._in_a_row == UNSTABLE_HINT_AFTER
+        report = now >= self._next_report or hint_due
+        if report:
+            self._next_report = now + REPORT_INTERVAL_S
+        return LossDecision(
+            self.after_failed_attempt(),
+            taken_over=taken_over,
+            unstable=True,
+            in_a_row=self._in_a_row,
+            report=report,
+        )
+
+    def stats(self, connections: int, *, stable_now: bool) -> dict[str, int | float | None]:
+        """Counters for the stats topic, keyed as documented in docs/mqtt.md; a connection
+        that has been up for :data:`STABLE_AFTER_S` ends the run of unstable ones."""
+        return {
+            "connections": connections,
+            "lost": self.lost,
+            "taken_over": self.taken_over,
+            "last_taken_over": self.last_taken_over_at,
+            "unstable_in_a_row": 0 if stable_now else self._in_a_row,
+        }
