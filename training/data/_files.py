@@ -26,12 +26,13 @@ def read_csv(
     path: Path,
     *,
     usecols: Sequence[str] | Callable[[str], bool] | None = None,
-    dtype: Mapping[str, str] | None = None,
+    dtype: Mapping[str, str] | str | None = None,
     nrows: int | None = None,
+    sep: str = ",",
 ) -> pd.DataFrame:
     """``pandas.read_csv`` with errors that name the file; ``nrows`` reads only the first rows."""
     try:
-        return pd.read_csv(path, usecols=usecols, dtype=dtype, nrows=nrows)  # type: ignore[arg-type]
+        return pd.read_csv(path, usecols=usecols, dtype=dtype, nrows=nrows, sep=sep)  # type: ignore[arg-type]
     except FileNotFoundError as error:
         raise DataError(f"{path}: file not found") from error
     except ValueError as error:  # includes pandas' ParserError and bad usecols/dtype

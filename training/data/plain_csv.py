@@ -1,8 +1,12 @@
 """Loader for users' own co-location data in one plain CSV.
 
-Header ``timestamp,sensor_id,raw,reference`` plus optional ``rh`` and ``temp_c``, in any order.
-Timestamps are ISO-8601 (a naive one is UTC) or Unix epoch seconds. Problems are reported with
-the file, line and column so a user can fix the file instead of guessing.
+Header ``timestamp,sensor_id,raw,reference`` plus optional ``rh`` and ``temp_c``, in any order
+(names compared without surrounding spaces or case). Timestamps are ISO-8601 (a naive one is
+UTC) or Unix epoch seconds. Besides commas, the file may be separated by semicolons or tabs, as
+spreadsheets write CSV in locales whose decimal mark is a comma: the separator is the one the
+header line uses, and with ``;`` or a tab a decimal comma (``12,5``) is read as ``12.5``.
+Problems are reported with the file, line and column so a user can fix the file instead of
+guessing.
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ def load_plain_csv(
 ) -> CoLocationData:
     """Read a plain co-location CSV; the period is the median spacing unless given."""
     path = Path(path)
-    table = read_csv(path, dtype=dict.fromkeys((*REQUIRED_COLUMNS, *COVARIATES), "str"))
-    frame = tidy_plain_table(path, table)
+    separator = header_separator(path)
+    table = read_csv(path, dtype="str", sep=separator)  # every cell as text: ids keep "007"
+    table.columns = [str(name).strip().lower() for name in table.columns]
+    frame = tidy_plain_table(path, table, decimal_comma=separator != ",")
     if frame.empty:
         raise DataError(f"{path}: no data rows after the header")
     period = period_seconds if period_seconds is not None else infer_period_seconds(frame, path)
@@ -56,14 +62,32 @@ def load_plain_csv(
     )
 
 
-def tidy_plain_table(path: Path, table: pd.DataFrame) -> pd.DataFrame:
+def header_separator(path: Path) -> str:
+    """``,``, ``;`` or a tab: whichever the header line holds most of (``,`` if none)."""
+    try:
+        with path.open(encoding="utf-8-sig", errors="replace") as handle:
+            header = handle.readline()
+    except FileNotFoundError as error:
+        raise DataError(f"{path}: file not found") from error
+    except OSError as error:
+        raise DataError(f"{path}: cannot read: {error}") from error
+    counts = {separator: header.count(separator) for separator in (",", ";", "\t")}
+    best = max(counts, key=lambda separator: counts[separator])
+    return best if counts[best] > 0 else ","
+
+
+def tidy_plain_table(
+    path: Path, table: pd.DataFrame, *, decimal_comma: bool = False
+) -> pd.DataFrame:
     """The tidy frame of a table read as text with the plain CSV columns (``path`` names errors).
 
     Row ``k`` of ``table`` is reported as line ``k + 2`` of ``path`` (line 1 is the header).
     """
     _check_header(path, list(table.columns))
     covariates: dict[str, npt.NDArray[np.float64]] = {
-        name: numeric_column(path, table, name) for name in COVARIATES if name in table.columns
+        name: numeric_column(path, table, name, decimal_comma=decimal_comma)
+        for name in COVARIATES
+        if name in table.columns
     }
     sensor_ids = table["sensor_id"].astype("str").str.strip()
     bad_ids = ~sensor_ids.str.fullmatch(SENSOR_ID_PATTERN.pattern).fillna(value=False)
@@ -77,8 +101,8 @@ def tidy_plain_table(path: Path, table: pd.DataFrame) -> pd.DataFrame:
     return tidy_frame(
         timestamp=parse_timestamps(path, table["timestamp"], "timestamp"),
         sensor_id=sensor_ids,
-        raw=numeric_column(path, table, "raw"),
-        reference=numeric_column(path, table, "reference"),
+        raw=numeric_column(path, table, "raw", decimal_comma=decimal_comma),
+        reference=numeric_column(path, table, "reference", decimal_comma=decimal_comma),
         covariates=covariates,
     )
 
@@ -123,8 +147,12 @@ def _check_header(path: Path, columns: list[str]) -> None:
         )
 
 
-def numeric_column(path: Path, table: pd.DataFrame, column: str) -> npt.NDArray[np.float64]:
+def numeric_column(
+    path: Path, table: pd.DataFrame, column: str, *, decimal_comma: bool = False
+) -> npt.NDArray[np.float64]:
     text = table[column].astype("str").str.strip()
+    if decimal_comma:
+        text = text.str.replace(",", ".", regex=False)
     blank = table[column].isna() | (text == "")
     values = pd.to_numeric(text.where(~blank), errors="coerce")
     bad = values.isna() & ~blank

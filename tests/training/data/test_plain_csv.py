@@ -88,6 +88,51 @@ def test_errors_name_file_line_and_column(tmp_path: Path, lines: list[str], mess
     assert str(path) in str(caught.value)
 
 
+COMMA_LINES = [
+    "timestamp,sensor_id,raw,reference,rh",
+    "2024-03-01T10:00:00Z,007,12.5,10.25,55",
+    "2024-03-01T10:01:00Z,007,1013.75,,56.5",
+    "2024-03-01T10:02:00Z,007,14,11,",
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "lines", "encoding"),
+    [
+        # Excel's "CSV" in a German, French, Italian or Dutch locale: ';' and a decimal comma.
+        ("semicolon", [line.replace(",", ";").replace(".", ",") for line in COMMA_LINES], "utf-8"),
+        ("tab", [line.replace(",", "\t") for line in COMMA_LINES], "utf-8"),
+        ("excel-utf8-bom", COMMA_LINES, "utf-8-sig"),
+        (
+            "spaced-capitalised-header",
+            [" Timestamp , Sensor_ID,RAW,Reference ,RH", *COMMA_LINES[1:]],
+            "utf-8",
+        ),
+    ],
+)
+def test_spreadsheet_dialects_load_the_same_values(
+    tmp_path: Path, name: str, lines: list[str], encoding: str
+) -> None:
+    expected = load_plain_csv(write_lines(tmp_path / "comma.csv", COMMA_LINES))
+    path = tmp_path / f"{name}.csv"
+    path.write_text("\r\n".join(lines) + "\r\n", encoding=encoding)
+    data = load_plain_csv(path)
+    assert data.covariates == ("rh",)
+    assert data.frame["sensor_id"].tolist() == ["007"] * 3  # an id is text, never a number
+    for column in ("timestamp", "raw", "reference", "rh"):
+        assert data.frame[column].equals(expected.frame[column]), column
+    assert data.frame["raw"].tolist() == [12.5, 1013.75, 14.0]
+
+
+def test_a_semicolon_file_names_the_cell_it_cannot_read(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "semi.csv",
+        ["timestamp;sensor_id;raw;reference", "100;a;1,5;1", "160;a;1.234,5;1"],
+    )
+    with pytest.raises(DataError, match=r"line 3, column 'raw': not a number: '1.234,5'"):
+        load_plain_csv(path)
+
+
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="file not found"):
         load_dataset("csv", tmp_path / "absent.csv")
