@@ -9,6 +9,7 @@ reuse is proven by the cell being computed at all.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,18 @@ def _counting_train(calls: list[int]) -> Any:
     return train
 
 
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One complete bench run (report and work directories), copied by each test."""
+    base = tmp_path_factory.mktemp("finished")
+    run_bench(CONFIG, base / "report", work_dir=base / "work", progress=False, write=False)
+    return base
+
+
 @pytest.fixture()
-def stopped_before_storing(tmp_path: Path) -> tuple[Path, Path, dict[str, Any]]:
+def stopped_before_storing(finished_run: Path, tmp_path: Path) -> tuple[Path, Path, dict[str, Any]]:
+    shutil.copytree(finished_run, tmp_path, dirs_exist_ok=True)
     report_dir, work_dir = tmp_path / "report", tmp_path / "work"
-    run_bench(CONFIG, report_dir, work_dir=work_dir, progress=False, write=False)
     cell = _cell_file(report_dir)
     stored = json.loads(cell.read_text(encoding="utf-8"))
     cell.unlink()
