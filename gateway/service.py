@@ -19,7 +19,7 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 
 import structlog
@@ -576,6 +576,7 @@ class GatewayService:
     def _stats(self) -> dict[str, object]:
         ticker = self.ticker.stats()
         sources = {name: source.stats() for name, source in self._mqtt_sources.items()}
+        fleet = {name: source.stats() for name, source in self._fleet_sources.items()}
         return {
             "gateway_id": self.config.gateway_id,
             "version": __version__,
@@ -597,14 +598,8 @@ class GatewayService:
             "mqtt_sources_connected": {name: s.connected for name, s in sources.items()},
             "mqtt_other_shard": {name: s.other_shard for name, s in sources.items()},
             "mqtt_inbox": {name: s.inbox for name, s in sources.items()},
-            "mqtt_sessions": {
-                **{name: s.session for name, s in sources.items()},
-                **{
-                    f"reference-{name}": source.stats().session
-                    for name, source in self._reference_sources.items()
-                },
-            },
-            "fleet_sources": {name: s.stats() for name, s in self._fleet_sources.items()},
+            "mqtt_sessions": self._mqtt_sessions(),
+            "fleet_sources": fleet,
             "references_connected": {
                 name: source.connected for name, source in self._reference_sources.items()
             },
@@ -627,15 +622,24 @@ class GatewayService:
             degraded.append(f"{self.set_aside.count} state file(s) set aside")
         if self.publisher is not None and self.publisher.outbox_in_memory:
             degraded.append("outbox in memory (state_dir refuses it)")
-        degraded.extend(session_problems(self._mqtt_sessions(), self._clock()))
-        return "; ".join([line, *degraded])
-
-    def _mqtt_sessions(self) -> dict[str, Mapping[str, object]]:
-        sessions: dict[str, Mapping[str, object]] = {
-            name: source.stats().session for name, source in self._mqtt_sources.items()
-        }
+        sessions = self._mqtt_sessions()
         if self.publisher is not None:
             sessions["publisher"] = self.publisher.session_stats()
+        degraded.extend(session_problems(sessions, self._clock()))
+        return "; ".join([line, *degraded])
+
+    def _mqtt_sessions(self) -> dict[str, object]:
+        """Session counters of every subscribing MQTT connection (the publisher's are in its
+        own stats): sensor sources, references (``reference-<name>``), fleet sources."""
+        sessions: dict[str, object] = {
+            name: source.stats().session for name, source in self._mqtt_sources.items()
+        }
+        for name, source in self._reference_sources.items():
+            sessions[f"reference-{name}"] = source.stats().session
+        for name, fleet in self._fleet_sources.items():
+            session = fleet.stats().get("session")
+            if session is not None:
+                sessions[name] = session
         return sessions
 
     def _write_status(self) -> None:

@@ -210,6 +210,7 @@ class EsphomeSource:
         return {
             "kind": SOURCE_NAME,
             "connected": connection is not None and connection.connected,
+            "session": connection.session_stats() if connection is not None else {},
             "accepted": self._accepted,
             "ignored_states": self._ignored,
         }

@@ -186,6 +186,7 @@ class TasmotaSource:
         return {
             "kind": SOURCE_NAME,
             "connected": connection is not None and connection.connected,
+            "session": connection.session_stats() if connection is not None else {},
             "accepted": self._accepted,
         }
 

@@ -255,3 +255,8 @@ def test_bad_payloads_are_counted_by_source_and_reason_and_nothing_stops(fleet: 
     assert sources["esphome-source-1"]["ignored_states"] == 1  # wifi_signal is not mapped
     assert sources["sensor_community-source-2"]["http_refused"] == {"400": 1, "401": 2}
     assert sources["purpleair-source-3"]["poll_failures"] == 0
+    # The MQTT-based fleet sources report their sessions beside the sensor sources'.
+    sessions = status["mqtt_sessions"]
+    for name in ("tasmota-source-0", "esphome-source-1"):
+        assert sessions[name]["connections"] >= 1 and sessions[name]["taken_over"] == 0, name
+    assert "sensor_community-source-2" not in sessions  # HTTP: no MQTT session
