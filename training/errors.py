@@ -16,6 +16,7 @@ __all__ = [
     "HoldoutError",
     "NoPairsError",
     "RetrainError",
+    "RunDirError",
     "TrainingError",
 ]
 
@@ -58,3 +59,7 @@ class HoldoutError(DataError):
 
 class RetrainError(TrainingError):
     """A retraining run cannot proceed as configured (champion, key or broker options)."""
+
+
+class RunDirError(TrainingError):
+    """A run directory is missing, or one of its files is missing or does not load."""

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import math
+import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import keras
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.manifest import DataSummary, ErrorMetrics, InputRange, TestMetrics
 from gateway.series import GapPolicy
@@ -29,10 +31,12 @@ from training.data import (
     paper_split,
     to_grid,
 )
-from training.errors import DataError, DivergedTrainingError
+from training.errors import DataError, DivergedTrainingError, RunDirError
 from training.harm import compare_on
 from training.metrics import LinearCalibration, error_metrics
 from training.models import ModelConfig, TeslaConfig, build_model
+
+T = TypeVar("T")
 
 __all__ = [
     "PreparedData",
@@ -354,22 +358,56 @@ def write_run(
 def load_result(run_dir: Path) -> RunResult:
     """A finished run as :class:`RunResult`, without retraining."""
     _, model, metrics = load_run(run_dir)
-    history = json.loads((run_dir / "history.json").read_text())
+    history = _run_file(run_dir, "history.json", json.loads)
+    try:
+        validation = ErrorMetrics.model_validate(metrics["validation"])
+        test = TestMetrics.model_validate(metrics["test"])
+    except (KeyError, ValidationError) as exc:
+        raise _damaged(run_dir, "metrics.json", f"no valid scores: {exc}") from exc
     return RunResult(
-        run_dir=run_dir,
-        model=model,
-        validation=ErrorMetrics.model_validate(metrics["validation"]),
-        test=TestMetrics.model_validate(metrics["test"]),
-        history=history,
+        run_dir=run_dir, model=model, validation=validation, test=test, history=history
     )
 
 
 def load_run(run_dir: Path) -> tuple[TrainConfig, keras.Model, dict[str, Any]]:
-    """Config, trained model and metrics of a finished run."""
-    config = TrainConfig.model_validate_json((run_dir / "config.json").read_text())
-    model = keras.models.load_model(run_dir / "model.keras")
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    """Config, trained model and metrics of a finished run; :class:`RunDirError` naming the
+    file when the directory is not a whole run (missing, truncated, not a Keras file)."""
+    if not run_dir.is_dir():
+        raise RunDirError(
+            f"{run_dir}: no such run directory (`python -m training train --run-dir DIR` "
+            "writes one)"
+        )
+    config = _run_file(run_dir, "config.json", TrainConfig.model_validate_json)
+    metrics = _run_file(run_dir, "metrics.json", json.loads)
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("linear"), dict):
+        raise _damaged(run_dir, "metrics.json", "no linear fit")
+    model_path = run_dir / "model.keras"
+    if not model_path.is_file():
+        raise _damaged(run_dir, "model.keras", "missing")
+    if not zipfile.is_zipfile(model_path):  # Keras calls a truncated archive "File not found"
+        raise _damaged(run_dir, "model.keras", "not a Keras archive (truncated or overwritten?)")
+    try:
+        model = keras.models.load_model(model_path)
+    except Exception as exc:  # Keras raises many types for a damaged archive
+        raise _damaged(run_dir, "model.keras", f"{type(exc).__name__}: {exc}") from exc
     return config, model, metrics
+
+
+def _run_file(run_dir: Path, name: str, parse: Callable[[str], T]) -> T:
+    path = run_dir / name
+    try:
+        return parse(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise _damaged(run_dir, name, "missing") from exc
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValidationError is a ValueError
+        raise _damaged(run_dir, name, str(exc).splitlines()[0]) from exc
+
+
+def _damaged(run_dir: Path, name: str, why: str) -> RunDirError:
+    return RunDirError(
+        f"{run_dir / name}: {why}; the run directory is incomplete or damaged: train again "
+        f"(`python -m training train --run-dir {run_dir}`) or restore it from a copy"
+    )
 
 
 def _write_json(path: Path, payload: object) -> None:

@@ -136,6 +136,45 @@ def test_evaluate_cli_reports_a_bad_csv_clearly(model_dir: Path, tmp_path: Path)
     assert "bad.csv" in completed.stderr and "timestamp" in completed.stderr
 
 
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("truncate model.keras", r"model.keras: not a Keras archive"),
+        ("delete model.keras", r"model.keras: missing"),
+        ("truncate metrics.json", r"metrics.json: "),
+        ("delete config.json", r"config.json: missing"),
+        ("garble config.json", r"config.json: "),
+        ("empty metrics.json", r"metrics.json: no linear fit"),
+        ("delete run", r"no such run directory"),
+    ],
+)
+def test_export_of_a_damaged_run_names_the_file_and_what_to_do(
+    run, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, message: str
+) -> None:
+    damaged = tmp_path / "run"
+    shutil.copytree(run.run_dir, damaged)
+    action, name = damage.split(" ")
+    target = damaged / name
+    if action == "truncate":
+        target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+    elif action == "delete" and name == "run":
+        shutil.rmtree(damaged)
+    elif action == "delete":
+        target.unlink()
+    elif action == "garble":
+        target.write_text('{"window_length": "many"}', encoding="utf-8")
+    else:
+        target.write_text("{}", encoding="utf-8")
+    code = main(["export", "--run", str(damaged), "--out", str(tmp_path / "out"), "--name", "x"])
+    error = capsys.readouterr().err
+    assert code == 2
+    assert re.search(message, error), error
+    assert "Traceback" not in error
+    if name != "run":
+        assert "train again" in error
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
 def test_manifest_carries_intervals_and_the_validation_comparison(model_dir: Path) -> None:
     manifest = load_manifest(model_dir)
     assert manifest.intervals is not None and manifest.intervals.level == 0.9

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from training.errors import RunDirError
 from training.train import RunResult, TrainConfig, load_result
 
 __all__ = ["MARKER_NAME", "TrainedRun", "forget_trained", "mark_trained", "reuse_trained"]
@@ -74,9 +75,12 @@ def reuse_trained(run_dir: Path, fingerprint: str, config: TrainConfig) -> Train
         return seconds
     try:
         stored = TrainConfig.model_validate_json((run_dir / "config.json").read_text())
-        if stored != config:
-            return "the run's config.json is not this cell's training config"
+    except (OSError, ValueError) as exc:  # a pydantic ValidationError is a ValueError
+        return f"the run's config.json does not load: {str(exc).splitlines()[0]}"
+    if stored != config:
+        return "the run's config.json is not this cell's training config"
+    try:
         result = load_result(run_dir)
-    except Exception as exc:  # noqa: BLE001 - any unloadable run is retrained, never trusted
-        return f"the trained run does not load ({type(exc).__name__}: {exc})"
+    except RunDirError as exc:
+        return str(exc)
     return TrainedRun(result=result, train_seconds=seconds)
