@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,8 +134,14 @@ class Daemon(GatewayDaemon):
     """The daemon (devkit's wrapper), started on construction and ready once subscribed and
     every serial node's port is open."""
 
-    def __init__(self, config: Path, state_dir: Path, nodes: Sequence[SerialNode] = ()) -> None:
-        super().__init__(config, state_dir, log=state_dir.parent / "daemon.log")
+    def __init__(
+        self,
+        config: Path,
+        state_dir: Path,
+        nodes: Sequence[SerialNode] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(config, state_dir, log=state_dir.parent / "daemon.log", env=env)
         self.start()
         self.wait_ready(WAIT_S)
         for node in nodes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 
 from devkit.broker import Mosquitto
 from gateway.cli import main
+from tests.gateway.core.test_service import NotifySocket
 from tests.gateway.e2e.harness import MODEL, Daemon, wait_for, write_config
 from tests.support.models import ModelFactory
 
@@ -29,11 +31,22 @@ def _source_session(daemon: Daemon) -> dict[str, Any]:
     return session if isinstance(session, dict) else {}
 
 
+@pytest.fixture
+def notify() -> Iterator[list[NotifySocket]]:
+    """systemd's notify sockets the test opens (systemd cannot run here), closed at the end."""
+    sockets: list[NotifySocket] = []
+    yield sockets
+    for listener in sockets:
+        listener.close()
+
+
 def test_two_gateways_with_one_gateway_id_back_off_and_report_it(
     tmp_path: Path,
     mosquitto: Mosquitto,
     model_factory: ModelFactory,
+    *,
     daemons: list[Daemon],
+    notify: list[NotifySocket],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     model = model_factory.copy(tmp_path / "model", **MODEL)
@@ -41,10 +54,10 @@ def test_two_gateways_with_one_gateway_id_back_off_and_report_it(
     for name in ("pi-a", "pi-b"):
         (tmp_path / name).mkdir()
         configs.append(write_config(tmp_path / name, mosquitto, model.path))
-    daemons.append(Daemon(configs[0], tmp_path / "pi-a" / "state"))
-    first = daemons[-1]
-    daemons.append(Daemon(configs[1], tmp_path / "pi-b" / "state"))
-    second = daemons[-1]
+        notify.append(NotifySocket(tmp_path / name / "notify.sock"))
+        env = {"NOTIFY_SOCKET": str(notify[-1].path)}
+        daemons.append(Daemon(configs[-1], tmp_path / name / "state", env=env))
+    first, second = daemons[-2:]
 
     started = [_source_session(d).get("connections", 0) for d in (first, second)]
     time.sleep(WATCH_S)
@@ -62,8 +75,15 @@ def test_two_gateways_with_one_gateway_id_back_off_and_report_it(
         ),
         "a run of three short connections on one gateway",
     )
+    # systemd's status line (`systemctl status`) says it too, from the daemon itself.
+    which = (first, second).index(flapping)
+    datagrams = notify[which].datagrams
+    wait_for(
+        lambda: any("mqtt mqtt-source-0: the broker closed" in d for d in datagrams),
+        "the unit's status line to name the flapping connection",
+    )
     capsys.readouterr()
-    main(["status", "--config", str(configs[daemons.index(flapping)])])
+    main(["status", "--config", str(configs[which])])
     printed = capsys.readouterr().out
     assert "mqtt mqtt-source-0: the broker closed" in printed
     assert "gateway_id" in printed
