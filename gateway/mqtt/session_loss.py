@@ -2,9 +2,9 @@
 
 Measured against a real mosquitto: two gateways with one client id (a copied SD card or
 config gives two Pis the same ``gateway_id``, hence the same client ids) took each other's
-session over about 50 times a second under MQTT 5 and 10 times a second under 3.1.1, each time
-with a log line, a new session hand-over and the in-flight messages of the other one lost,
-because a loss after a successful connection was followed by an immediate reconnect.
+session over about 50 times a second under MQTT 5 and 11 times a second under 3.1.1, each time
+with a log line and a session hand-over that cuts the other connection mid-flight, because a
+loss after a successful connection was followed by an immediate reconnect.
 
 So a connection that ends soon after its CONNACK counts as a failed attempt: the next attempt
 waits, and the wait doubles up to ``reconnect_max_s`` (the same backoff as a refused
