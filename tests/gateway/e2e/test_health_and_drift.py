@@ -320,8 +320,12 @@ def test_pairs_health_and_drift_end_to_end(
         )
         assert "missing_channel" in norh_health["flags"]
 
-        status = daemon.status()
-        assert status["pairs"]["pm10"]["rows_written"] == 3 * PERIODS
+        # status.json is a snapshot written every status_interval_s: it may lag the pairs files
+        # read above by one interval.
+        status = wait_for(
+            lambda: (s := daemon.status())["pairs"]["pm10"]["rows_written"] == 3 * PERIODS and s,
+            "status.json to count every pair written",
+        )
         assert status["pairs"]["pm10"]["rows_failed"] == 0
         assert status["references"][REFERENCE]["paired"] == 3 * PERIODS
         assert daemon.stop() == 0
