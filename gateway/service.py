@@ -19,7 +19,7 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 
 import structlog
@@ -220,7 +220,7 @@ class GatewayService:
             self.rejects.flush(final=True)
             self.monitor.close()  # fsync the pairs dataset
             self._save_windows_and_checkpoint()  # also after a crash: keep what we have
-            self._write_status()
+            self._write_status(self._stats())
             self._instance.release()
         _log.info("gateway_stopped")
         return 0
@@ -320,7 +320,7 @@ class GatewayService:
             gc.freeze()
             release_free_heap()  # what parsing the window snapshot left behind
             self._phase = "running"
-            self.notifier.ready(self._status_line())
+            self.notifier.ready(self._status_line(self._stats()))
             _log.info(
                 "gateway_started",
                 gateway_id=self.config.gateway_id,
@@ -516,10 +516,11 @@ class GatewayService:
 
     async def _status_loop(self, publisher: Publisher) -> None:
         while True:
-            self._write_status()
+            stats = self._stats()  # one snapshot for the file, the stats topic and systemd
+            self._write_status(stats)
             self.rejects.flush()  # the count of a reject flood that has stopped
-            publisher.submit_stats(self._stats())
-            self.notifier.status(self._status_line())
+            publisher.submit_stats(stats)
+            self.notifier.status(self._status_line(stats))
             await asyncio.sleep(self.config.state.status_interval_s)
 
     async def _save_loop(self) -> None:
@@ -577,6 +578,7 @@ class GatewayService:
         ticker = self.ticker.stats()
         sources = {name: source.stats() for name, source in self._mqtt_sources.items()}
         fleet = {name: source.stats() for name, source in self._fleet_sources.items()}
+        references = {name: source.stats() for name, source in self._reference_sources.items()}
         return {
             "gateway_id": self.config.gateway_id,
             "version": __version__,
@@ -598,16 +600,20 @@ class GatewayService:
             "mqtt_sources_connected": {name: s.connected for name, s in sources.items()},
             "mqtt_other_shard": {name: s.other_shard for name, s in sources.items()},
             "mqtt_inbox": {name: s.inbox for name, s in sources.items()},
-            "mqtt_sessions": self._mqtt_sessions(),
-            "fleet_sources": fleet,
-            "references_connected": {
-                name: source.connected for name, source in self._reference_sources.items()
+            # Session counters of every subscribing connection (the publisher's are in its own
+            # stats): sensor sources, references, MQTT fleet sources.
+            "mqtt_sessions": {
+                **{name: s.session for name, s in sources.items()},
+                **{f"reference-{name}": s.session for name, s in references.items()},
+                **{name: f["session"] for name, f in fleet.items() if "session" in f},
             },
+            "fleet_sources": fleet,
+            "references_connected": {name: s.connected for name, s in references.items()},
             "references_rejected": self.reference_rejects.snapshot(),
             **self.monitor.stats(),
         }
 
-    def _status_line(self) -> str:
+    def _status_line(self, snapshot: Mapping[str, object]) -> str:
         stats = self.ticker.counters
         missing = self.models.missing()
         phase = (
@@ -622,33 +628,20 @@ class GatewayService:
             degraded.append(f"{self.set_aside.count} state file(s) set aside")
         if self.publisher is not None and self.publisher.outbox_in_memory:
             degraded.append("outbox in memory (state_dir refuses it)")
-        sessions = self._mqtt_sessions()
+        stored = snapshot.get("mqtt_sessions")
+        sessions: dict[str, object] = dict(stored) if isinstance(stored, Mapping) else {}
         if self.publisher is not None:
             sessions["publisher"] = self.publisher.session_stats()
         degraded.extend(session_problems(sessions, self._clock()))
         return "; ".join([line, *degraded])
 
-    def _mqtt_sessions(self) -> dict[str, object]:
-        """Session counters of every subscribing MQTT connection (the publisher's are in its
-        own stats): sensor sources, references (``reference-<name>``), fleet sources."""
-        sessions: dict[str, object] = {
-            name: source.stats().session for name, source in self._mqtt_sources.items()
-        }
-        for name, source in self._reference_sources.items():
-            sessions[f"reference-{name}"] = source.stats().session
-        for name, fleet in self._fleet_sources.items():
-            session = fleet.stats().get("session")
-            if session is not None:
-                sessions[name] = session
-        return sessions
-
-    def _write_status(self) -> None:
+    def _write_status(self, stats: Mapping[str, object]) -> None:
         document: dict[str, object] = {
             "pid": os.getpid(),
             "phase": self._phase,
             "started_at": self._started_at,
             "updated_at": self._clock(),
-            **self._stats(),
+            **stats,
         }
         if self._publisher_final is not None:
             document["publisher"] = self._publisher_final

@@ -53,7 +53,6 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from gateway.errors import ConfigError
-from gateway.mqtt import session_loss
 from gateway.mqtt.config import DEFAULT_MAX_INBOX, ClientKind, MqttBrokerConfig, Will
 from gateway.mqtt.errors import (
     MqttConnectError,
@@ -373,13 +372,9 @@ class MqttConnection:
     def session_stats(self) -> dict[str, int | float | None]:
         """Connections made, lost, and taken over by another client with this client id."""
         attempt = self._attempt
-        stable = (
-            self._connected
-            and attempt is not None
-            and attempt.connected_at is not None
-            and time.monotonic() - attempt.connected_at >= session_loss.STABLE_AFTER_S
-        )
-        return self._losses.stats(self._generation, stable_now=stable)
+        up_since = attempt.connected_at if self._connected and attempt is not None else None
+        up_for = None if up_since is None else time.monotonic() - up_since
+        return self._losses.stats(self._generation, connected_for_s=up_for)
 
     def _report_loss(self, attempt: _Attempt) -> float:
         """Log a lost connection as what it was; the seconds to wait before reconnecting."""
@@ -400,14 +395,13 @@ class MqttConnection:
                 **fields,
             )
         elif decision.unstable:
-            hint = (
-                {"hint": "the broker keeps closing this connection right after accepting it; "
-                 + taken_over_message(self._client_id)}
-                if decision.in_a_row >= UNSTABLE_HINT_AFTER
-                else {}
-            )  # fmt: skip
+            if decision.in_a_row >= UNSTABLE_HINT_AFTER:
+                fields["hint"] = (
+                    "the broker keeps closing this connection right after accepting it; "
+                    + taken_over_message(self._client_id)
+                )
             log = self._log.warning if decision.report else self._log.debug
-            log("mqtt_connection_unstable", in_a_row=decision.in_a_row, **fields, **hint)
+            log("mqtt_connection_unstable", in_a_row=decision.in_a_row, **fields)
         else:
             self._log.warning("mqtt_connection_lost", **fields)
         return decision.wait_s

@@ -141,9 +141,13 @@ class SessionLossPolicy:
             report=report,
         )
 
-    def stats(self, connections: int, *, stable_now: bool) -> dict[str, int | float | None]:
-        """Counters for the stats topic, keyed as documented in docs/mqtt.md; a connection
-        that has been up for :data:`STABLE_AFTER_S` ends the run of unstable ones."""
+    def stats(
+        self, connections: int, *, connected_for_s: float | None
+    ) -> dict[str, int | float | None]:
+        """Counters for the stats topic, keyed as documented in docs/mqtt.md; a connection up
+        for :data:`STABLE_AFTER_S` (``connected_for_s``; None: not connected) ends the run of
+        unstable ones."""
+        stable_now = connected_for_s is not None and connected_for_s >= STABLE_AFTER_S
         return {
             "connections": connections,
             "lost": self.lost,

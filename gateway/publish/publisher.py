@@ -446,7 +446,6 @@ class Publisher:
                             connection.publish(self.topics.status, b"offline", retain=True), 2.0
                         )
                 await connection.close()
-                self._session = connection.session_stats()
         finally:
             if self._closed_counts is None:
                 self._closed_counts = (len(self._outbox), self._outbox.dropped_total)

@@ -73,7 +73,7 @@ def reuse_trained(run_dir: Path, fingerprint: str, config: TrainConfig) -> Train
     seconds = _recorded_seconds(run_dir / MARKER_NAME, fingerprint)
     if not isinstance(seconds, float):
         return seconds
-    try:
+    try:  # the small file first: a run of another configuration never loads its Keras model
         stored = TrainConfig.model_validate_json((run_dir / "config.json").read_text())
     except (OSError, ValueError) as exc:  # a pydantic ValidationError is a ValueError
         return f"the run's config.json does not load: {str(exc).splitlines()[0]}"

@@ -28,7 +28,7 @@ def test_status_line_and_stats_name_set_aside_files_and_an_unwritable_pid_file(
     damaged.write_bytes(b"damaged")
     service.set_aside.set_aside(damaged, kind="window snapshot pm10", reason="test")
     try:
-        line = service._status_line()
+        line = service._status_line(service._stats())
         assert line.startswith("starting: 0 readings")
         assert "pid file" in line and "1 state file(s) set aside" in line
         stats = service._stats()["state"]

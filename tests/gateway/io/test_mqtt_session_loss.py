@@ -64,14 +64,15 @@ def test_a_takeover_backs_off_even_after_a_long_connection_and_is_counted() -> N
     policy = _policy()
     decision = policy.after_loss(lasted_s=3600.0, reason_code=SESSION_TAKEN_OVER)
     assert decision.taken_over and decision.unstable and decision.wait_s == 0.5
-    assert policy.stats(connections=7, stable_now=False) == {
+    assert policy.stats(connections=7, connected_for_s=STABLE_AFTER_S - 1) == {
         "connections": 7,
         "lost": 1,
         "taken_over": 1,
         "last_taken_over": 1_800_000_000.0,
         "unstable_in_a_row": 1,
     }
-    assert policy.stats(connections=7, stable_now=True)["unstable_in_a_row"] == 0
+    assert policy.stats(connections=7, connected_for_s=None)["unstable_in_a_row"] == 1
+    assert policy.stats(connections=7, connected_for_s=STABLE_AFTER_S)["unstable_in_a_row"] == 0
 
 
 def test_the_status_names_a_recent_takeover_and_a_run_of_short_connections() -> None:
