@@ -42,7 +42,7 @@ test: setup lint typecheck pytest
 
 lint: setup
 	$(PY) -m ruff check .
-	$(PY) -m ruff format --check gateway devkit training tests
+	$(PY) -m ruff format --check tesla_gateway devkit training tests
 
 typecheck: setup
 	$(PY) -m mypy
@@ -56,7 +56,7 @@ bench: setup
 reliability: setup
 	$(PY) -m pytest -m reliability --reliability-long
 
-# The gateway's wheel (gateway/ with the default models and the example config; no training,
+# The gateway's wheel (tesla_gateway/ with the default models and the example config; no training,
 # devkit or demo) into dist/, for `pip install dist/tesla_gateway-*.whl` on the Pi (README
 # "Installing"). Needs only python3 with pip; pip fetches setuptools to build.
 wheel:

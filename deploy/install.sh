@@ -199,7 +199,7 @@ if [[ -n "$WHEELHOUSE" ]]; then
     stamp_text="$(cat "$WHEELHOUSE"/*.whl | sha256sum | cut -d' ' -f1) extra=$EXTRA"
 else
     PACKAGE=("$SOURCE$EXTRA")
-    stamp_text="$(cd "$SOURCE" && cat pyproject.toml gateway/*.py gateway/*/*.py \
+    stamp_text="$(cd "$SOURCE" && cat pyproject.toml $(find tesla_gateway -name '*.py' | LC_ALL=C sort) \
         | sha256sum | cut -d' ' -f1) extra=$EXTRA"
 fi
 if [[ "$(cat "$R$VENV/.tesla-gateway-installed" 2>/dev/null)" != "$stamp_text" ]]; then

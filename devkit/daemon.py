@@ -1,4 +1,4 @@
-"""The one daemon wrapper: ``python -m gateway run --config X`` as a child process, observed
+"""The one daemon wrapper: ``python -m tesla_gateway run --config X`` as a child process, observed
 through its status.json and /proc, for the tests, the demo and the bench."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class GatewayDaemon(StartStop):
     ``wrapper`` is an argv put before the interpreter (e.g. ``prlimit --fsize=N --``, which execs
     the daemon in place with the same pid); ``cpu`` pins the daemon to one CPU (the bench);
     ``new_session`` keeps a terminal's Ctrl-C away from it (the demo stops it in order); ``env``
-    adds to the inherited environment; ``program`` replaces ``python -m gateway`` (e.g. an
+    adds to the inherited environment; ``program`` replaces ``python -m tesla_gateway`` (e.g. an
     installed venv's ``tesla-gateway`` script).
     """
 
@@ -43,7 +43,7 @@ class GatewayDaemon(StartStop):
         cpu: int | None = None,
         new_session: bool = False,
         env: Mapping[str, str] | None = None,
-        program: Sequence[str] = (sys.executable, "-m", "gateway"),
+        program: Sequence[str] = (sys.executable, "-m", "tesla_gateway"),
     ) -> None:
         self.config = config
         self.state_dir = state_dir

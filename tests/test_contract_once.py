@@ -1,4 +1,5 @@
-"""Each contract rule lives once in ``gateway/``; the training side and the config import it."""
+"""Each contract rule lives once in ``tesla_gateway/``; the training
+side and the config import it."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gateway import config, manifest, readings
-from gateway.manifest import load_manifest
-from gateway.ota.descriptor import ImageDescriptor
+from tesla_gateway.contract import manifest, readings
+from tesla_gateway.contract.manifest import load_manifest
+from tesla_gateway.daemon import config
+from tesla_gateway.ota.descriptor import ImageDescriptor
 from training.bench import grid
 from training.data import frame
 from training.models import BASELINE_KINDS

@@ -13,8 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.calibrator import Calibrator
-from gateway.manifest import Manifest, load_manifest, verify_model_files, write_manifest
+from tesla_gateway.contract.manifest import (
+    Manifest,
+    load_manifest,
+    verify_model_files,
+    write_manifest,
+)
+from tesla_gateway.models.calibrator import Calibrator
 from training.conformal import DEFAULT_LEVEL, fit_intervals
 from training.errors import DataError
 from training.harm import compare_on

@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.errors import GatewayError
+from tesla_gateway.errors import GatewayError
 from training.bench import cli as bench_cli
 from training.errors import TrainingError
 from training.retrain import cli as retrain_cli
 
 if TYPE_CHECKING:
-    from gateway.manifest import Manifest
+    from tesla_gateway.contract.manifest import Manifest
     from training.train import TrainConfig
 
 __all__ = ["build_parser", "main", "train_config"]
@@ -153,7 +153,7 @@ def _keygen(args: argparse.Namespace) -> int:
 def _release(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from gateway.ota.release import Rollout
+    from tesla_gateway.ota.release import Rollout
     from training.release import ReleaseError, build_release
 
     rollout = None
@@ -168,7 +168,7 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _push(args: argparse.Namespace) -> int:
-    from gateway.logging import configure_logging
+    from tesla_gateway.daemon.logging import configure_logging
     from training.release import broker_from_flags, push_release
 
     configure_logging(level="warning")  # the connection's log lines to stderr, stdout is JSON
@@ -222,7 +222,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from gateway.manifest import TestMetrics
+    from tesla_gateway.contract.manifest import TestMetrics
     from training.harm import describe
     from training.train import train
 
@@ -281,7 +281,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from gateway.manifest import load_manifest
+    from tesla_gateway.contract.manifest import load_manifest
     from training.data import load_dataset, load_plain_csv
     from training.evaluate import evaluate_model_dir, evaluation_text
 

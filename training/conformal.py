@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gateway.manifest import PredictionIntervals
+from tesla_gateway.contract.manifest import PredictionIntervals
 from training.errors import DataError
 
 __all__ = [

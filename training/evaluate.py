@@ -1,6 +1,7 @@
 """Evaluate an exported model directory on any co-location data, through the gateway's calibrator.
 
-The model directory is loaded and run by :class:`gateway.calibrator.Calibrator`, the code that
+The model directory is loaded and run by :class:`tesla_gateway.models.calibrator.Calibrator`, the
+code that
 serves it (same checks, runtime and batching), with the manifest's window length, period and gap
 policy and the same cleaning and gridding as training: what is scored is what is served.
 """
@@ -13,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gateway.calibrator import Calibrator
-from gateway.manifest import ErrorMetrics, Manifest, TestMetrics
+from tesla_gateway.contract.manifest import ErrorMetrics, Manifest, TestMetrics
+from tesla_gateway.models.calibrator import Calibrator
 from training.conformal import IntervalScores, score_intervals
 from training.data import CoLocationData, WindowSet, clean, to_grid
 from training.equivalence import Equivalence, equivalence

@@ -30,8 +30,8 @@ import numpy.typing as npt
 import tensorflow as tf
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
-from gateway.manifest import ModelFile, sha256_file
-from gateway.runtime import DEFAULT_MAX_BATCH, BatchedInterpreter, select_runtime
+from tesla_gateway.contract.manifest import ModelFile, sha256_file
+from tesla_gateway.models.runtime import DEFAULT_MAX_BATCH, BatchedInterpreter, select_runtime
 from training.bias_correction import convert_bias_corrected
 from training.device_ops import unsupported_on_device
 from training.errors import ExportError, ExportVerificationError
@@ -183,7 +183,8 @@ def litert_predict(flatbuffer: bytes, windows: Array, *, batched: bool = True) -
     """Calibrate windows with the gateway's runtime: batched invokes, or one per window.
 
     A graph that is not a model directory yet (the exporter's own check) runs through the same
-    interpreter and batching the gateway uses (``gateway.runtime``); integer graphs get their
+    interpreter and batching the gateway uses (``tesla_gateway.models.runtime``); integer graphs
+    get their
     inputs quantised and their outputs dequantised, one window per invoke (batch 1).
     """
     interpreter = select_runtime(("ai_edge_litert",)).interpreter(flatbuffer)

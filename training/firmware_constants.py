@@ -12,9 +12,9 @@ import hashlib
 import math
 from pathlib import Path
 
-from gateway.manifest import Manifest, load_manifest
-from gateway.ota.descriptor import ImageDescriptor
-from gateway.ota.release import key_id, load_public_key
+from tesla_gateway.contract.manifest import Manifest, load_manifest
+from tesla_gateway.ota.descriptor import ImageDescriptor
+from tesla_gateway.ota.release import key_id, load_public_key
 from training.device_ops import unsupported_on_device
 from training.errors import TrainingError
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gateway.manifest import TestMetrics
+from tesla_gateway.contract.manifest import TestMetrics
 from training.data import WindowSet
 from training.errors import HarmfulModelError
 from training.metrics import LinearCalibration, error_metrics

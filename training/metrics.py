@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gateway.manifest import ErrorMetrics
+from tesla_gateway.contract.manifest import ErrorMetrics
 
 __all__ = ["LinearCalibration", "error_metrics"]
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gateway.manifest import (
+from tesla_gateway.contract.manifest import (
     DataSummary,
     ErrorMetrics,
     InputChannel,

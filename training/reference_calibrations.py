@@ -30,8 +30,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from gateway.manifest import ErrorMetrics
-from gateway.readings import Feature
+from tesla_gateway.contract.manifest import ErrorMetrics
+from tesla_gateway.contract.readings import Feature
 from training.data import WindowSet
 from training.errors import DataError
 from training.metrics import LinearCalibration, error_metrics

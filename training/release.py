@@ -1,11 +1,12 @@
-"""Create, sign and publish model releases (the gateway verifies them: gateway/ota/release.py).
+"""Create, sign and publish model releases (the gateway verifies them:
+tesla_gateway/ota/release.py).
 
 ``keygen`` makes an Ed25519 key pair (private seed in hex, mode 0600; public key in hex),
 ``build_release`` signs a model directory into a release directory for one target, and
 ``push_release`` publishes it retained on MQTT, where every gateway subscribed to releases
 picks it up (node releases are relayed to the gateway's serial-attached nodes).
 
-A gateway release also carries golden windows (gateway/ota/golden.py): a few windows spread
+A gateway release also carries golden windows (tesla_gateway/ota/golden.py): a few windows spread
 over the model's training input range and what LiteRT computes for them on the float graph,
 which every gateway reproduces before it switches to the release. A release may be limited to
 some gateways (``rollout``: ids or ``[ota] groups``), for a canary first.
@@ -27,14 +28,19 @@ import numpy as np
 from nacl.signing import SigningKey
 from pydantic import ValidationError
 
-from gateway.errors import GatewayError
-from gateway.manifest import MANIFEST_FILENAME, Manifest, load_manifest, verify_model_files
-from gateway.mqtt.config import MqttBrokerConfig, MqttTlsConfig
-from gateway.mqtt.connection import MqttConnection
-from gateway.mqtt.errors import MqttError
-from gateway.ota.descriptor import ImageDescriptor
-from gateway.ota.golden import GOLDEN_FILENAME, GoldenWindows
-from gateway.ota.release import (
+from tesla_gateway.contract.manifest import (
+    MANIFEST_FILENAME,
+    Manifest,
+    load_manifest,
+    verify_model_files,
+)
+from tesla_gateway.errors import GatewayError
+from tesla_gateway.mqtt.config import MqttBrokerConfig, MqttTlsConfig
+from tesla_gateway.mqtt.connection import MqttConnection
+from tesla_gateway.mqtt.errors import MqttError
+from tesla_gateway.ota.descriptor import ImageDescriptor
+from tesla_gateway.ota.golden import GOLDEN_FILENAME, GoldenWindows
+from tesla_gateway.ota.release import (
     RELEASE_FILENAME,
     RELEASE_FORMAT_VERSION,
     Rollout,
@@ -163,8 +169,8 @@ def _golden_inputs(manifest: Manifest, shape: tuple[int, ...]) -> np.ndarray:
 
 def golden_windows(model_dir: Path) -> bytes:
     """``golden.json`` for a gateway release: LiteRT on the float graph, one batched invoke."""
-    from gateway.calibrator import Calibrator
-    from gateway.model_trust import ModelTrust
+    from tesla_gateway.models.calibrator import Calibrator
+    from tesla_gateway.models.trust import ModelTrust
 
     try:
         calibrator = Calibrator.load(model_dir, ("ai_edge_litert",), trust=ModelTrust("off"))

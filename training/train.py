@@ -21,8 +21,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.manifest import DataSummary, ErrorMetrics, InputRange, TestMetrics
-from gateway.series import GapPolicy
+from tesla_gateway.contract.manifest import DataSummary, ErrorMetrics, InputRange, TestMetrics
+from tesla_gateway.contract.series import GapPolicy
 from training.data import (
     CoLocationData,
     WindowSet,

@@ -6,7 +6,7 @@
 The set-up (one per sensor count S):
 
 * **broker**: a private mosquitto on a free loopback port, ``set_tcp_nodelay true``;
-* **daemon**: ``python -m gateway run --config X`` as a child process with a generated config
+* **daemon**: ``python -m tesla_gateway run --config X`` as a child process with a generated config
   (``tick.settle_s = 0.005``, ``num_threads = 1``, status.json every 0.25 s, window snapshots every
   600 s so that none falls in a measured phase) and its own temporary state dir, into which S
   sensors' windows are written *full* beforehand (N = 360 periods of plausible PM10, the state a
@@ -70,11 +70,11 @@ import numpy as np
 
 from devkit.broker import Mosquitto
 from devkit.daemon import GatewayDaemon
-from gateway.geometry import WindowGeometry
-from gateway.manifest import load_manifest
-from gateway.mqtt.config import IoLoop
-from gateway.state import StateStore
-from gateway.window_store import NO_PERIOD, WindowState
+from tesla_gateway.contract.geometry import WindowGeometry
+from tesla_gateway.contract.manifest import load_manifest
+from tesla_gateway.mqtt.config import IoLoop
+from tesla_gateway.windows.snapshots import StateStore
+from tesla_gateway.windows.store import NO_PERIOD, WindowState
 
 __all__ = ["run_end_to_end"]
 
@@ -128,7 +128,8 @@ level = "info"
 stats_interval_s = 60
 # The restored windows' newest readings are a day old in event time, and a restored sensor's
 # idleness is judged by event time (snapshots do not keep arrival times: a known limit, see
-# gateway/admission.py adopt_windows), so every sensor would "come online" (10,000 retained
+# tesla_gateway/ingest/admission.py adopt_windows), so every sensor would "come online" (10,000
+# retained
 # availability messages) inside the first measured phase; a gateway in steady state has them
 # online already. Two days keeps them online.
 sensor_offline_after_s = 172800

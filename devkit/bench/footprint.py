@@ -26,9 +26,9 @@ def _main(argv: list[str]) -> None:
     started = time.perf_counter()
     import numpy as np
 
-    import gateway.service  # noqa: F401 - the daemon's own import graph
-    from gateway.calibrator import Calibrator
-    from gateway.window_store import NO_PERIOD, ModelWindows, WindowState
+    import tesla_gateway.daemon.service  # noqa: F401 - the daemon's own import graph
+    from tesla_gateway.models.calibrator import Calibrator
+    from tesla_gateway.windows.store import NO_PERIOD, ModelWindows, WindowState
 
     calibrator = Calibrator.load(Path(argv[0]), num_threads=1)
     report: dict[str, object] = {

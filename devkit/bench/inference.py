@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from gateway.calibrator import Calibrator
-from gateway.manifest import load_manifest
+from tesla_gateway.contract.manifest import load_manifest
+from tesla_gateway.models.calibrator import Calibrator
 from training.bench.litert import one_window
 from training.bench.timing import best_rate, best_rates_interleaved
 

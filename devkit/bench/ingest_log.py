@@ -30,11 +30,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.ingest_log import IngestLog, JournaledQueue, commit_queued, encode_record
-from gateway.mqtt.connection import InboundMessage
-from gateway.readings import Reading
-from gateway.rejects import RejectCounter
-from gateway.sources.mqtt_source import MqttSource, MqttSourceConfig
+from tesla_gateway.contract.readings import Reading
+from tesla_gateway.ingest.ingest_log import IngestLog, JournaledQueue, commit_queued, encode_record
+from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.mqtt.connection import InboundMessage
+from tesla_gateway.sources.mqtt_source import MqttSource, MqttSourceConfig
 
 __all__ = ["run_ingest_log_bench"]
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from devkit.bench.mqtt_wire import WirePublisher
-from gateway.mqtt.wire import publish_packet
+from tesla_gateway.mqtt.wire import publish_packet
 
 __all__ = ["main"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from devkit.bench.inference import device_graph_rate, measure_inference, realistic_windows
 from devkit.bench.yardstick import gemm_flops_per_second
-from gateway.manifest import Manifest, load_manifest
+from tesla_gateway.contract.manifest import Manifest, load_manifest
 from training.bench.flops import count_flops, flops_by_op, resolve_graph
 from training.flatbuffer import read_graph
 

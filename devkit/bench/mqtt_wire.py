@@ -7,7 +7,7 @@ here a publisher packs many PUBLISH packets into one ``sendall`` and a subscribe
 a time, stamping every packet in a read with the time the read returned. Only what the benchmark
 needs: CONNECT (clean session, no keep-alive), PUBLISH QoS 0/1, PUBACK, SUBSCRIBE, DISCONNECT.
 Loopback only. The packets themselves are encoded and decoded by the gateway's own codec
-(:mod:`gateway.mqtt.wire`), so the benchmark speaks exactly what the gateway speaks.
+(:mod:`tesla_gateway.mqtt.wire`), so the benchmark speaks exactly what the gateway speaks.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from gateway.mqtt.wire import (
+from tesla_gateway.mqtt.wire import (
     PUBACK,
     PUBLISH,
     UINT16,

@@ -18,7 +18,7 @@ def _main(argv: list[str]) -> None:
     import keras
     import numpy as np
 
-    from gateway.series import GapPolicy
+    from tesla_gateway.contract.series import GapPolicy
     from training.data import WindowSet, generate_synthetic, to_grid
     from training.models import TeslaConfig, build_model
     from training.train import WindowBatches

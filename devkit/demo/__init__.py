@@ -2,7 +2,8 @@
 
 A development-machine feature: it needs mosquitto (``make setup`` installs it) and, for the
 plot, matplotlib from the ``train`` extra. It never imports TensorFlow; the daemon it runs is the
-production one (``python -m gateway run``), fed by simulated Arduino nodes over MQTT and over a
+production one (``python -m tesla_gateway run``), fed by simulated Arduino nodes over MQTT and over
+a
 pty serial line.
 """
 

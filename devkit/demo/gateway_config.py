@@ -1,4 +1,5 @@
-"""The demo's gateway.toml for the real daemon (``python -m gateway run``, run by devkit.daemon).
+"""The demo's gateway.toml for the real daemon (``python -m tesla_gateway run``,
+run by devkit.daemon).
 
 The simulated nodes replay January 2020 with the readings' own timestamps, so the demo's
 configuration tells the daemon to accept old readings: the MQTT source's ``max_age_s`` and the

@@ -22,11 +22,11 @@ from datetime import UTC, datetime
 from devkit.demo import DemoError
 from devkit.demo.replay_slice import SliceRow
 from devkit.pty import PtySerial
-from gateway.mqtt.config import MqttBrokerConfig
-from gateway.mqtt.connection import MqttConnection
-from gateway.mqtt.errors import MqttError
-from gateway.readings import ReadingRejectedError
-from gateway.sources.line_protocol import (
+from tesla_gateway.contract.readings import ReadingRejectedError
+from tesla_gateway.mqtt.config import MqttBrokerConfig
+from tesla_gateway.mqtt.connection import MqttConnection
+from tesla_gateway.mqtt.errors import MqttError
+from tesla_gateway.sources.line_protocol import (
     HelloRequest,
     LineSplitter,
     decode_line,

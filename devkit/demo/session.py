@@ -27,12 +27,12 @@ from devkit.demo.scoreboard import Scoreboard
 from devkit.demo.view import LiveView, format_time
 from devkit.errors import DevkitError
 from devkit.pty import PtySerial
-from gateway.errors import GatewayError
-from gateway.logging import configure_logging
-from gateway.manifest import Manifest, load_manifest
-from gateway.mqtt.config import MqttBrokerConfig
-from gateway.mqtt.connection import InboundMessage, MqttConnection
-from gateway.mqtt.errors import MqttError
+from tesla_gateway.contract.manifest import Manifest, load_manifest
+from tesla_gateway.daemon.logging import configure_logging
+from tesla_gateway.errors import GatewayError
+from tesla_gateway.mqtt.config import MqttBrokerConfig
+from tesla_gateway.mqtt.connection import InboundMessage, MqttConnection
+from tesla_gateway.mqtt.errors import MqttError
 
 __all__ = ["DemoOptions", "DemoOutcome", "run_demo"]
 
@@ -54,7 +54,8 @@ class DemoOptions:
     speed: float | None  # history seconds per wall second; None: fit the slice into ``seconds``
     tty: bool
     mosquitto: Path = MOSQUITTO
-    # Served beside model_dir: the nodes with a humidity sensor get it (gateway.model_choice).
+    # Served beside model_dir: the nodes with a humidity sensor get it
+    # (tesla_gateway.models.choice).
     covariate_model_dir: Path | None = None
 
 
@@ -140,7 +141,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoOutcome:
             now=time.time(),
         )
         out.write(
-            f"starting the gateway daemon (python -m gateway run; log {daemon_log}) ...\n"
+            f"starting the gateway daemon (python -m tesla_gateway run; log {daemon_log}) ...\n"
             "(the nodes replay 2020 with their own timestamps, so this run's gateway.toml accepts "
             "old readings: max_age_s, max_backlog_s; a deployment keeps the defaults)\n"
         )

@@ -18,7 +18,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gateway.manifest import load_manifest  # noqa: E402
+from tesla_gateway.contract.manifest import load_manifest  # noqa: E402
 from tests.firmware.qemu_node import INSTRUCTIONS_PER_TICK, build, emulated_node  # noqa: E402
 
 MODELS = ("pm10-ispra-1min", "pm2_5-antwerp-1h")

@@ -1,5 +1,5 @@
 // CRC-16/CCITT-FALSE (line protocol) and CRC-32/ISO-HDLC (OTA chunks), as in
-// gateway/sources/line_protocol.py and gateway/ota/protocol.py.
+// tesla_gateway/sources/line_protocol.py and tesla_gateway/ota/protocol.py.
 #pragma once
 
 #include <stddef.h>

@@ -1,5 +1,5 @@
 // The serial line protocol (docs/serial-protocol.md), node side: frame checks identical to
-// gateway/sources/line_protocol.py (same reject reasons, same order), and the H/R encoders.
+// tesla_gateway/sources/line_protocol.py (same reject reasons, same order), and the H/R encoders.
 #pragma once
 
 #include <stddef.h>

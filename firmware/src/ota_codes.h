@@ -1,5 +1,5 @@
 // OTA status codes: mirrored exactly from docs/ota-protocol.md section 6 and
-// gateway/ota/protocol.py (OtaStatus, status_message). The host tests compare this table with
+// tesla_gateway/ota/protocol.py (OtaStatus, status_message). The host tests compare this table with
 // tests/vectors/ota_protocol.json, so a change on one side only fails the build.
 #pragma once
 

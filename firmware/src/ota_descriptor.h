@@ -1,5 +1,5 @@
 // The 88-byte signed node image descriptor (docs/ota-protocol.md section 3,
-// gateway/ota/descriptor.py). Little endian on the wire, decoded field by field (no casts).
+// tesla_gateway/ota/descriptor.py). Little endian on the wire, decoded field by field (no casts).
 #pragma once
 
 #include <stddef.h>

@@ -1,4 +1,4 @@
-// Plantower PMS5003 32-byte frames (as gateway/sources/pms5003.py): 0x42 0x4D, big-endian
+// Plantower PMS5003 32-byte frames (as tesla_gateway/sources/pms5003.py): 0x42 0x4D, big-endian
 // length 28, 13 big-endian data words, a 16-bit sum of the 30 bytes before it.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The node's own N-period window with the gap rule of gateway/series.py: readings are averaged
+// The node's own N-period window with the gap rule of tesla_gateway/contract/series.py: readings are averaged
 // per period (aligned to the epoch of the node's clock); a gap of at most max_interpolated
 // missing periods between two observed values is filled linearly when the later value
 // arrives; a window is valid only if its newest period was observed and nothing in it is

@@ -395,7 +395,7 @@ void test_pms5003() {
   CHECK(frames == 1 && bad_checksums == 1, "frames %d bad %d", frames, bad_checksums);
 }
 
-// The gap rule of gateway/series.py on a window of 5 with max_interpolated 2.
+// The gap rule of tesla_gateway/contract/series.py on a window of 5 with max_interpolated 2.
 void test_window() {
   float storage[5];
   tesla::Window window(storage, 5, 2);

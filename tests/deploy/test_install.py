@@ -12,7 +12,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from gateway.config import load_config
+from tesla_gateway.daemon.config import load_config
 from tests.deploy.conftest import (
     GATEWAY_ID,
     NODES,
@@ -34,10 +34,10 @@ def test_the_wheel_holds_only_what_runs_on_the_pi(installed_root: InstalledRoot)
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         scripts = archive.read(entry_points).decode()
     top_level = {name.split("/")[0] for name in names}
-    assert {t for t in top_level if not t.endswith(".dist-info")} == {"gateway"}
-    assert "gateway/py.typed" in names
-    assert not [n for n in names if n.startswith("gateway/demo/")]
-    assert "tesla-gateway = gateway.cli:main" in scripts
+    assert {t for t in top_level if not t.endswith(".dist-info")} == {"tesla_gateway"}
+    assert "tesla_gateway/py.typed" in names
+    assert not [n for n in names if n.startswith("tesla_gateway/demo/")]
+    assert "tesla-gateway = tesla_gateway.daemon.cli:main" in scripts
     assert "tesla-train" not in scripts
 
 

@@ -11,10 +11,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from devkit.broker import Mosquitto
-from gateway.config import load_config
-from gateway.errors import ConfigError
-from gateway.mqtt.config import MqttBrokerConfig
-from gateway.mqtt.connection import MqttConnection
+from tesla_gateway.daemon.config import load_config
+from tesla_gateway.errors import ConfigError
+from tesla_gateway.mqtt.config import MqttBrokerConfig
+from tesla_gateway.mqtt.connection import MqttConnection
 
 RIGHT = "Pw-correct-4f9a2e"
 WRONG = "Pw-wrong-77c1d0"

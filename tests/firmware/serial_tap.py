@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devkit.pty import PtySerial
-from gateway.ota.errors import OtaFrameError
-from gateway.ota.protocol import Chunk, OtaMessage, Status, decode_ota, encode_ota
-from gateway.readings import ReadingRejectedError
-from gateway.sources.line_protocol import LineSplitter, OtaFrame, decode_line
+from tesla_gateway.contract.readings import ReadingRejectedError
+from tesla_gateway.ota.errors import OtaFrameError
+from tesla_gateway.ota.protocol import Chunk, OtaMessage, Status, decode_ota, encode_ota
+from tesla_gateway.sources.line_protocol import LineSplitter, OtaFrame, decode_line
 
 __all__ = ["LineFaults", "SerialTap"]
 

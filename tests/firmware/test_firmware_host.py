@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.manifest import load_manifest
+from tesla_gateway.contract.manifest import load_manifest
 from training.device_ops import ARDUINO_TFLM_OPS
 from training.firmware_constants import render_model_constants, resolver_method
 

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from gateway.manifest import load_manifest
+from tesla_gateway.contract.manifest import load_manifest
 from tests.firmware.qemu_node import (
     INSTRUCTIONS_PER_TICK,
     build,

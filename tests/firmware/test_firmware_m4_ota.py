@@ -18,8 +18,8 @@ import pytest
 
 from devkit.broker import Mosquitto
 from devkit.pty import PtySerial
-from gateway.ota.protocol import OtaStatus
-from gateway.ota.release import key_id, load_public_key
+from tesla_gateway.ota.protocol import OtaStatus
+from tesla_gateway.ota.release import key_id, load_public_key
 from tests.firmware.qemu_node import (
     FIRMWARE,
     build,

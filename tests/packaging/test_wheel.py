@@ -86,28 +86,30 @@ def test_wheel_holds_the_gateway_models_and_example_config_only(wheel: Path) -> 
     names = set(zipfile.ZipFile(wheel).namelist())
     tops = {name.split("/")[0] for name in names}
     version = wheel.name.split("-")[1]
-    assert tops == {"gateway", f"tesla_gateway-{version}.dist-info"}
+    assert tops == {"tesla_gateway", f"tesla_gateway-{version}.dist-info"}
     # Every module of the gateway (no subpackage forgotten by the package list).
     sources = {
         path.relative_to(REPO).as_posix()
-        for path in (REPO / "gateway").rglob("*.py")
+        for path in (REPO / "tesla_gateway").rglob("*.py")
         if "__pycache__" not in path.parts
     }
     assert sources <= names
     # The default models, byte for byte, with their data attribution; the example config.
     for model in BUNDLED:
         for file in ("manifest.json", "model.tflite", "model_int8.tflite"):
-            packaged = zipfile.ZipFile(wheel).read(f"gateway/default_models/{model}/{file}")
+            packaged = zipfile.ZipFile(wheel).read(f"tesla_gateway/default_models/{model}/{file}")
             assert packaged == (MODELS / model / file).read_bytes()
-    attribution = zipfile.ZipFile(wheel).read("gateway/default_models/ATTRIBUTION.md").decode()
+    attribution = (
+        zipfile.ZipFile(wheel).read("tesla_gateway/default_models/ATTRIBUTION.md").decode()
+    )
     assert "doi:10.5281/zenodo.7256405" in attribution
-    example = zipfile.ZipFile(wheel).read("gateway/examples/gateway.example.toml")
+    example = zipfile.ZipFile(wheel).read("tesla_gateway/examples/gateway.example.toml")
     assert example == (REPO / "deploy" / "gateway.example.toml").read_bytes()
     # Not training, the devkit (demo, bench) or the tests; one command.
     assert not [n for n in names if {"demo", "training", "devkit", "tests"} & set(n.split("/"))]
     metadata = next(name for name in names if name.endswith("entry_points.txt"))
     entry_points = zipfile.ZipFile(wheel).read(metadata).decode()
-    assert "tesla-gateway = gateway.cli:main" in entry_points
+    assert "tesla-gateway = tesla_gateway.daemon.cli:main" in entry_points
     assert "tesla-train" not in entry_points
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from devkit.broker import Mosquitto
-from gateway.publish.publisher import OUTBOX_FILENAME
+from tesla_gateway.publish.publisher import OUTBOX_FILENAME
 from tests.reliability.harness import (
     PERIOD_S,
     Collector,

@@ -23,14 +23,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.config import load_config
-from gateway.errors import ConfigError, GatewayError
-from gateway.mqtt.connection import InboundMessage
-from gateway.readings import FIELD_LIMITS, ReadingRejectedError
-from gateway.rejects import RejectCounter
-from gateway.sources.line_protocol import LineSplitter, decode_line, encode_reading
-from gateway.sources.mqtt_source import MqttSource, MqttSourceConfig
-from gateway.sources.pms5003 import Pms5003Frame, Pms5003Parser, encode_frame
+from tesla_gateway.contract.readings import FIELD_LIMITS, ReadingRejectedError
+from tesla_gateway.daemon.config import load_config
+from tesla_gateway.errors import ConfigError, GatewayError
+from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.mqtt.connection import InboundMessage
+from tesla_gateway.sources.line_protocol import LineSplitter, decode_line, encode_reading
+from tesla_gateway.sources.mqtt_source import MqttSource, MqttSourceConfig
+from tesla_gateway.sources.pms5003 import Pms5003Frame, Pms5003Parser, encode_frame
 from tests.reliability.harness import report
 
 pytestmark = pytest.mark.reliability
@@ -266,7 +266,7 @@ def test_config_files(
 @FUZZ
 @given(st.lists(st.text(max_size=40) | st.sampled_from(["B", "C", "F", "M", "X", "S"]), max_size=7))
 def test_ota_frames(fields: list[str]) -> None:
-    protocol = pytest.importorskip("gateway.ota.protocol")
+    protocol = pytest.importorskip("tesla_gateway.ota.protocol")
     try:
         protocol.decode_ota(fields)
     except GatewayError as exc:
@@ -278,7 +278,7 @@ def test_ota_frames(fields: list[str]) -> None:
 @FUZZ
 @given(payloads)
 def test_ota_release_bundles(payload: bytes) -> None:
-    release = pytest.importorskip("gateway.ota.release")
+    release = pytest.importorskip("tesla_gateway.ota.release")
     try:
         release.verify_release(payload, bytes(32), running_version=None)
     except GatewayError as exc:

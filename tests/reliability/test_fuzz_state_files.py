@@ -21,14 +21,14 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.geometry import WindowGeometry
-from gateway.manifest import load_manifest
-from gateway.monitor.pairs import PairRow, PairsWriter
-from gateway.publish.outbox import Outbox, OutboxMessage
-from gateway.readings import Reading
-from gateway.set_aside import SetAsideLog
-from gateway.state import StateStore
-from gateway.window_store import WindowStore
+from tesla_gateway.contract.geometry import WindowGeometry
+from tesla_gateway.contract.manifest import load_manifest
+from tesla_gateway.contract.readings import Reading
+from tesla_gateway.monitor.pairs import PairRow, PairsWriter
+from tesla_gateway.publish.outbox import Outbox, OutboxMessage
+from tesla_gateway.set_aside import SetAsideLog
+from tesla_gateway.windows.snapshots import StateStore
+from tesla_gateway.windows.store import WindowStore
 from tests.reliability.harness import DEFAULT_MODEL, report
 
 pytestmark = pytest.mark.reliability

@@ -24,7 +24,7 @@ from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from devkit.broker import Mosquitto
-from gateway.mqtt.wire import encode_string, publish_packet, remaining_length
+from tesla_gateway.mqtt.wire import encode_string, publish_packet, remaining_length
 from tests.reliability.harness import (
     WAIT_S,
     Daemon,

@@ -17,7 +17,7 @@ import pytest
 
 from devkit.broker import Mosquitto
 from devkit.pty import PtySerial
-from gateway.sources.line_protocol import encode_hello, encode_hello_request, encode_reading
+from tesla_gateway.sources.line_protocol import encode_hello, encode_hello_request, encode_reading
 from tests.reliability.harness import (
     PERIOD_S,
     Collector,

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from devkit.broker import Mosquitto
-from gateway.readings import SENSOR_ID_PATTERN
-from gateway.sharding import ShardConfig, shard_of
+from tesla_gateway.contract.readings import SENSOR_ID_PATTERN
+from tesla_gateway.ingest.sharding import ShardConfig, shard_of
 from tests.reliability.harness import (
     PERIOD_S,
     Collector,

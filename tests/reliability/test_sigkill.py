@@ -3,7 +3,8 @@
 After every kill: each window snapshot decodes, the outbox passes SQLite's integrity check, and
 the restarted daemon restores its windows (``state.restored``) with nothing set aside as corrupt.
 A reading the broker has acknowledged to its sensor is durable (docs/deployment.md: the ingest
-log, ``gateway/ingest_log.py``), so every period sent must be calibrated and delivered: the test
+log, ``tesla_gateway/ingest/ingest_log.py``), so every period sent must be calibrated and
+delivered: the test
 fails on any loss. Duplicates are allowed (at least once) and counted.
 """
 

@@ -35,7 +35,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gateway.publish.discovery import DiscoveryMessage
+from tesla_gateway.publish.discovery import DiscoveryMessage
 
 Check = Callable[[Any], str | None]  # None if valid, else what is wrong
 

@@ -2,7 +2,8 @@
 
 Until training's exporter lands, these build what it will ship: a tiny Keras model exported to a
 float32 FlatBuffer with a dynamic batch dimension (input ``[batch, N]`` raw ug/m3 oldest first,
-output ``[batch, 1]``) and a manifest written with :func:`gateway.manifest.write_manifest`, with
+output ``[batch, 1]``) and a manifest written with
+:func:`tesla_gateway.contract.manifest.write_manifest`, with
 the real sha256 and size. Tests may import TensorFlow; the gateway never does.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.manifest import (
+from tesla_gateway.contract.manifest import (
     DataSummary,
     ErrorMetrics,
     InputChannel,
@@ -30,7 +31,7 @@ from gateway.manifest import (
     sha256_file,
     write_manifest,
 )
-from gateway.series import GapPolicy
+from tesla_gateway.contract.series import GapPolicy
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

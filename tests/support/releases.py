@@ -13,8 +13,13 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from gateway.manifest import MANIFEST_FILENAME, Manifest, load_manifest, write_manifest
-from gateway.ota.release import RELEASE_FILENAME, signed_bytes
+from tesla_gateway.contract.manifest import (
+    MANIFEST_FILENAME,
+    Manifest,
+    load_manifest,
+    write_manifest,
+)
+from tesla_gateway.ota.release import RELEASE_FILENAME, signed_bytes
 from training.release import KeyPair, build_release, keygen, load_private_key
 
 __all__ = ["DEFAULT_NODE_MODEL", "ReleaseKit"]
@@ -44,7 +49,7 @@ class ReleaseKit:
         manifest = load_manifest(target)
         files = dict(manifest.files)
         if image is not None:
-            from gateway.manifest import sha256_file
+            from tesla_gateway.contract.manifest import sha256_file
 
             shutil.copyfile(image, target / files["int8"].path)
             path = target / files["int8"].path

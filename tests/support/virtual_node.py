@@ -26,9 +26,11 @@ from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
 from devkit.pty import PtySerial
-from gateway.ota.descriptor import ImageDescriptor
-from gateway.ota.errors import MalformedReleaseError, OtaFrameError
-from gateway.ota.protocol import (
+from tesla_gateway.contract.readings import ReadingRejectedError
+from tesla_gateway.contract.series import window_is_valid
+from tesla_gateway.ota.descriptor import ImageDescriptor
+from tesla_gateway.ota.errors import MalformedReleaseError, OtaFrameError
+from tesla_gateway.ota.protocol import (
     Abort,
     Begin,
     Chunk,
@@ -42,9 +44,7 @@ from gateway.ota.protocol import (
     decode_ota,
     encode_ota,
 )
-from gateway.readings import ReadingRejectedError
-from gateway.series import window_is_valid
-from gateway.sources.line_protocol import (
+from tesla_gateway.sources.line_protocol import (
     HelloRequest,
     LineSplitter,
     NodeReading,

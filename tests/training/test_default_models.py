@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.manifest import load_manifest, verify_model_files
+from tesla_gateway.contract.manifest import load_manifest, verify_model_files
 from training.data import default_data_dir, load_dataset
 from training.device_ops import unsupported_on_device
 from training.evaluate import evaluate_model_dir

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from gateway import manifest as manifest_schema
-from gateway.manifest import ErrorMetrics
+from tesla_gateway.contract import manifest as manifest_schema
+from tesla_gateway.contract.manifest import ErrorMetrics
 from training.bench.grid import BenchConfig, DatasetSpec, SweepConfig
 from training.bench.runner import run_bench
 from training.errors import DivergedTrainingError, HarmfulModelError

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.calibrator import Calibrator
-from gateway.errors import ModelIntegrityError
+from tesla_gateway.errors import ModelIntegrityError
+from tesla_gateway.models.calibrator import Calibrator
 from training.data import generate_synthetic
 from training.evaluate import evaluate_model_dir
 

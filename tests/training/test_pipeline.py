@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gateway.manifest import load_manifest, verify_model_files, write_manifest
+from tesla_gateway.contract.manifest import load_manifest, verify_model_files, write_manifest
 from training.annotate import annotate_model_dir
 from training.cli import main
 from training.data import generate_synthetic

@@ -15,12 +15,12 @@ from paho.mqtt.enums import CallbackAPIVersion
 from pydantic import SecretStr
 
 from devkit.broker import Mosquitto
-from gateway.calibrator import Calibrator
-from gateway.mqtt.config import MqttBrokerConfig
-from gateway.ota.descriptor import DESCRIPTOR_SIZE, ImageDescriptor
-from gateway.ota.errors import BadSignatureError
-from gateway.ota.golden import GOLDEN_FILENAME, check_golden, parse_golden
-from gateway.ota.release import (
+from tesla_gateway.models.calibrator import Calibrator
+from tesla_gateway.mqtt.config import MqttBrokerConfig
+from tesla_gateway.ota.descriptor import DESCRIPTOR_SIZE, ImageDescriptor
+from tesla_gateway.ota.errors import BadSignatureError
+from tesla_gateway.ota.golden import GOLDEN_FILENAME, check_golden, parse_golden
+from tesla_gateway.ota.release import (
     RELEASE_FILENAME,
     decode_bundle,
     load_public_key,
@@ -79,7 +79,7 @@ def test_a_covariate_model_is_released_to_gateways_never_to_nodes(
     assert main([*args, "--target", "gateway", "--out", str(tmp_path / "gw")]) == 0
     release = verify_release(tmp_path / "gw", load_public_key(keys.public_path), None)
     assert release.manifest.channel_names == ("pm10", "rh", "temp_c")
-    from gateway.manifest import load_manifest
+    from tesla_gateway.contract.manifest import load_manifest
 
     with pytest.raises(TrainingError, match=r"takes pm10, rh, temp_c.*PM-only model"):
         render_model_constants(load_manifest(covariate), "pm10-ispra-1min-rh-temp")

@@ -19,9 +19,9 @@ import pytest
 from pydantic import ValidationError
 
 from devkit.broker import Mosquitto
-from gateway.manifest import load_manifest, verify_model_files
-from gateway.mqtt.config import MqttBrokerConfig
-from gateway.ota.release import verify_release
+from tesla_gateway.contract.manifest import load_manifest, verify_model_files
+from tesla_gateway.mqtt.config import MqttBrokerConfig
+from tesla_gateway.ota.release import verify_release
 from tests.gateway.io.helpers import Collector
 from training.data import generate_synthetic
 from training.errors import FeatureMismatchError, HoldoutError, NoPairsError, RetrainError

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gateway import manifest as manifest_schema
-from gateway.manifest import ErrorMetrics, Manifest, PredictionIntervals
+from tesla_gateway.contract import manifest as manifest_schema
+from tesla_gateway.contract.manifest import ErrorMetrics, Manifest, PredictionIntervals
 from training.cli import build_parser, train_config
 from training.conformal import MIN_PER_BIN, conformal_rank, fit_intervals, score_intervals
 from training.equivalence import daily_means, equivalence, expanded_relative_uncertainty

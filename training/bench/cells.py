@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.manifest import ErrorMetrics
+from tesla_gateway.contract.manifest import ErrorMetrics
 from training.bench.grid import Cell
 
 __all__ = [

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gateway.readings import Feature
+from tesla_gateway.contract.readings import Feature
 from training.data import DATASET_NAMES
 from training.errors import TrainingError
 from training.models import (

@@ -1,7 +1,8 @@
 """Cleaning: the same validity rules the gateway applies, with every removal counted.
 
 A reading the gateway would reject must not be learned from, so the limits come from
-``gateway.readings.FIELD_LIMITS``. An invalid raw value removes its row (there is nothing to
+``tesla_gateway.contract.readings.FIELD_LIMITS``. An invalid raw value removes its row (there is
+nothing to
 calibrate); an invalid reference only removes the target (the raw value still feeds windows);
 an invalid covariate becomes NaN. As in the paper, sensors that lose more than half of their
 readings are dropped entirely.
@@ -19,7 +20,7 @@ import numpy.typing as npt
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.readings import COVARIATES, FIELD_LIMITS, RejectReason
+from tesla_gateway.contract.readings import COVARIATES, FIELD_LIMITS, RejectReason
 from training.data.frame import CoLocationData
 
 __all__ = ["CleaningReport", "CleaningRules", "clean"]

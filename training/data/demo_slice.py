@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gateway.readings import COVARIATES
+from tesla_gateway.contract.readings import COVARIATES
 from training.data.cleaning import clean
 from training.data.frame import unix_seconds
 from training.data.ispra import load_ispra

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from gateway.readings import COVARIATES, Covariate, Feature
+from tesla_gateway.contract.readings import COVARIATES, Covariate, Feature
 from training.errors import DataError
 
 __all__ = [

@@ -1,6 +1,7 @@
 """Gridding: each sensor's readings on the epoch-aligned period grid the gateway uses.
 
-Placement follows ``gateway.series.period_index`` and readings of one period are averaged, so a
+Placement follows ``tesla_gateway.contract.series.period_index`` and readings of one period are
+averaged, so a
 window built here holds the same values the gateway's ring buffer would hold.
 """
 
@@ -13,7 +14,7 @@ from types import MappingProxyType
 import numpy as np
 import numpy.typing as npt
 
-from gateway.series import period_index
+from tesla_gateway.contract.series import period_index
 from training.data.frame import CoLocationData, unix_seconds
 
 __all__ = ["GriddedSensor", "to_grid"]

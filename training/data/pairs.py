@@ -1,6 +1,6 @@
 """Loader for the raw/reference pairs a gateway records beside a reference station.
 
-Layout (written by ``gateway.monitor.pairs``)::
+Layout (written by ``tesla_gateway.monitor.pairs``)::
 
     <state_dir>/pairs/<feature>/pairs-YYYYMMDD.csv       first file of a UTC day
     <state_dir>/pairs/<feature>/pairs-YYYYMMDD-<n>.csv   further files of that day (size rotation)
@@ -25,8 +25,8 @@ from types import MappingProxyType
 import numpy as np
 import pandas as pd
 
-from gateway.monitor.pairs import pairs_file_part
-from gateway.readings import COVARIATES, Feature
+from tesla_gateway.contract.readings import COVARIATES, Feature
+from tesla_gateway.monitor.pairs import pairs_file_part
 from training.data._files import parse_timestamps, read_csv
 from training.data.frame import (
     FEATURES,

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from gateway.readings import COVARIATES, SENSOR_ID_PATTERN, Feature
+from tesla_gateway.contract.readings import COVARIATES, SENSOR_ID_PATTERN, Feature
 from training.data._files import parse_timestamps, read_csv
 from training.data.frame import (
     REQUIRED_COLUMNS,

@@ -15,7 +15,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from gateway.readings import Feature
+from tesla_gateway.contract.readings import Feature
 from training.data._files import csv_files, parse_timestamps, read_csv, require_columns
 from training.data.frame import CoLocationData, LoadCounts, tidy_frame
 from training.errors import DataError

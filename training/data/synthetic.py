@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from gateway.readings import Feature
+from tesla_gateway.contract.readings import Feature
 from training.data.frame import CoLocationData, LoadCounts, tidy_frame
 from training.errors import DataError
 

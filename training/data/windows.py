@@ -15,7 +15,12 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from gateway.series import GapPolicy, interpolate_short_gaps, sliding_windows, valid_window_ends
+from tesla_gateway.contract.series import (
+    GapPolicy,
+    interpolate_short_gaps,
+    sliding_windows,
+    valid_window_ends,
+)
 from training.data.grid import GriddedSensor
 from training.errors import DataError
 

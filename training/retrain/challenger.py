@@ -14,8 +14,15 @@ import keras
 import numpy as np
 from pydantic import TypeAdapter, ValidationError
 
-from gateway.calibrator import Calibrator
-from gateway.manifest import DataSummary, ErrorMetrics, Manifest, ModelFile, Precision, TestMetrics
+from tesla_gateway.contract.manifest import (
+    DataSummary,
+    ErrorMetrics,
+    Manifest,
+    ModelFile,
+    Precision,
+    TestMetrics,
+)
+from tesla_gateway.models.calibrator import Calibrator
 from training.conformal import DEFAULT_LEVEL, fit_intervals
 from training.data import WindowSet
 from training.errors import DataError, RetrainError

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     """Run it; print the decision as JSON. Exit 0 whether accepted or rejected."""
     from pydantic import ValidationError
 
-    from gateway.logging import configure_logging
+    from tesla_gateway.daemon.logging import configure_logging
     from training.release import broker_from_flags
     from training.retrain.config import RetrainConfig
     from training.retrain.report import REPORT_JSON

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gateway.manifest import ErrorMetrics, Manifest, TestMetrics, write_manifest
+from tesla_gateway.contract.manifest import ErrorMetrics, Manifest, TestMetrics, write_manifest
 from training.data import RecordedPairs
 from training.data.frame import unix_seconds
 from training.errors import HoldoutError

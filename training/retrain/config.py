@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gateway.mqtt.config import MqttBrokerConfig
+from tesla_gateway.mqtt.config import MqttBrokerConfig
 from training.models import ModelConfig
 from training.release import DEFAULT_TOPIC_PREFIX
 from training.retrain.data import HoldBack

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gateway.series import GapPolicy
+from tesla_gateway.contract.series import GapPolicy
 from training.data import CoLocationData, GriddedSensor, RecordedPairs, WindowSet, to_grid
 from training.data.frame import LoadCounts, unix_seconds
 from training.errors import HoldoutError

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.manifest import Manifest, load_manifest, verify_model_files
+from tesla_gateway.contract.manifest import Manifest, load_manifest, verify_model_files
 from training.data import (
     CleaningReport,
     CoLocationData,

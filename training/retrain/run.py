@@ -31,8 +31,7 @@ from typing import Any, Literal
 
 import keras
 
-from gateway.errors import GatewayError
-from gateway.manifest import (
+from tesla_gateway.contract.manifest import (
     Manifest,
     ModelFile,
     Precision,
@@ -42,6 +41,7 @@ from gateway.manifest import (
     verify_model_files,
     write_manifest,
 )
+from tesla_gateway.errors import GatewayError
 from training.errors import ExportVerificationError, RetrainError, TrainingError
 from training.export import FLOAT_FILENAME, INT8_FILENAME, export_flatbuffers, export_float_graph
 from training.model_dir import check_windows, representative_windows
@@ -231,7 +231,7 @@ def _export(
 def _release(config: RetrainConfig, model_dir: Path, release_dir: Path) -> dict[str, Any] | None:
     if config.key is None:
         return None
-    from gateway.ota.release import key_id
+    from tesla_gateway.ota.release import key_id
     from training.release import build_release, load_private_key, push_release
 
     build_release(model_dir, config.target, config.key, release_dir)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 from structlog.testing import capture_logs
 
-from gateway.admission import SensorAdmission
-from gateway.config import SensorPolicy
-from gateway.geometry import WindowGeometry
-from gateway.readings import Reading, RejectReason
-from gateway.rejects import RejectCounter
-from gateway.series import GapPolicy
-from gateway.window_store import ModelWindows, WindowStore
+from tesla_gateway.contract.geometry import WindowGeometry
+from tesla_gateway.contract.readings import Reading, RejectReason
+from tesla_gateway.contract.series import GapPolicy
+from tesla_gateway.daemon.config import SensorPolicy
+from tesla_gateway.ingest.admission import SensorAdmission
+from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.windows.store import ModelWindows, WindowStore
 
 P = 60
 T0 = 1_700_000_040  # a period boundary

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gateway.runtime import BatchedInterpreter, select_runtime
+from tesla_gateway.models.runtime import BatchedInterpreter, select_runtime
 from tests.support.models import build_model_dir
 
 MODEL_DIR_NAME = "chunked"

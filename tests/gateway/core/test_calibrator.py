@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.calibrator import CalibrationError, Calibrator
-from gateway.errors import ManifestError, ModelIntegrityError, ModelLoadError
-from gateway.manifest import write_manifest
+from tesla_gateway.contract.manifest import write_manifest
+from tesla_gateway.errors import ManifestError, ModelIntegrityError, ModelLoadError
+from tesla_gateway.models.calibrator import CalibrationError, Calibrator
 from tests.support.models import ModelFactory, corrupt_model_file
 
 

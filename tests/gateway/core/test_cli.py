@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
+from tesla_gateway.daemon.cli import main
 
 CONFIG = """
 gateway_id = "gw-1"

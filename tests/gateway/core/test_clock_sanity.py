@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from gateway.clock_sanity import ClockSanity
-from gateway.geometry import WindowGeometry
-from gateway.readings import Reading, RejectReason
-from gateway.rejects import RejectCounter
-from gateway.series import GapPolicy
-from gateway.window_store import AddOutcome, WindowStore
+from tesla_gateway.contract.geometry import WindowGeometry
+from tesla_gateway.contract.readings import Reading, RejectReason
+from tesla_gateway.contract.series import GapPolicy
+from tesla_gateway.ingest.clock_sanity import ClockSanity
+from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.windows.store import AddOutcome, WindowStore
 
 P = 60
 T0 = 1_700_000_040  # a period boundary
@@ -78,7 +78,7 @@ def test_one_reading_300_s_fast_makes_no_true_reading_late_and_leaves_no_ramp() 
 
 
 def test_a_refuted_reading_held_by_two_models_is_one_reject() -> None:
-    # A feature with a PM-only and a covariate model (gateway.model_choice): the fast reading
+    # A feature with a PM-only and a covariate model (tesla_gateway.models.choice): the fast reading
     # is held in both windows, refuted in both, and rejected once, naming both windows.
     rejects = RejectCounter()
     store = WindowStore(clock_sanity=ClockSanity(rejects))

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
-from gateway.config import MqttSourceEntry, load_config
-from gateway.errors import ConfigError
-from gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig
+from tesla_gateway.daemon.cli import main
+from tesla_gateway.daemon.config import MqttSourceEntry, load_config
+from tesla_gateway.errors import ConfigError
+from tesla_gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig
 from tests.support.models import ModelFactory
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "deploy" / "gateway.example.toml"

@@ -54,7 +54,7 @@ def test_config_errors_never_echo_the_value(
     config.write_text(BASE.format(state=tmp_path) + extra, encoding="utf-8")
     clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("TESLA_GATEWAY__")}
     result = subprocess.run(
-        [sys.executable, "-m", "gateway", command, "--config", str(config)],
+        [sys.executable, "-m", "tesla_gateway", command, "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=60,

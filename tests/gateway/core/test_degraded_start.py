@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.config import load_config
-from gateway.service import GatewayService
+from tesla_gateway.daemon.config import load_config
+from tesla_gateway.daemon.service import GatewayService
 from tests.reliability.harness import DEFAULT_MODEL
 
 

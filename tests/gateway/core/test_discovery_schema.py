@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from gateway import __version__
-from gateway.publish.discovery import Discovery, DiscoveryMessage
-from gateway.publish.topics import TopicScheme
+from tesla_gateway import __version__
+from tesla_gateway.publish.discovery import Discovery, DiscoveryMessage
+from tesla_gateway.publish.topics import TopicScheme
 from tests.support.ha_schema import ha_problems
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gateway.monitor.drift import (
+from tesla_gateway.monitor.drift import (
     DriftChange,
     DriftConfig,
     DriftDetector,

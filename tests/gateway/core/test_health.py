@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gateway.calibrated import Quality
-from gateway.manifest import InputRange
-from gateway.monitor.health import HealthConfig, HealthFlag, SensorHealth
+from tesla_gateway.contract.calibrated import Quality
+from tesla_gateway.contract.manifest import InputRange
+from tesla_gateway.monitor.health import HealthConfig, HealthFlag, SensorHealth
 
 RANGE = InputRange(min=1.0, p01=2.0, p50=40.0, p99=140.0, max=180.0)
 OK = (Quality.OK,)

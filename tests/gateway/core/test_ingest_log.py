@@ -14,8 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.geometry import WindowGeometry
-from gateway.ingest_log import (
+from tesla_gateway.contract.geometry import WindowGeometry
+from tesla_gateway.contract.readings import FIELD_LIMITS, SENSOR_ID_PATTERN, Reading
+from tesla_gateway.contract.series import GapPolicy
+from tesla_gateway.ingest.ingest_log import (
     FIELD_CODES,
     IngestLog,
     JournaledQueue,
@@ -23,10 +25,8 @@ from gateway.ingest_log import (
     decode_record,
     encode_record,
 )
-from gateway.readings import FIELD_LIMITS, SENSOR_ID_PATTERN, Reading
-from gateway.series import GapPolicy
-from gateway.state import StateStore
-from gateway.window_store import WindowStore
+from tesla_gateway.windows.snapshots import StateStore
+from tesla_gateway.windows.store import WindowStore
 
 P = 60
 T0 = 1_700_000_040

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from devkit.broker import make_test_pki
-from gateway.bundled import bundled_model_dirs, bundled_models, example_config
-from gateway.cli import main
-from gateway.config import load_config
-from gateway.manifest import load_manifest
+from tesla_gateway.contract.manifest import load_manifest
+from tesla_gateway.daemon.cli import main
+from tesla_gateway.daemon.config import load_config
+from tesla_gateway.models.bundled import bundled_model_dirs, bundled_models, example_config
 
 REPO = Path(__file__).resolve().parents[3]
 

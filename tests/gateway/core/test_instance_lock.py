@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.instance_lock import AlreadyRunningError, InstanceLock
+from tesla_gateway.daemon.instance_lock import AlreadyRunningError, InstanceLock
 
 
 def test_a_second_claim_on_the_same_state_dir_is_refused(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.calibrator import Calibrator
+from tesla_gateway.models.calibrator import Calibrator
 
 REPO = Path(__file__).resolve().parents[3]
 LEGACY_PYTHON = REPO / ".venv-legacy" / "bin" / "python"
@@ -23,7 +23,7 @@ SCRIPT = """
 import json, sys
 import numpy as np
 from pathlib import Path
-from gateway.calibrator import Calibrator
+from tesla_gateway.models.calibrator import Calibrator
 windows = np.array(json.loads(sys.stdin.read()), dtype=np.float32)
 calibrator = Calibrator.load(Path(sys.argv[1]), runtime_preference=["tflite_runtime"])
 print(json.dumps({"runtime": calibrator.runtime_name, "version": calibrator.runtime_version,

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from gateway.logging import configure_logging
+from tesla_gateway.daemon.logging import configure_logging
 
 
 @pytest.fixture(autouse=True)

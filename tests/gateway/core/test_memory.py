@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.memory import pin_mmap_threshold, release_free_heap
+from tesla_gateway.daemon.memory import pin_mmap_threshold, release_free_heap
 
 
 def _resident_bytes() -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics.collector import StatsCollector
+from tesla_gateway.metrics.collector import StatsCollector
 
 SNAPSHOT: dict[str, object] = {  # the shape of the stats topic (docs/mqtt.md, "Stats")
     "gateway_id": "gw1",

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import load_config
-from gateway.errors import ConfigError
+from tesla_gateway.daemon.config import load_config
+from tesla_gateway.errors import ConfigError
 
 MINIMAL = """
 gateway_id = "gw-1"

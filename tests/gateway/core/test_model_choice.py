@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.calibrated import CalibratedReading, Quality
-from gateway.model_watch import ModelRefusedError, ModelSet
-from gateway.readings import Reading
-from gateway.ticker import Ticker
-from gateway.window_store import AddOutcome
+from tesla_gateway.contract.calibrated import CalibratedReading, Quality
+from tesla_gateway.contract.readings import Reading
+from tesla_gateway.daemon.ticker import Ticker
+from tesla_gateway.models.watch import ModelRefusedError, ModelSet
+from tesla_gateway.windows.store import AddOutcome
 from tests.support.models import ModelFactory, TestModel
 
 P = 60

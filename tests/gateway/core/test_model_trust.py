@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from gateway.calibrator import Calibrator
-from gateway.config import load_config
-from gateway.errors import ConfigError
-from gateway.manifest import load_manifest, sha256_file, write_manifest
-from gateway.model_trust import ModelTrust, UntrustedModelError
-from gateway.ota.install import install_release
-from gateway.ota.release import RELEASE_FILENAME, verify_release
+from tesla_gateway.contract.manifest import load_manifest, sha256_file, write_manifest
+from tesla_gateway.daemon.config import load_config
+from tesla_gateway.errors import ConfigError
+from tesla_gateway.models.calibrator import Calibrator
+from tesla_gateway.models.trust import ModelTrust, UntrustedModelError
+from tesla_gateway.ota.install import install_release
+from tesla_gateway.ota.release import RELEASE_FILENAME, verify_release
 from tests.support.releases import DEFAULT_NODE_MODEL, ReleaseKit
 
 
@@ -121,8 +121,8 @@ def check_as_nobody(kit: ReleaseKit, tmp_path: Path) -> None:
     script = (
         "import json, os, pwd, sys\n"
         "from pathlib import Path\n"
-        "from gateway.manifest import load_manifest\n"
-        "from gateway.model_trust import ModelTrust, UntrustedModelError\n"
+        "from tesla_gateway.contract.manifest import load_manifest\n"
+        "from tesla_gateway.models.trust import ModelTrust, UntrustedModelError\n"
         "key = bytes.fromhex(Path(sys.argv[1]).read_text())\n"
         "nobody = pwd.getpwnam('nobody')\n"
         "os.setgroups([])\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from gateway.model_watch import ModelSet, ReloadOutcome
+from tesla_gateway.models.watch import ModelSet, ReloadOutcome
 from tests.support.models import ModelFactory, corrupt_model_file
 
 

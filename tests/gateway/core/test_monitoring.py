@@ -8,16 +8,16 @@ from types import MappingProxyType
 import numpy as np
 from structlog.testing import capture_logs
 
-from gateway.calibrated import CalibratedReading, Quality
-from gateway.manifest import InputRange
-from gateway.monitor.drift import DriftConfig
-from gateway.monitor.health import HealthConfig
-from gateway.monitor.monitor import ModelInfo, Monitor, SensorDocument
-from gateway.monitor.pairs import HEADER, PairsConfig
-from gateway.monitor.references import ReferenceConfig
-from gateway.readings import Reading
-from gateway.sources.mqtt_source import MqttSourceConfig
-from gateway.window_store import AddOutcome
+from tesla_gateway.contract.calibrated import CalibratedReading, Quality
+from tesla_gateway.contract.manifest import InputRange
+from tesla_gateway.contract.readings import Reading
+from tesla_gateway.monitor.drift import DriftConfig
+from tesla_gateway.monitor.health import HealthConfig
+from tesla_gateway.monitor.monitor import ModelInfo, Monitor, SensorDocument
+from tesla_gateway.monitor.pairs import HEADER, PairsConfig
+from tesla_gateway.monitor.references import ReferenceConfig
+from tesla_gateway.sources.mqtt_source import MqttSourceConfig
+from tesla_gateway.windows.store import AddOutcome
 
 P = 60
 INFO = ModelInfo(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.native_stderr import native_stderr_logged
+from tesla_gateway.models.native_stderr import native_stderr_logged
 
 REPO = Path(__file__).resolve().parents[3]
 MODEL = REPO / "models" / "pm10-ispra-1min" / "model.tflite"
@@ -47,8 +47,8 @@ def test_lines_written_to_fd_2_become_log_events(capfd: pytest.CaptureFixture[st
 _CREATE_INTERPRETER = """
 import sys
 from pathlib import Path
-from gateway.logging import configure_logging
-from gateway.runtime import select_runtime
+from tesla_gateway.daemon.logging import configure_logging
+from tesla_gateway.models.runtime import select_runtime
 configure_logging("json", "info")
 runtime = select_runtime()
 runtime.interpreter(Path(sys.argv[1]).read_bytes())

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.monitor.pairs import (
+from tesla_gateway.monitor.pairs import (
     HEADER,
     PairRow,
     PairsWriter,

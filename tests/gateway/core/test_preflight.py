@@ -1,4 +1,5 @@
-"""``check-config`` runs every start-up check ``run`` runs (gateway/preflight.py), and says
+"""``check-config`` runs every start-up check ``run`` runs (tesla_gateway/daemon/preflight.py),
+and says
 "configuration OK" only when all pass; ``run`` refuses on the same fatal ones.
 
 Exit codes: 0 all pass; 1 the daemon would start degraded (a model that would not serve, a state
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
+from tesla_gateway.daemon.cli import main
 from tests.support.models import ModelFactory
 
 BASE = """

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gateway.calibrated import CalibratedReading, Quality
-from gateway.monitor.references import ReferenceConfig, ReferenceGrid, ReferencePairing
-from gateway.readings import Reading
-from gateway.sources.mqtt_source import MqttSourceConfig
+from tesla_gateway.contract.calibrated import CalibratedReading, Quality
+from tesla_gateway.contract.readings import Reading
+from tesla_gateway.monitor.references import ReferenceConfig, ReferenceGrid, ReferencePairing
+from tesla_gateway.sources.mqtt_source import MqttSourceConfig
 
 P = 60
 

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from gateway.runtime import BatchedInterpreter, RuntimeUnavailableError, select_runtime
+from tesla_gateway.models.runtime import BatchedInterpreter, RuntimeUnavailableError, select_runtime
 from tests.support.models import ModelFactory
 
 
@@ -59,13 +59,14 @@ def test_batched_interpreter_resizes_when_the_batch_changes(model_factory: Model
 
 def test_importing_the_daemon_does_not_import_tensorflow() -> None:
     code = (
-        "import sys, gateway.calibrator, gateway.ticker, gateway.model_watch, gateway.state, "
-        "gateway.service, gateway.cli, gateway.config; "
-        "gateway.runtime.select_runtime(); "
+        "import sys, tesla_gateway.models.calibrator, tesla_gateway.daemon.ticker, "
+        "tesla_gateway.models.watch, tesla_gateway.windows.snapshots, "
+        "tesla_gateway.daemon.service, tesla_gateway.daemon.cli, tesla_gateway.daemon.config; "
+        "tesla_gateway.models.runtime.select_runtime(); "
         "print('tensorflow' in sys.modules)"
     )
     result = subprocess.run(
-        [sys.executable, "-c", "import gateway.runtime; " + code],
+        [sys.executable, "-c", "import tesla_gateway.models.runtime; " + code],
         capture_output=True,
         text=True,
         check=True,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.sd_notify import SdNotifier
+from tesla_gateway.daemon.sd_notify import SdNotifier
 
 
 @pytest.fixture

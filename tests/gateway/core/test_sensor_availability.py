@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.publish.availability import SensorAvailability
+from tesla_gateway.publish.availability import SensorAvailability
 
 
 class Clock:

@@ -9,7 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from gateway.sequence import SEQ_MODULUS, SensorSequence, SequenceOutcome, SequenceTracker
+from tesla_gateway.ingest.sequence import (
+    SEQ_MODULUS,
+    SensorSequence,
+    SequenceOutcome,
+    SequenceTracker,
+)
 
 WINDOW = 64  # small, so the tests cross it; the default is 2048
 

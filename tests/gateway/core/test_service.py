@@ -1,4 +1,4 @@
-"""The real daemon (``python -m gateway run``) against a real mosquitto, end to end.
+"""The real daemon (``python -m tesla_gateway run``) against a real mosquitto, end to end.
 
 Readings go in over MQTT, calibrated readings come out over MQTT and are checked against the
 Keras model on the same window; then a hot reload (accepted, then a corrupt one refused), a
@@ -27,7 +27,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from devkit.broker import Mosquitto
 from devkit.daemon import GatewayDaemon
-from gateway.cli import main
+from tesla_gateway.daemon.cli import main
 from tests.support.models import ModelFactory, TestModel, corrupt_model_file
 
 P = 60
@@ -280,7 +280,7 @@ def test_daemon_end_to_end(
         capture = daemons[-1]
         assert capture.stop() == 0
         stopped = subprocess.run(
-            [sys.executable, "-m", "gateway", "status", "--config", str(config)],
+            [sys.executable, "-m", "tesla_gateway", "status", "--config", str(config)],
             capture_output=True,
             text=True,
             check=False,
@@ -317,7 +317,7 @@ def test_second_daemon_on_the_same_state_dir_is_refused(
     config = write_config(tmp_path, mosquitto, model_dir)
     daemons.append(Daemon(config, tmp_path / "state"))
     second = subprocess.run(
-        [sys.executable, "-m", "gateway", "run", "--config", str(config)],
+        [sys.executable, "-m", "tesla_gateway", "run", "--config", str(config)],
         capture_output=True,
         check=False,
         text=True,

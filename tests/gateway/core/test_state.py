@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from gateway.geometry import WindowGeometry
-from gateway.readings import Reading
-from gateway.series import GapPolicy
-from gateway.state import StateStore
-from gateway.window_store import AddOutcome, ModelWindows, WindowStore
+from tesla_gateway.contract.geometry import WindowGeometry
+from tesla_gateway.contract.readings import Reading
+from tesla_gateway.contract.series import GapPolicy
+from tesla_gateway.windows.snapshots import StateStore
+from tesla_gateway.windows.store import AddOutcome, ModelWindows, WindowStore
 
 P = 60
 T0 = 1_700_000_040  # a period boundary
@@ -149,7 +149,7 @@ import subprocess
 import sys
 from pathlib import Path
 from tests.gateway.core.test_state import filled_store
-from gateway.state import StateStore
+from tesla_gateway.windows.snapshots import StateStore
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 saver = StateStore(Path({str(tmp_path)!r}))
 resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.task_group import run_task_group
+from tesla_gateway.task_group import run_task_group
 
 
 def test_a_failing_task_cancels_its_siblings_and_its_own_error_is_raised() -> None:

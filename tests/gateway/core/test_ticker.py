@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.calibrated import CalibratedReading, Quality
-from gateway.manifest import PredictionIntervals, write_manifest
-from gateway.model_watch import ModelSet
-from gateway.readings import Reading
-from gateway.ticker import Ticker
-from gateway.window_store import ModelWindows
+from tesla_gateway.contract.calibrated import CalibratedReading, Quality
+from tesla_gateway.contract.manifest import PredictionIntervals, write_manifest
+from tesla_gateway.contract.readings import Reading
+from tesla_gateway.daemon.ticker import Ticker
+from tesla_gateway.models.watch import ModelSet
+from tesla_gateway.windows.store import ModelWindows
 from tests.support.models import ModelFactory
 
 P = 60

@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from gateway.monitor import monitor
-from gateway.publish import payloads
-from gateway.timefmt import iso8601
+from tesla_gateway.contract.timefmt import iso8601
+from tesla_gateway.monitor import monitor
+from tesla_gateway.publish import payloads
 
 
 def test_utc_with_a_z_and_fractions_kept() -> None:
@@ -22,9 +22,13 @@ def test_the_readings_and_the_monitor_documents_share_it() -> None:
 
 
 def test_the_calibrator_stands_without_the_window_store() -> None:
-    # WindowGeometry is part of the contract (gateway/geometry.py): loading a model must not
+    # WindowGeometry is part of the contract (tesla_gateway/contract/geometry.py): loading a model
+    # must not
     # pull in the windows' ring buffers.
-    probe = "import sys, gateway.calibrator; print('gateway.window_store' in sys.modules)"
+    probe = (
+        "import sys, tesla_gateway.models.calibrator; "
+        "print('tesla_gateway.windows.store' in sys.modules)"
+    )
     result = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )

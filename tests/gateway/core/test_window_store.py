@@ -9,16 +9,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.calibrated import Quality
-from gateway.geometry import WindowGeometry
-from gateway.readings import Reading
-from gateway.series import (
+from tesla_gateway.contract.calibrated import Quality
+from tesla_gateway.contract.geometry import WindowGeometry
+from tesla_gateway.contract.readings import Reading
+from tesla_gateway.contract.series import (
     GapPolicy,
     interpolate_short_gaps,
     sliding_windows,
     valid_window_ends,
 )
-from gateway.window_store import AddOutcome, ModelWindows, WindowStore
+from tesla_gateway.windows.store import AddOutcome, ModelWindows, WindowStore
 
 P = 60
 T0 = 1_700_000_000 - 1_700_000_000 % P  # a period boundary

@@ -1,4 +1,4 @@
-"""The real daemon (``python -m gateway run``) wired to a real broker and pty serial ports.
+"""The real daemon (``python -m tesla_gateway run``) wired to a real broker and pty serial ports.
 
 Sensor nodes are simulated (no Arduino board exists here): MQTT nodes publish the documented
 JSON with a plain paho client; serial nodes write line-protocol bytes into the master side of
@@ -24,7 +24,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from devkit.broker import Mosquitto
 from devkit.daemon import GatewayDaemon
 from devkit.pty import PtySerial
-from gateway.sources.line_protocol import encode_hello, encode_hello_request, encode_reading
+from tesla_gateway.sources.line_protocol import encode_hello, encode_hello_request, encode_reading
 from tests.gateway.io.helpers import Collector
 
 GATEWAY_ID = "gw-e2e"

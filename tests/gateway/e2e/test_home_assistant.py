@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from devkit.broker import Mosquitto
-from gateway.publish.discovery import DiscoveryMessage
+from tesla_gateway.publish.discovery import DiscoveryMessage
 from tests.gateway.e2e.harness import (
     GATEWAY_ID,
     MODEL,

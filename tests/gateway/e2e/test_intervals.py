@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from devkit.broker import Mosquitto
-from gateway.manifest import PredictionIntervals, write_manifest
+from tesla_gateway.contract.manifest import PredictionIntervals, write_manifest
 from tests.gateway.e2e.harness import (
     MODEL,
     Calibrated,

@@ -15,7 +15,7 @@ from typing import Any
 
 from devkit.broker import Mosquitto
 from devkit.pty import PtySerial
-from gateway.sources.line_protocol import encode_line, encode_reading
+from tesla_gateway.sources.line_protocol import encode_line, encode_reading
 from tests.gateway.e2e.harness import (
     MODEL,
     Calibrated,

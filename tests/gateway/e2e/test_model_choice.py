@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from devkit.broker import Mosquitto
-from gateway.manifest import load_manifest
+from tesla_gateway.contract.manifest import load_manifest
 from tests.gateway.e2e.harness import (
     PREFIX,
     Calibrated,

@@ -2,7 +2,7 @@
 signed challenger pushed over MQTT → the gateway hot-reloads it → the rolling error falls.
 
 Real: the training pipeline (a tiny TESLA trained on synthetic co-location data and exported with
-its verified FlatBuffers), mosquitto, the daemon (``python -m gateway run`` with ``[ota]``, a
+its verified FlatBuffers), mosquitto, the daemon (``python -m tesla_gateway run`` with ``[ota]``, a
 reference station and drift tracking), and ``python -m training retrain`` as an operator runs it.
 The replayed sensor is another synthetic unit; from period ``DRIFT_AT`` on its gain is
 multiplied by ``GAIN`` (the champion never saw that), while the reference keeps the truth.
@@ -24,9 +24,9 @@ import pandas as pd
 import pytest
 
 from devkit.broker import Mosquitto
-from gateway.manifest import load_manifest
-from gateway.ota.install import install_release
-from gateway.ota.release import verify_release
+from tesla_gateway.contract.manifest import load_manifest
+from tesla_gateway.ota.install import install_release
+from tesla_gateway.ota.release import verify_release
 from tests.gateway.e2e.harness import (
     PREFIX,
     Calibrated,
@@ -181,7 +181,7 @@ def test_drift_retrain_release_reload_closes_the_loop(
         champion_dir, "gateway", keys.private_path, tmp_path / "release-v3"
     )
     install_release(verify_release(first_release, public, None), model_dir, "pm10")
-    champion = model_dir / "current"  # the slot the gateway serves (gateway/model_slots.py)
+    champion = model_dir / "current"  # the slot the gateway serves (tesla_gateway/models/slots.py)
 
     # What the champion makes of the replay, computed here with LiteRT on the windows sent.
     raw, reference = replay_series()

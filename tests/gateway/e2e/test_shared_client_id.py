@@ -2,7 +2,7 @@
 
 Both daemons are real and share the real mosquitto; only their state directories differ, so
 they use the same client ids and each connection takes the other's over. Before the backoff
-in ``gateway.mqtt.session_loss`` the pair reconnected about 50 times a second per connection
+in ``tesla_gateway.mqtt.session_loss`` the pair reconnected about 50 times a second per connection
 and logged every time. Debian's mosquitto 2.0.11 closes the old connection without a reason
 code, so what the gateways can see is a run of connections closed right after being accepted.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from devkit.broker import Mosquitto
-from gateway.cli import main
+from tesla_gateway.daemon.cli import main
 from tests.gateway.core.test_service import NotifySocket
 from tests.gateway.e2e.harness import MODEL, Daemon, wait_for, write_config
 from tests.support.models import ModelFactory

@@ -21,8 +21,8 @@ import numpy as np
 
 from devkit.broker import Mosquitto
 from devkit.pty import PtySerial
-from gateway.publish.outbox import Outbox
-from gateway.publish.publisher import OUTBOX_FILENAME
+from tesla_gateway.publish.outbox import Outbox
+from tesla_gateway.publish.publisher import OUTBOX_FILENAME
 from tests.gateway.e2e.harness import (
     MODEL,
     WAIT_S,

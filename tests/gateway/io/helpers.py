@@ -12,7 +12,7 @@ from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from devkit.broker import Mosquitto
-from gateway.mqtt.config import MqttBrokerConfig
+from tesla_gateway.mqtt.config import MqttBrokerConfig
 
 
 @dataclass(frozen=True)

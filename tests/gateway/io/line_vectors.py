@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gateway.sources.line_protocol import (
+from tesla_gateway.sources.line_protocol import (
     MAX_LINE_BYTES,
     PROTOCOL_VERSION,
     crc16_ccitt_false,

@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.calibrated import CalibratedReading, Interval, Quality
-from gateway.publish import payloads
+from tesla_gateway.contract.calibrated import CalibratedReading, Interval, Quality
+from tesla_gateway.publish import payloads
 
 
 def test_a_calibrated_message_is_the_documented_json() -> None:

@@ -24,24 +24,29 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from devkit.broker import free_port
-from gateway.config import GatewayConfig
-from gateway.readings import Reading, ReadingRejectedError, RejectReason
-from gateway.rejects import RejectCounter
-from gateway.sources.esphome import EsphomeGrouper, EsphomeSourceConfig, parse_state, split_topic
-from gateway.sources.http_io import (
+from tesla_gateway.contract.readings import Reading, ReadingRejectedError, RejectReason
+from tesla_gateway.daemon.config import GatewayConfig
+from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.sources.esphome import (
+    EsphomeGrouper,
+    EsphomeSourceConfig,
+    parse_state,
+    split_topic,
+)
+from tesla_gateway.sources.http_io import (
     HttpFetchError,
     HttpRequestError,
     basic_auth_matches,
     http_get,
     read_request,
 )
-from gateway.sources.purpleair import PurpleAirSourceConfig, decode_purpleair
-from gateway.sources.sensor_community import (
+from tesla_gateway.sources.purpleair import PurpleAirSourceConfig, decode_purpleair
+from tesla_gateway.sources.sensor_community import (
     SensorCommunitySource,
     SensorCommunitySourceConfig,
     decode_sensor_community,
 )
-from gateway.sources.tasmota import TasmotaSourceConfig, decode_tasmota
+from tesla_gateway.sources.tasmota import TasmotaSourceConfig, decode_tasmota
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "fleet"
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.readings import ReadingRejectedError, RejectReason
-from gateway.sources.line_protocol import (
+from tesla_gateway.contract.readings import ReadingRejectedError, RejectReason
+from tesla_gateway.sources.line_protocol import (
     MAX_LINE_BYTES,
     Hello,
     HelloRequest,

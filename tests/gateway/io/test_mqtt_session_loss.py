@@ -17,10 +17,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from devkit.broker import Mosquitto
-from gateway.mqtt import session_loss
-from gateway.mqtt.config import MqttBrokerConfig
-from gateway.mqtt.connection import MqttConnection
-from gateway.mqtt.session_loss import (
+from tesla_gateway.mqtt import session_loss
+from tesla_gateway.mqtt.config import MqttBrokerConfig
+from tesla_gateway.mqtt.connection import MqttConnection
+from tesla_gateway.mqtt.session_loss import (
     REPORT_INTERVAL_S,
     SESSION_TAKEN_OVER,
     STABLE_AFTER_S,

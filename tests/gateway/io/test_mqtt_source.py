@@ -12,10 +12,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from devkit.broker import Mosquitto
-from gateway.readings import Reading, RejectReason
-from gateway.rejects import RejectCounter
-from gateway.sharding import shard_of
-from gateway.sources.mqtt_source import MqttSource, MqttSourceConfig, MqttSourceStats
+from tesla_gateway.contract.readings import Reading, RejectReason
+from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.ingest.sharding import shard_of
+from tesla_gateway.sources.mqtt_source import MqttSource, MqttSourceConfig, MqttSourceStats
 from tests.gateway.io.helpers import broker_config, eventually, publish_raw
 
 

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from gateway.publish.outbox import Outbox, OutboxError, OutboxMessage
-from gateway.set_aside import SetAsideLog
+from tesla_gateway.publish.outbox import Outbox, OutboxError, OutboxMessage
+from tesla_gateway.set_aside import SetAsideLog
 
 
 def message(n: int) -> OutboxMessage:

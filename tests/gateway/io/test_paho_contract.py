@@ -1,6 +1,6 @@
 """The paho internals the fast path relies on, and the fallback when they change.
 
-``gateway/mqtt/fast_path.py`` overrides and calls private methods of ``paho.Client`` and reads
+``tesla_gateway/mqtt/fast_path.py`` overrides and calls private methods of ``paho.Client`` and reads
 its private attributes. These tests fail when the installed paho no longer provides them (a new
 paho: run them before widening the pin in pyproject.toml), and prove that the daemon then uses
 the plain client on its own, with a log line, and still delivers.
@@ -22,9 +22,9 @@ from paho.mqtt import client as paho
 from structlog.testing import capture_logs
 
 from devkit.broker import Mosquitto
-from gateway.mqtt import fast_path
-from gateway.mqtt.connection import InboundMessage, MqttConnection
-from gateway.mqtt.fast_path import LeanClient, contract_holds, contract_problems
+from tesla_gateway.mqtt import fast_path
+from tesla_gateway.mqtt.connection import InboundMessage, MqttConnection
+from tesla_gateway.mqtt.fast_path import LeanClient, contract_holds, contract_problems
 from tests.gateway.io.helpers import broker_config, eventually
 
 PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"

@@ -11,9 +11,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gateway.readings import ReadingRejectedError, RejectReason
-from gateway.sources import payloads, payloads_fast
-from gateway.sources.payloads import DecodedPayload, PayloadRules, decode_payload
+from tesla_gateway.contract.readings import ReadingRejectedError, RejectReason
+from tesla_gateway.sources import payloads, payloads_fast
+from tesla_gateway.sources.payloads import DecodedPayload, PayloadRules, decode_payload
 
 NOW = 1_700_000_000.0
 RULES = PayloadRules(max_payload_bytes=4096, max_batch=10)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.readings import ReadingRejectedError, RejectReason
-from gateway.sources.pms5003 import FRAME_LENGTH, Pms5003Frame, Pms5003Parser, encode_frame
+from tesla_gateway.contract.readings import ReadingRejectedError, RejectReason
+from tesla_gateway.sources.pms5003 import FRAME_LENGTH, Pms5003Frame, Pms5003Parser, encode_frame
 
 
 def test_frame_layout_matches_the_datasheet() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from structlog.testing import capture_logs
 
-from gateway.readings import ReadingRejectedError, RejectReason
-from gateway.rejects import RejectCounter
+from tesla_gateway.contract.readings import ReadingRejectedError, RejectReason
+from tesla_gateway.ingest.rejects import RejectCounter
 
 
 class ManualClock:

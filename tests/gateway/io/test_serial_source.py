@@ -17,16 +17,16 @@ from pydantic import TypeAdapter
 from structlog.testing import capture_logs
 
 from devkit.pty import PtySerial
-from gateway.readings import Reading, RejectReason
-from gateway.rejects import RejectCounter
-from gateway.sources.line_protocol import (
+from tesla_gateway.contract.readings import Reading, RejectReason
+from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.sources.line_protocol import (
     encode_hello,
     encode_hello_request,
     encode_line,
     encode_reading,
 )
-from gateway.sources.pms5003 import encode_frame
-from gateway.sources.serial_source import (
+from tesla_gateway.sources.pms5003 import encode_frame
+from tesla_gateway.sources.serial_source import (
     NodePortConfig,
     Pms5003PortConfig,
     SerialLinkDownError,
@@ -97,7 +97,12 @@ def test_node_lines_become_readings_with_sane_timestamps(pty_serial: PtySerial) 
     assert readings[2].timestamp >= now  # a 1970 node clock is not trusted
     assert dict(readings[3].values) == {"pm10": 20.0}  # raw only; the device value is advisory
     assert readings[0].source == "serial:ttyNODE0"
-    assert [r.seq for r in readings] == [1, 2, 3, 4]  # for readings_missing (gateway.sequence)
+    assert [r.seq for r in readings] == [
+        1,
+        2,
+        3,
+        4,
+    ]  # for readings_missing (tesla_gateway.ingest.sequence)
     link = source.links[str(pty_serial.path)]
     assert link.hello is None  # detached when the source stopped
 

@@ -7,10 +7,10 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from gateway.mqtt.topics import PublishTopic, TopicFilter
-from gateway.ota.config import OtaConfig
-from gateway.publish.publisher import PublisherConfig
-from gateway.sources.mqtt_source import MqttSourceConfig
+from tesla_gateway.mqtt.topics import PublishTopic, TopicFilter
+from tesla_gateway.ota.config import OtaConfig
+from tesla_gateway.publish.publisher import PublisherConfig
+from tesla_gateway.sources.mqtt_source import MqttSourceConfig
 
 GOOD_TOPICS = ["tesla", "tesla/gw-1", "a/b/c", "with space/ünïcode"]
 BAD_TOPICS = ["", "/tesla", "tesla/", "a//b", "a/+/b", "a/#", "+", "#", "a+b"]

@@ -1,11 +1,12 @@
-"""The hand-written MQTT codec (gateway/mqtt/wire.py) that the fast path and the benchmark share."""
+"""The hand-written MQTT codec (tesla_gateway/mqtt/wire.py) that the fast path and the
+benchmark share."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.mqtt.wire import (
+from tesla_gateway.mqtt.wire import (
     PUBACK,
     PUBLISH,
     UINT16,

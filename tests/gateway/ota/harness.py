@@ -16,15 +16,15 @@ from pydantic import TypeAdapter
 
 from devkit.broker import Mosquitto
 from devkit.pty import PtySerial
-from gateway.manifest import load_manifest
-from gateway.model_watch import ModelSet
-from gateway.mqtt.config import MqttBrokerConfig
-from gateway.ota.config import OtaConfig
-from gateway.ota.descriptor import ImageDescriptor
-from gateway.ota.service import OtaService
-from gateway.readings import Reading
-from gateway.rejects import RejectCounter
-from gateway.sources.serial_source import SerialSource, SerialSourceConfig
+from tesla_gateway.contract.manifest import load_manifest
+from tesla_gateway.contract.readings import Reading
+from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.models.watch import ModelSet
+from tesla_gateway.mqtt.config import MqttBrokerConfig
+from tesla_gateway.ota.config import OtaConfig
+from tesla_gateway.ota.descriptor import ImageDescriptor
+from tesla_gateway.ota.service import OtaService
+from tesla_gateway.sources.serial_source import SerialSource, SerialSourceConfig
 from tests.gateway.io.helpers import Collector, broker_config
 from tests.support.releases import DEFAULT_NODE_MODEL, ReleaseKit
 from tests.support.virtual_node import FirmwareProfile, NodeFaults, VirtualNode

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from nacl.signing import SigningKey
 
-from gateway.ota.descriptor import DESCRIPTOR_SIZE, ImageDescriptor
-from gateway.ota.protocol import (
+from tesla_gateway.ota.descriptor import DESCRIPTOR_SIZE, ImageDescriptor
+from tesla_gateway.ota.protocol import (
     OTA_MAGIC,
     OTA_PROTOCOL_VERSION,
     Abort,
@@ -32,7 +32,7 @@ from gateway.ota.protocol import (
     encode_ota,
     status_message,
 )
-from gateway.sources.line_protocol import crc16_ccitt_false
+from tesla_gateway.sources.line_protocol import crc16_ccitt_false
 
 VECTORS_PATH = Path(__file__).resolve().parents[2] / "vectors" / "ota_protocol.json"
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import load_config
-from gateway.errors import ConfigError
-from gateway.ota.errors import OtaError
-from gateway.ota.release import load_public_key
+from tesla_gateway.daemon.config import load_config
+from tesla_gateway.errors import ConfigError
+from tesla_gateway.ota.errors import OtaError
+from tesla_gateway.ota.release import load_public_key
 
 BASE = """
 gateway_id = "gw"

@@ -1,4 +1,4 @@
-"""The real daemon (``python -m gateway run``) with an ``[ota]`` section: one push updates the
+"""The real daemon (``python -m tesla_gateway run``) with an ``[ota]`` section: one push updates the
 gateway's own model (installed, hot-reloaded) and a node on its serial port (relayed, activated).
 
 Real: the daemon process, mosquitto, the release tools, a pty as the node's USB serial port.
@@ -16,8 +16,8 @@ from typing import Any
 from devkit.broker import Mosquitto
 from devkit.daemon import GatewayDaemon
 from devkit.pty import PtySerial
-from gateway.ota.install import install_release
-from gateway.ota.release import verify_release
+from tesla_gateway.ota.install import install_release
+from tesla_gateway.ota.release import verify_release
 from tests.gateway.io.helpers import broker_config, collecting
 from tests.gateway.ota.harness import make_node
 from tests.support.releases import ReleaseKit

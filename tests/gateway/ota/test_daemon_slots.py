@@ -2,7 +2,7 @@
 gateway with no loadable model starts degraded and a release repairs it, and a staged rollout
 installs only where it is meant to.
 
-Real: ``python -m gateway run``, mosquitto, ``tesla-train``'s release and push code, LiteRT,
+Real: ``python -m tesla_gateway run``, mosquitto, ``tesla-train``'s release and push code, LiteRT,
 the sd_notify socket protocol.
 """
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from devkit.broker import Mosquitto
-from gateway.cli import main
-from gateway.manifest import load_manifest, write_manifest
-from gateway.ota.install import install_release
-from gateway.ota.release import Rollout, Target, verify_release
+from tesla_gateway.contract.manifest import load_manifest, write_manifest
+from tesla_gateway.daemon.cli import main
+from tesla_gateway.ota.install import install_release
+from tesla_gateway.ota.release import Rollout, Target, verify_release
 from tests.gateway.core.test_service import Daemon, NotifySocket, daemons, wait_for
 from tests.gateway.io.helpers import Collector, broker_config, collecting, eventually
 from tests.gateway.ota.harness import gateway, gateway_states, ota_config

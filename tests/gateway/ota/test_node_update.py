@@ -16,7 +16,7 @@ import serial
 
 from devkit.broker import Mosquitto
 from devkit.pty import PtySerial
-from gateway.ota.protocol import OtaStatus
+from tesla_gateway.ota.protocol import OtaStatus
 from tests.gateway.io.helpers import broker_config, collecting, eventually
 from tests.gateway.ota.harness import (
     STATUS_PREFIX,
@@ -247,9 +247,9 @@ def test_the_node_itself_refuses_a_downgrade(
     release_kit: ReleaseKit, pty_serial: PtySerial
 ) -> None:
     """Even if a gateway offered it (a stale hello, a buggy relay), the node says no."""
-    from gateway.ota.protocol import Begin, decode_ota, encode_ota
-    from gateway.ota.release import verify_release
-    from gateway.sources.line_protocol import OtaFrame, decode_line
+    from tesla_gateway.ota.protocol import Begin, decode_ota, encode_ota
+    from tesla_gateway.ota.release import verify_release
+    from tesla_gateway.sources.line_protocol import OtaFrame, decode_line
 
     release = verify_release(
         release_kit.release(release_kit.base_version + 1), release_kit.public_key, None
@@ -275,9 +275,9 @@ def test_gateway_releases_are_installed_only_when_they_verify(
 ) -> None:
     import shutil
 
-    from gateway.manifest import load_manifest
-    from gateway.model_slots import candidates
-    from gateway.ota.release import RELEASE_FILENAME
+    from tesla_gateway.contract.manifest import load_manifest
+    from tesla_gateway.models.slots import candidates
+    from tesla_gateway.ota.release import RELEASE_FILENAME
 
     serving = tmp_path / "serving"
     shutil.copytree(release_kit.source, serving)

@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
-from gateway.ota.descriptor import ImageDescriptor
-from gateway.ota.errors import OtaFrameError
-from gateway.ota.protocol import (
+from tesla_gateway.contract.readings import ReadingRejectedError
+from tesla_gateway.ota.descriptor import ImageDescriptor
+from tesla_gateway.ota.errors import OtaFrameError
+from tesla_gateway.ota.protocol import (
     MAX_CHUNK_SIZE,
     Begin,
     Chunk,
@@ -23,8 +24,7 @@ from gateway.ota.protocol import (
     encode_ota,
     status_message,
 )
-from gateway.readings import ReadingRejectedError
-from gateway.sources.line_protocol import MAX_LINE_BYTES, OtaFrame, decode_line
+from tesla_gateway.sources.line_protocol import MAX_LINE_BYTES, OtaFrame, decode_line
 from tests.gateway.ota.ota_vectors import VECTORS_PATH, render
 from tests.support.virtual_node import FirmwareProfile, OtaReceiver
 

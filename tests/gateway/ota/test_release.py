@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.manifest import load_manifest, verify_model_files
-from gateway.model_watch import ModelSet, ReloadOutcome
-from gateway.ota.descriptor import ImageDescriptor
-from gateway.ota.errors import (
+from tesla_gateway.contract.manifest import load_manifest, verify_model_files
+from tesla_gateway.models.watch import ModelSet, ReloadOutcome
+from tesla_gateway.ota.descriptor import ImageDescriptor
+from tesla_gateway.ota.errors import (
     BadSignatureError,
     DowngradeError,
     IncompatibleReleaseError,
@@ -26,8 +26,8 @@ from gateway.ota.errors import (
     UnknownKeyError,
     WrongTargetError,
 )
-from gateway.ota.install import install_release
-from gateway.ota.release import (
+from tesla_gateway.ota.install import install_release
+from tesla_gateway.ota.release import (
     RELEASE_FILENAME,
     encode_bundle,
     read_release_dir,

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 import structlog
 
-from gateway.cli import main
-from gateway.model_slots import CURRENT, PREVIOUS, SLOTS, candidates
-from gateway.model_trust import ModelTrust
-from gateway.model_watch import ModelSet, ReloadOutcome
-from gateway.ota.errors import GoldenMismatchError, UnloadableReleaseError
-from gateway.ota.golden import GOLDEN_FILENAME
-from gateway.ota.install import install_release
-from gateway.ota.release import verify_release
+from tesla_gateway.daemon.cli import main
+from tesla_gateway.models.slots import CURRENT, PREVIOUS, SLOTS, candidates
+from tesla_gateway.models.trust import ModelTrust
+from tesla_gateway.models.watch import ModelSet, ReloadOutcome
+from tesla_gateway.ota.errors import GoldenMismatchError, UnloadableReleaseError
+from tesla_gateway.ota.golden import GOLDEN_FILENAME
+from tesla_gateway.ota.install import install_release
+from tesla_gateway.ota.release import verify_release
 from tests.support.releases import DEFAULT_NODE_MODEL, ReleaseKit
 
 OTHER_GRAPH = DEFAULT_NODE_MODEL.parent / "pm2_5-antwerp-1h"  # N = 168 under an N = 360 manifest
@@ -179,8 +179,8 @@ def test_check_config_applies_the_daemons_rule(
 _KILLED_INSTALL = """
 import os, signal, sys
 from pathlib import Path
-from gateway.ota.install import install_release
-from gateway.ota.release import verify_release
+from tesla_gateway.ota.install import install_release
+from tesla_gateway.ota.release import verify_release
 
 release_dir, key, model_dir, kill_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 release = verify_release(Path(release_dir), bytes.fromhex(key), None)

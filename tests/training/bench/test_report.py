@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.manifest import ErrorMetrics
+from tesla_gateway.contract.manifest import ErrorMetrics
 from training.bench.case_study import select_case_periods
 from training.bench.cells import CellResult, CellStore, Efficiency, TflmStatus
 from training.bench.efficiency import peak_activation_bytes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from gateway.manifest import ErrorMetrics
+from tesla_gateway.contract.manifest import ErrorMetrics
 from tests.training.bench.test_report import synthetic_config
 from training.bench.cells import CellResult, CellStore
 from training.bench.report import write_report

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
-from gateway.readings import FIELD_LIMITS
+from tesla_gateway.contract.readings import FIELD_LIMITS
 from training.data import CleaningRules, CoLocationData, LoadCounts, clean, tidy_frame
 
 NAN = float("nan")

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gateway.series import period_index
+from tesla_gateway.contract.series import period_index
 from training.data import CoLocationData, SensorSplit, paper_split, tidy_frame, to_grid
 from training.errors import DataError
 

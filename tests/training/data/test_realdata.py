@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.series import GapPolicy
+from tesla_gateway.contract.series import GapPolicy
 from training.data import CoLocationData, WindowSet, clean, load_dataset, paper_split, to_grid
 
 pytestmark = pytest.mark.realdata

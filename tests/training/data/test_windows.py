@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.series import GapPolicy, interpolate_short_gaps, window_is_valid
+from tesla_gateway.contract.series import GapPolicy, interpolate_short_gaps, window_is_valid
 from training.data import GriddedSensor, WindowSet
 from training.errors import DataError
 

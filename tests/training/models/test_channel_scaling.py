@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from gateway.series import GapPolicy
+from tesla_gateway.contract.series import GapPolicy
 from training.data import WindowSet, clean, generate_synthetic, to_grid
 from training.models import LinearConfig, TeslaConfig, build_model
 from training.train import TrainConfig, covariate_scales

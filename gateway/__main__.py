@@ -1,7 +1,0 @@
-"""``python -m gateway`` is ``tesla-gateway``."""
-
-import sys
-
-from gateway.cli import main
-
-sys.exit(main())

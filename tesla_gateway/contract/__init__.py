@@ -1,0 +1,1 @@
+"""What training/ imports: readings, gap rule, window geometry, manifest, calibrated values."""

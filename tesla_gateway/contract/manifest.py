@@ -1,0 +1,302 @@
+"""The model manifest: the contract between training, the gateway and the node firmware.
+
+A model directory holds ``manifest.json`` beside the FlatBuffers it describes. Training writes it
+(importing this module), the gateway and the OTA path read and verify it, and the firmware's
+constants are generated from it. The schema is strict (``extra="forbid"``) so that a field added
+on one side and not the other fails loudly instead of being ignored.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import itertools
+import json
+import math
+import os
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from tesla_gateway.contract.readings import Feature
+from tesla_gateway.contract.series import GapPolicy
+from tesla_gateway.errors import ManifestError, ModelIntegrityError
+
+__all__ = [
+    "MANIFEST_FILENAME",
+    "DataSummary",
+    "ErrorMetrics",
+    "InputChannel",
+    "InputRange",
+    "Manifest",
+    "ModelFile",
+    "PredictionIntervals",
+    "TestMetrics",
+    "load_manifest",
+    "sha256_file",
+    "verify_model_files",
+    "write_manifest",
+]
+
+MANIFEST_FILENAME = "manifest.json"
+SCHEMA_VERSION: Literal[1] = 1
+
+Precision = Literal["float32", "int8"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputChannel(_Strict):
+    """One input channel of the window, in the order the model expects them."""
+
+    name: str = Field(description="Reading field feeding this channel, e.g. 'pm10' or 'rh'.")
+    unit: str = Field(description="Unit the model expects, e.g. 'ug/m3', '%', 'degC'.")
+
+
+class ModelFile(_Strict):
+    """One FlatBuffer in the model directory."""
+
+    path: str = Field(description="File name relative to the model directory.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size_bytes: int = Field(gt=0)
+    precision: Precision
+    batch: Literal["dynamic", 1] = Field(
+        description="'dynamic' for the gateway's batched graph; 1 for the fixed-shape device graph."
+    )
+    activations: Literal["float32", "int8", "int16"] = Field(
+        default="float32",
+        description="Activation type; the device file is 8-bit weights with 16-bit activations.",
+    )
+    ops: list[str] = Field(description="Builtin operators the graph uses, sorted.")
+    tflm_arena_bytes: int | None = Field(
+        default=None, description="TFLite Micro arena measured for this file, if it runs there."
+    )
+    input_scale: float | None = Field(default=None, description="Integer input quantisation scale.")
+    input_zero_point: int | None = None
+    output_scale: float | None = Field(
+        default=None, description="Integer output quantisation scale."
+    )
+    output_zero_point: int | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _plain_file_name(cls, value: str) -> str:
+        if Path(value).name != value or value in {"", ".", ".."}:
+            raise ValueError(f"must be a plain file name inside the model directory, got {value!r}")
+        return value
+
+
+class ErrorMetrics(_Strict):
+    """Accuracy over ``n`` calibrated periods, in the feature's unit."""
+
+    rmse: float = Field(ge=0)
+    mae: float = Field(ge=0)
+    n: int = Field(ge=0)
+
+
+class TestMetrics(_Strict):
+    """Scores on the test sensor: uncalibrated, a linear fit, and this model."""
+
+    raw: ErrorMetrics
+    linear: ErrorMetrics
+    model: ErrorMetrics
+
+
+class InputRange(_Strict):
+    """Where the training inputs lay, so the gateway can tell when a sensor leaves the domain."""
+
+    min: float
+    p01: float
+    p50: float
+    p99: float
+    max: float
+
+
+class PredictionIntervals(_Strict):
+    """Split conformal prediction intervals, one half-width per concentration bin.
+
+    Fitted on the validation sensor (training/conformal.py): bins split the *calibrated* value
+    (known at serving time) at ``edges``; a value ``v`` falls in bin ``bisect_right(edges, v)``
+    and its interval is ``[max(0, v - w), v + w]`` with that bin's half-width ``w`` (the
+    ``ceil((n + 1) * level)``-th smallest absolute residual of the bin's ``n`` validation pairs,
+    the finite-sample split conformal quantile). Concentrations are never negative, so clipping
+    the low end at 0 cannot lose coverage (a negative ``v`` keeps ``low = v``: the interval
+    always holds the value it is published with).
+    """
+
+    method: Literal["split_conformal_binned"] = "split_conformal_binned"
+    level: float = Field(gt=0, lt=1, description="Nominal coverage, e.g. 0.9.")
+    edges: list[float] = Field(description="Ascending calibrated values between bins.")
+    half_widths: list[float] = Field(min_length=1, description="Per bin, in the feature's unit.")
+    counts: list[int] = Field(min_length=1, description="Validation pairs per bin.")
+    calibration_sensor: str = Field(description="Sensor whose residuals set the widths.")
+
+    @field_validator("edges")
+    @classmethod
+    def _ascending(cls, value: list[float]) -> list[float]:
+        if any(b <= a for a, b in itertools.pairwise(value)):
+            raise ValueError(f"edges must be strictly ascending, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_width_per_bin(self) -> PredictionIntervals:
+        bins = len(self.edges) + 1
+        if len(self.half_widths) != bins or len(self.counts) != bins:
+            raise ValueError(
+                f"{bins} bins need {bins} half_widths and counts, got "
+                f"{len(self.half_widths)} and {len(self.counts)}"
+            )
+        if any(not math.isfinite(w) or w < 0 for w in self.half_widths):
+            raise ValueError(f"half_widths must be finite and >= 0, got {self.half_widths}")
+        return self
+
+    def interval(self, value: float) -> tuple[float, float]:
+        """``(low, high)`` around a calibrated value: one bisection over a few edges."""
+        width = self.half_widths[bisect.bisect_right(self.edges, value)]
+        return min(value, max(0.0, value - width)), value + width
+
+
+class DataSummary(_Strict):
+    """Where the training data came from and how much of it survived cleaning."""
+
+    source: str = Field(description="Loader and location, e.g. 'ispra-1min:../shared/data/...'.")
+    target: str = Field(description="Reference column the model learned to reproduce.")
+    train_sensors: list[str]
+    validation_sensor: str
+    test_sensor: str
+    rows_read: int = Field(ge=0)
+    rows_dropped: dict[str, int] = Field(description="Dropped rows by reason.")
+    sensors_dropped: list[str] = Field(default_factory=list)
+    windows: dict[str, int] = Field(description="Valid windows per split.")
+    attribution: str
+
+
+class Manifest(_Strict):
+    """What a runtime needs to run a model correctly and a person needs to trust it."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$", description="Model family name.")
+    version: int = Field(
+        ge=1, lt=2**32, description="Monotonic release number; updates must carry a larger one."
+    )
+    architecture: str = Field(description="Model builder, e.g. 'tesla' or 'linear'.")
+    feature: Feature
+    unit: Literal["ug/m3"] = "ug/m3"
+    window_length: int = Field(ge=1, le=100_000, description="N: periods in one window.")
+    period_seconds: int = Field(ge=1, description="Grid period: 60 for the paper's setting.")
+    input_channels: list[InputChannel] = Field(min_length=1)
+    input_order: Literal["oldest_first"] = "oldest_first"
+    input_scale: float = Field(
+        gt=0, description="Divisor applied to inputs inside the graph (informational)."
+    )
+    gap_policy: GapPolicy
+    files: dict[Precision, ModelFile]
+    parameter_count: int = Field(ge=0)
+    hyperparameters: dict[str, float | int | str | bool]
+    validation: ErrorMetrics
+    test: TestMetrics
+    input_range: InputRange
+    data: DataSummary
+    created_at: datetime
+    intervals: PredictionIntervals | None = Field(
+        default=None, description="Prediction intervals published with each calibrated value."
+    )
+    validation_baselines: TestMetrics | None = Field(
+        default=None,
+        description="Raw, linear and model scores on the validation sensor (export's harm check).",
+    )
+    device_graph_absent: str | None = Field(
+        default=None,
+        description="Why the model has no int8 device graph (release/firmware quote it).",
+    )
+
+    @field_validator("input_channels")
+    @classmethod
+    def _unique_channels(cls, value: list[InputChannel]) -> list[InputChannel]:
+        names = [channel.name for channel in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"channel names must be unique, got {names}")
+        return value
+
+    @property
+    def channel_names(self) -> tuple[str, ...]:
+        return tuple(channel.name for channel in self.input_channels)
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in chunks so large files do not sit in memory."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 16), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_manifest(model_dir: Path) -> Manifest:
+    """Read and validate ``manifest.json``; every problem becomes a :class:`ManifestError`."""
+    path = model_dir / MANIFEST_FILENAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ManifestError(f"{path} does not exist: is {model_dir} a model directory?") from exc
+    except OSError as exc:
+        raise ManifestError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        return Manifest.model_validate_json(text)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in err['loc']) or '<root>'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ManifestError(f"{path} is not a valid manifest: {problems}") from exc
+
+
+def verify_model_files(model_dir: Path, manifest: Manifest) -> None:
+    """Check every listed file exists with the recorded size and sha256."""
+    for precision, entry in manifest.files.items():
+        path = model_dir / entry.path
+        if not path.is_file():
+            raise ModelIntegrityError(f"{precision} model {path} is missing")
+        size = path.stat().st_size
+        if size != entry.size_bytes:
+            raise ModelIntegrityError(
+                f"{path} has {size} bytes, the manifest says {entry.size_bytes}: file is corrupt"
+            )
+        actual = sha256_file(path)
+        if actual != entry.sha256:
+            raise ModelIntegrityError(
+                f"{path} sha256 {actual[:12]}… does not match the manifest's {entry.sha256[:12]}…: "
+                "the file is corrupt or was replaced; re-copy the whole model directory"
+            )
+
+
+def write_manifest(model_dir: Path, manifest: Manifest) -> Path:
+    """Write ``manifest.json`` atomically (temp file, fsync, rename)."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    target = model_dir / MANIFEST_FILENAME
+    payload = json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+    handle, temp_name = tempfile.mkstemp(dir=model_dir, prefix=".manifest-", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(payload)
+            out.flush()
+            os.fsync(out.fileno())
+        # mkstemp creates 0600; a model directory is read by the daemon's own user.
+        Path(temp_name).chmod(0o644)
+        Path(temp_name).replace(target)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+    return target

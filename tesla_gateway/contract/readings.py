@@ -1,0 +1,194 @@
+"""The validated reading every source produces, and the reasons a reading can be rejected.
+
+Sources parse their wire format into :class:`Reading` through :func:`validate_reading`, so one set
+of rules decides what is accepted no matter how a reading arrived. Rejects are counted by
+:class:`RejectReason`, never raised past the source: bad input must not stop the daemon.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from tesla_gateway.errors import GatewayError
+
+__all__ = [
+    "COVARIATES",
+    "FIELD_LIMITS",
+    "GATEWAY_ID_PATTERN",
+    "SENSOR_ID_PATTERN",
+    "SEQ_MAX",
+    "Covariate",
+    "Feature",
+    "Reading",
+    "ReadingRejectedError",
+    "RejectReason",
+    "validate_reading",
+]
+
+SENSOR_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# A gateway's name goes into topics, client ids and logs: the same characters as a sensor id.
+GATEWAY_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# The particle fractions a model calibrates (one model per feature) ...
+Feature = Literal["pm10", "pm2_5", "pm1"]
+# ... and the covariates a reading may carry beside them, which a model may take as inputs.
+Covariate = Literal["rh", "temp_c"]
+COVARIATES: tuple[Covariate, ...] = ("rh", "temp_c")
+SEQ_MAX = 2**32 - 1  # a node's per-reading sequence number is a uint32 (wraps)
+
+# Physically possible values per field; outside them a reading is a fault, not weather.
+# PMS5003: effective range 0-500 ug/m3, maximum 1000 (datasheet); RH in %; temperature in degC.
+FIELD_LIMITS: Mapping[str, tuple[float, float]] = MappingProxyType(
+    {
+        "pm1": (0.0, 1000.0),
+        "pm2_5": (0.0, 1000.0),
+        "pm10": (0.0, 1000.0),
+        "rh": (0.0, 100.0),
+        "temp_c": (-40.0, 85.0),
+    }
+)
+
+
+class RejectReason(enum.StrEnum):
+    """Why an input was not accepted; the stats topic counts each separately."""
+
+    TOO_LARGE = "too_large"
+    BAD_ENCODING = "bad_encoding"
+    BAD_JSON = "bad_json"
+    SCHEMA = "schema"
+    BAD_SENSOR_ID = "bad_sensor_id"
+    UNKNOWN_SENSOR = "unknown_sensor"
+    UNKNOWN_FIELD = "unknown_field"
+    NO_VALUES = "no_values"
+    NOT_FINITE = "not_finite"
+    NEGATIVE = "negative"
+    OUT_OF_RANGE = "out_of_range"
+    FUTURE_TIMESTAMP = "future_timestamp"
+    STALE_TIMESTAMP = "stale_timestamp"
+    BAD_CHECKSUM = "bad_checksum"
+    BAD_FRAME = "bad_frame"
+    SENSOR_NOT_OWNED = "sensor_not_owned"  # a serial node reporting for an id it did not announce
+    LATE = "late"  # its period was already closed in a window (out of order, or after a restart)
+    CLOCK_OUTLIER = "clock_outlier"  # ahead of the gateway clock, contradicted by the next one
+    CHANNEL_DISAGREEMENT = "channel_disagreement"  # a dual-laser unit's A and B disagree
+
+
+class ReadingRejectedError(GatewayError):
+    """An input was refused; ``reason`` is what the stats count, the message what the log says."""
+
+    def __init__(self, reason: RejectReason, detail: str, *, sensor_id: str | None = None) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.sensor_id = sensor_id  # whose input it was, when known (for the operator's log)
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One sensor's measurements at one instant, already validated."""
+
+    sensor_id: str
+    timestamp: float  # Unix seconds, UTC: the measurement's own time (event time)
+    values: Mapping[str, float] = field(hash=False)
+    source: str = "unknown"
+    seq: int | None = (
+        None  # the node's sequence number, if it sends one (tesla_gateway.ingest.sequence)
+    )
+
+
+def validate_reading(
+    sensor_id: str,
+    timestamp: float,
+    values: Mapping[str, float],
+    *,
+    now: float,
+    source: str,
+    max_future_s: float = 300.0,
+    max_age_s: float | None = None,
+    seq: int | None = None,
+) -> Reading:
+    """Apply the acceptance rules shared by every source; raise :class:`ReadingRejectedError`
+    (naming the sensor, so the reject log can say whose reading it was)."""
+    try:
+        return _validated(
+            sensor_id,
+            timestamp,
+            values,
+            now=now,
+            source=source,
+            max_future_s=max_future_s,
+            max_age_s=max_age_s,
+            seq=seq,
+        )
+    except ReadingRejectedError as exc:
+        if exc.sensor_id is None and exc.reason is not RejectReason.BAD_SENSOR_ID:
+            exc.sensor_id = sensor_id
+        raise
+
+
+def _validated(
+    sensor_id: str,
+    timestamp: float,
+    values: Mapping[str, float],
+    *,
+    now: float,
+    source: str,
+    max_future_s: float,
+    max_age_s: float | None,
+    seq: int | None,
+) -> Reading:
+    if not SENSOR_ID_PATTERN.fullmatch(sensor_id):
+        raise ReadingRejectedError(
+            RejectReason.BAD_SENSOR_ID,
+            f"sensor id {sensor_id[:80]!r} must match {SENSOR_ID_PATTERN.pattern}",
+        )
+    if not math.isfinite(timestamp):
+        raise ReadingRejectedError(
+            RejectReason.NOT_FINITE, f"timestamp {timestamp!r} is not finite"
+        )
+    if timestamp > now + max_future_s:
+        raise ReadingRejectedError(
+            RejectReason.FUTURE_TIMESTAMP,
+            f"timestamp is {timestamp - now:.0f} s in the future (limit {max_future_s:.0f} s); "
+            "check the node's clock",
+        )
+    if max_age_s is not None and timestamp < now - max_age_s:
+        raise ReadingRejectedError(
+            RejectReason.STALE_TIMESTAMP,
+            f"timestamp is {now - timestamp:.0f} s old (limit {max_age_s:.0f} s)",
+        )
+    if seq is not None and not 0 <= seq <= SEQ_MAX:
+        raise ReadingRejectedError(RejectReason.SCHEMA, f"seq {seq} is not a uint32")
+    if not values:
+        raise ReadingRejectedError(RejectReason.NO_VALUES, "reading carries no measurement")
+    accepted: dict[str, float] = {}
+    for name, raw_value in values.items():
+        limits = FIELD_LIMITS.get(name)
+        if limits is None:
+            raise ReadingRejectedError(
+                RejectReason.UNKNOWN_FIELD,
+                f"field {name[:40]!r} is not one of {sorted(FIELD_LIMITS)}",
+            )
+        value = float(raw_value)
+        if not math.isfinite(value):
+            raise ReadingRejectedError(RejectReason.NOT_FINITE, f"{name} is {value}")
+        low, high = limits
+        if value < 0 <= low:
+            raise ReadingRejectedError(RejectReason.NEGATIVE, f"{name} is negative ({value})")
+        if not low <= value <= high:
+            raise ReadingRejectedError(
+                RejectReason.OUT_OF_RANGE, f"{name}={value} outside [{low}, {high}]"
+            )
+        accepted[name] = value
+    return Reading(
+        sensor_id=sensor_id,
+        timestamp=float(timestamp),
+        values=MappingProxyType(accepted),
+        source=source,
+        seq=seq,
+    )

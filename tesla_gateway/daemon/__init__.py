@@ -1,0 +1,1 @@
+"""The process: composition root, ticker, configuration, CLI, preflight, systemd glue."""

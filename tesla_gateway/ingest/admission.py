@@ -1,0 +1,174 @@
+"""Which sensor ids get windows: at most ``sensors.max_sensors`` at once, across restarts.
+
+Ids come from the wire, so the number of windows must be bounded; and the bound must hold for
+the windows the daemon has, not for the ids it saw this run (restored windows count too, or
+every restart would admit another ``max_sensors``). A sensor's place is kept while it reports:
+a flood of new ids is rejected once the gateway is full and never pushes out a sensor that is
+reporting. Only a sensor idle for ``evict_idle_s`` gives its place back: its windows are dropped
+from the store (and so from the next snapshot), counted and logged. Idle time runs on the
+monotonic clock, so a wall-clock jump cannot make every sensor look idle at once; a restored
+window starts idle from the end of its newest period.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from tesla_gateway.contract.readings import Reading, RejectReason
+from tesla_gateway.daemon.config import SensorPolicy
+from tesla_gateway.ingest.rejects import RejectCounter
+
+__all__ = ["AdmissionStats", "SensorAdmission", "SensorWindows"]
+
+_log = structlog.get_logger(__name__)
+
+
+class SensorWindows(Protocol):
+    """What admission needs of the windows (the Ticker, which owns them, or a bare store)."""
+
+    def last_seen(self) -> dict[str, float]: ...
+
+    def remove_sensors(self, sensor_ids: Iterable[str]) -> int: ...
+
+
+_SWEEP_EVERY_S = 60.0  # when full, look for idle sensors at most this often (a flood is cheap)
+_LOGGED_IDS = 20  # sensor ids named in one eviction log line
+
+
+@dataclass(slots=True)
+class AdmissionStats:
+    """Counters for the stats topic and the status file."""
+
+    restored: int = 0
+    admitted: int = 0
+    rejected_full: int = 0
+    evicted: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "restored": self.restored,
+            "admitted": self.admitted,
+            "rejected_full": self.rejected_full,
+            "evicted": self.evicted,
+        }
+
+
+class SensorAdmission:
+    """Decides per reading whether its sensor may have windows; evicts idle sensors."""
+
+    def __init__(
+        self,
+        policy: SensorPolicy,
+        store: SensorWindows,
+        rejects: RejectCounter,
+        *,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_evicted: Callable[[list[str]], None] | None = None,
+    ) -> None:
+        self._policy = policy
+        self._on_evicted = on_evicted  # e.g. the publisher removes their discovery configs
+        self._store = store
+        self._rejects = rejects
+        self._clock = clock
+        self._monotonic = monotonic
+        self._last_seen: dict[str, float] = {}  # sensor id -> monotonic time of its last reading
+        self._last_sweep = -float("inf")
+        self.stats = AdmissionStats()
+
+    @property
+    def sensors(self) -> int:
+        return len(self._last_seen)
+
+    def adopt_windows(self) -> int:
+        """Count the store's (restored) windows as admitted, then evict the idle ones.
+
+        Returns how many sensors were new to admission. Call after windows are restored.
+        """
+        wall, mono = self._clock(), self._monotonic()
+        adopted = 0
+        for sensor_id, end in self._store.last_seen().items():
+            if sensor_id not in self._last_seen:
+                self._last_seen[sensor_id] = mono - max(0.0, wall - end)
+                adopted += 1
+        self.stats.restored += adopted
+        self.evict_idle()
+        return adopted
+
+    def admit(self, reading: Reading) -> bool:
+        """True if the reading's sensor may have windows; a refusal is counted as a reject."""
+        sensor_id = reading.sensor_id
+        policy = self._policy
+        if not policy.allows(sensor_id):
+            self._rejects.reject(
+                RejectReason.UNKNOWN_SENSOR,
+                source=reading.source,
+                sensor=reading.sensor_id,
+                detail=f"sensor {sensor_id} is not in sensors.known",
+            )
+            return False
+        now = self._monotonic()
+        if sensor_id in self._last_seen:
+            self._last_seen[sensor_id] = now
+            return True
+        if len(self._last_seen) >= policy.max_sensors:
+            if now - self._last_sweep >= min(_SWEEP_EVERY_S, policy.evict_idle_s / 4):
+                self.evict_idle()
+            if len(self._last_seen) >= policy.max_sensors:
+                self.stats.rejected_full += 1
+                self._rejects.reject(
+                    RejectReason.UNKNOWN_SENSOR,
+                    source=reading.source,
+                    sensor=reading.sensor_id,
+                    detail=(
+                        f"new sensor {sensor_id}: sensors.max_sensors={policy.max_sensors} "
+                        f"reached, none idle for evict_idle_s={policy.evict_idle_s:g}"
+                    ),
+                )
+                return False
+        self._last_seen[sensor_id] = now
+        self.stats.admitted += 1
+        return True
+
+    def evict_idle(self) -> list[str]:
+        """Drop every sensor without a reading for ``evict_idle_s``; the ids dropped."""
+        now = self._monotonic()
+        self._last_sweep = now
+        limit = self._policy.evict_idle_s
+        idle = [s for s, seen in self._last_seen.items() if now - seen > limit]
+        if not idle:
+            return []
+        for sensor_id in idle:
+            del self._last_seen[sensor_id]
+        windows = self._store.remove_sensors(idle)
+        self.stats.evicted += len(idle)
+        _log.info(
+            "sensors_evicted",
+            count=len(idle),
+            windows=windows,
+            idle_for_s=limit,
+            sensors=sorted(idle)[:_LOGGED_IDS],
+            remaining=len(self._last_seen),
+        )
+        if self._on_evicted is not None:
+            self._on_evicted(idle)
+        return idle
+
+    def idle_seconds(self) -> dict[str, float]:
+        """Per admitted sensor, seconds since its last reading (per-sensor metrics)."""
+        now = self._monotonic()
+        return {sensor_id: now - seen for sensor_id, seen in self._last_seen.items()}
+
+    def snapshot(self) -> dict[str, object]:
+        """JSON-ready state for the stats topic."""
+        return {
+            "sensors": len(self._last_seen),
+            "max_sensors": self._policy.max_sensors,
+            "evict_idle_s": self._policy.evict_idle_s,
+            **self.stats.as_dict(),
+        }

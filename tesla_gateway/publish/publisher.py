@@ -1,0 +1,522 @@
+"""Calibrated readings, health/drift documents and stats out over MQTT, store-and-forward.
+
+The composition of the publish package: ``submit`` never waits for the network: messages
+(:mod:`tesla_gateway.publish.payloads`, on the topics of
+:mod:`tesla_gateway.publish.topics`) go into the
+persisted :class:`Outbox` and the :class:`Delivery` window sends them in order whenever the broker
+is connected, deleting each from the outbox only once acknowledged. The availability topic is
+``online`` while connected and ``offline`` (the retained last will, or an explicit message on
+clean shutdown) otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tesla_gateway.contract.calibrated import CalibratedReading
+from tesla_gateway.contract.readings import SENSOR_ID_PATTERN
+from tesla_gateway.contract.timefmt import iso8601
+from tesla_gateway.monitor.monitor import SensorDocument
+from tesla_gateway.mqtt.config import MqttBrokerConfig, Will
+from tesla_gateway.mqtt.connection import MqttConnection
+from tesla_gateway.mqtt.errors import MqttNotConnectedError
+from tesla_gateway.mqtt.topics import PublishTopic
+from tesla_gateway.publish.availability import SensorAvailability
+from tesla_gateway.publish.delivery import Delivery
+from tesla_gateway.publish.discovery import Discovery, DiscoveryMessage
+from tesla_gateway.publish.errors import PublisherError
+from tesla_gateway.publish.outbox import Outbox, OutboxMessage
+from tesla_gateway.publish.payloads import batch_payloads, document_payload, reading_message
+from tesla_gateway.publish.topics import DocumentKind, TopicScheme
+from tesla_gateway.set_aside import SetAsideLog
+from tesla_gateway.task_group import run_task_group
+
+__all__ = ["OUTBOX_FILENAME", "Publisher", "PublisherConfig"]
+
+OUTBOX_FILENAME = "outbox.sqlite3"
+_NOT_CONNECTED_RETRY_S = 0.05
+
+
+class PublisherConfig(BaseModel):
+    """Where and how calibrated readings are published."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    broker: MqttBrokerConfig = Field(
+        default_factory=MqttBrokerConfig, description="Broker to publish to."
+    )
+    topic_prefix: str | None = Field(
+        default=None, description="Topic prefix; default 'tesla/<gateway_id>'."
+    )
+    client_id: str | None = Field(
+        default=None, max_length=64, description="Client id; default tesla-gateway-<id>-out."
+    )
+    qos: Literal[1, 2] = Field(
+        default=1, description="QoS of calibrated readings (at least 1: the outbox needs acks)."
+    )
+    retain: bool = Field(default=True, description="Retain the latest value of each topic.")
+    stats_interval_s: float = Field(
+        default=60.0, gt=0, description="How often the stats topic is published."
+    )
+    discovery: bool = Field(default=False, description="Publish Home Assistant discovery configs.")
+    discovery_prefix: str = Field(
+        default="homeassistant", min_length=1, description="Home Assistant discovery prefix."
+    )
+    discovery_support_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://\S+$",
+        description="Optional 'support_url' of the discovery origin block (an http(s) URL).",
+    )
+    sensor_offline_after_s: float | None = Field(
+        default=600.0,
+        gt=0,
+        description=(
+            "A sensor without a reading for this long goes 'offline' on "
+            "<prefix>/<sensor>/availability (and unavailable in Home Assistant); null: no "
+            "per-sensor availability topics."
+        ),
+    )
+    outbox_max_messages: int = Field(
+        default=100_000,
+        ge=1,
+        description="Bound of the store-and-forward queue; beyond it the oldest are dropped.",
+    )
+    in_flight: int = Field(
+        default=256,
+        ge=1,
+        le=65_535,
+        description=(
+            "Messages sent ahead while awaiting PUBACKs (a sliding window); the broker's "
+            "MQTT 5 Receive Maximum caps it (mosquitto: max_inflight_messages, default 20)."
+        ),
+    )
+    shutdown_flush_s: float = Field(
+        default=5.0, ge=0, description="On shutdown, how long to keep delivering queued messages."
+    )
+    per_sensor_topics: bool = Field(
+        default=True,
+        description="Publish each calibrated reading on <prefix>/<sensor_id>/<feature>.",
+    )
+    batch_topic: bool = Field(
+        default=False,
+        description=(
+            "Also (or, with per_sensor_topics = false, only) publish each tick's readings as JSON "
+            "arrays on <prefix>/_batch/<feature>: one message per batch_max_readings readings."
+        ),
+    )
+    batch_max_readings: int = Field(
+        default=1000, ge=1, le=100_000, description="Most readings in one batch message."
+    )
+
+    @field_validator("topic_prefix", "discovery_prefix")
+    @classmethod
+    def _plain_topic(cls, value: str | None) -> str | None:
+        return None if value is None else PublishTopic(value)
+
+    @model_validator(mode="after")
+    def _publishes_readings(self) -> Self:
+        if not (self.per_sensor_topics or self.batch_topic):
+            raise ValueError("per_sensor_topics and batch_topic cannot both be false")
+        return self
+
+
+def _mark_retrieved(future: asyncio.Future[Any]) -> None:
+    """Outcomes reach serve()'s caller through the shield; after a cancel, aclose() sees them."""
+    if not future.cancelled():
+        future.exception()
+
+
+class Publisher:
+    """Publishes calibrated readings, availability, stats and discovery; owns its outbox.
+
+    The outbox is opened at construction so :meth:`submit` works before the network side runs;
+    ``async with publisher`` (or ``await publisher.run()``) connects and delivers.
+    """
+
+    def __init__(
+        self,
+        config: PublisherConfig,
+        *,
+        gateway_id: str,
+        state_dir: Path,
+        set_aside: SetAsideLog | None = None,
+    ) -> None:
+        if not SENSOR_ID_PATTERN.fullmatch(gateway_id):
+            raise PublisherError(
+                f"gateway id {gateway_id!r} must match {SENSOR_ID_PATTERN.pattern}"
+            )
+        self._config = config
+        self._gateway_id = gateway_id
+        self.topic_prefix = config.topic_prefix or f"tesla/{gateway_id}"
+        self.topics = TopicScheme(self.topic_prefix)
+        self._client_id = config.client_id or f"tesla-gateway-{gateway_id}-out"
+        self._outbox = Outbox.open(  # a disk that refuses it: in memory, reported in stats
+            state_dir / OUTBOX_FILENAME,
+            max_messages=config.outbox_max_messages,
+            set_aside=set_aside,
+            memory_fallback=True,
+        )
+        self._log = structlog.get_logger("tesla_gateway.publish.publisher").bind(
+            prefix=self.topic_prefix
+        )
+        self._delivery = Delivery(
+            self._outbox,
+            in_flight=config.in_flight,
+            before_send=self._announce,
+            log=self._log,
+        )
+        self._known: dict[tuple[str, str], None] = {}  # (sensor, feature), insertion-ordered
+        self._announced: set[tuple[str, str]] = set()
+        self._known_documents: dict[tuple[str, str, DocumentKind], None] = {}
+        self._announced_documents: set[tuple[str, str, DocumentKind]] = set()
+        self._gateway_announced = False
+        self._forgotten: set[str] = set()  # evicted this run: re-announced through the outbox
+        self._discovery = Discovery(
+            discovery_prefix=config.discovery_prefix,
+            gateway_id=gateway_id,
+            topics=self.topics,
+            sensor_availability=config.sensor_offline_after_s is not None,
+            support_url=config.discovery_support_url,
+        )
+        self._availability = (
+            None
+            if config.sensor_offline_after_s is None
+            else SensorAvailability(config.sensor_offline_after_s)
+        )
+        self._stats: dict[str, object] | None = None
+        self._dropped = 0
+        self._connection: MqttConnection | None = None
+        self._runner: asyncio.Task[None] | None = None  # delivery and stats, in a TaskGroup
+        self._closed_counts: tuple[int, int] | None = None  # (queued, dropped_total) at close
+        self._session: dict[str, int | float | None] = {}  # the connection's, kept after close
+
+    # -- the non-blocking side -------------------------------------------------------------
+
+    def submit(self, readings: Sequence[CalibratedReading]) -> None:
+        """Queue calibrated readings for delivery (persisted; returns at once)."""
+        if self._closed_counts is not None:
+            raise PublisherError("the publisher is closed; readings can no longer be queued")
+        messages: list[OutboxMessage] = []
+        for reading in readings:
+            self.topics.check_ids(reading.sensor_id, reading.feature)
+        if self._forgotten and self._config.discovery:
+            messages.extend(self._reannounce_forgotten(readings))
+        if self._config.per_sensor_topics:
+            for reading in readings:
+                messages.append(
+                    OutboxMessage(
+                        topic=self.topics.state(reading.sensor_id, reading.feature),
+                        payload=reading_message(reading),
+                        qos=self._config.qos,
+                        retain=self._config.retain,
+                    )
+                )
+                self._known.setdefault((reading.sensor_id, reading.feature), None)
+        if self._config.batch_topic:
+            messages.extend(self._batch_messages(readings))
+        self._enqueue(messages)
+
+    def _reannounce_forgotten(self, readings: Sequence[CalibratedReading]) -> list[OutboxMessage]:
+        """A sensor evicted earlier this run is back: its configs go through the outbox, after
+        the removals queued there at eviction, so a removal can never follow them."""
+        messages: list[OutboxMessage] = []
+        for reading in readings:
+            if reading.sensor_id in self._forgotten:
+                configs = self._discovery.sensor(reading.sensor_id, reading.feature)
+                messages.extend(self._retained(m.topic, m.payload) for m in configs)
+        self._forgotten.difference_update(r.sensor_id for r in readings)
+        return messages
+
+    def _retained(self, topic: str, payload: bytes) -> OutboxMessage:
+        return OutboxMessage(topic=topic, payload=payload, qos=self._config.qos, retain=True)
+
+    def sensor_seen(self, sensor_id: str) -> None:
+        """A reading of this sensor was admitted: ``online`` on its availability topic if it
+        was not (per-sensor availability on)."""
+        if self._availability is None or self._closed_counts is not None:
+            return
+        if self._availability.seen(sensor_id):
+            self._enqueue([self._retained(self.topics.availability(sensor_id), b"online")])
+
+    def adopt_sensors(self, idle_s: Mapping[str, float]) -> None:
+        """Sensors with restored windows, by seconds since their last reading: each gets its
+        true availability now (the previous run's retained state may be stale)."""
+        if self._availability is None or self._closed_counts is not None:
+            return
+        online, offline = self._availability.adopt(idle_s)
+        self._enqueue(
+            [self._retained(self.topics.availability(s), b"online") for s in online]
+            + [self._retained(self.topics.availability(s), b"offline") for s in offline]
+        )
+
+    def expire_quiet_sensors(self) -> list[str]:
+        """Sensors quiet for ``sensor_offline_after_s`` go ``offline``; the ids (also run by the
+        availability task)."""
+        if self._availability is None or self._closed_counts is not None:
+            return []
+        quiet = self._availability.expire()
+        if quiet:
+            self._enqueue([self._retained(self.topics.availability(s), b"offline") for s in quiet])
+            self._log.info("sensors_offline", count=len(quiet), sensors=quiet[:20])
+        return quiet
+
+    def forget_sensors(self, sensor_ids: Sequence[str]) -> None:
+        """Evicted sensors: their discovery configs and availability are removed (empty
+        retained payloads, through the outbox), so Home Assistant drops their entities."""
+        if not sensor_ids or self._closed_counts is not None:
+            return
+        gone = set(sensor_ids)
+        for pair in [p for p in self._known if p[0] in gone]:
+            del self._known[pair]
+            self._announced.discard(pair)
+        for key in [k for k in self._known_documents if k[0] in gone]:
+            del self._known_documents[key]
+            self._announced_documents.discard(key)
+        messages: list[OutboxMessage] = []
+        if self._availability is not None:
+            self._availability.forget(sensor_ids)
+            messages.extend(self._retained(self.topics.availability(s), b"") for s in sensor_ids)
+        if self._config.discovery:
+            self._forgotten.update(gone)
+            for sensor_id in sensor_ids:
+                messages.extend(
+                    self._retained(m.topic, m.payload) for m in self._discovery.removals(sensor_id)
+                )
+        self._enqueue(messages)
+
+    def _batch_messages(self, readings: Sequence[CalibratedReading]) -> list[OutboxMessage]:
+        """Each feature's readings as JSON arrays of the per-sensor documents plus 'sensor'."""
+        return [
+            OutboxMessage(
+                topic=self.topics.batch(feature),
+                payload=payload,
+                qos=self._config.qos,
+                retain=False,
+            )
+            for feature, payload in batch_payloads(readings, self._config.batch_max_readings)
+        ]
+
+    def submit_documents(self, documents: Sequence[SensorDocument]) -> None:
+        """Queue the monitor's retained documents (health, drift: docs/mqtt.md) behind the
+        readings, each on ``<prefix>/<sensor>/<feature>/<kind>``."""
+        if self._closed_counts is not None:
+            raise PublisherError("the publisher is closed; documents can no longer be queued")
+        messages = [
+            OutboxMessage(
+                topic=self.topics.sensor(d.sensor_id, d.feature, d.kind),
+                payload=document_payload(d.document),
+                qos=self._config.qos,
+                retain=True,
+            )
+            for d in documents
+        ]
+        for d in documents:
+            self._known_documents.setdefault((d.sensor_id, d.feature, d.kind), None)
+        self._enqueue(messages)
+
+    def _enqueue(self, messages: Sequence[OutboxMessage]) -> None:
+        dropped = self._outbox.append(messages)
+        if dropped:
+            self._dropped += dropped
+            self._log.warning(
+                "outbox_full_dropped_oldest",
+                dropped=dropped,
+                dropped_total=self._outbox.dropped_total,
+                bound=self._config.outbox_max_messages,
+            )
+        if messages:
+            self._delivery.notify()
+
+    def submit_stats(self, stats: Mapping[str, object]) -> None:
+        """Replace the snapshot published on the stats topic every ``stats_interval_s``."""
+        self._stats = dict(stats)
+
+    def stats(self) -> dict[str, object]:
+        """The publisher's own counters (also merged into the stats topic under 'publisher')."""
+        queued, dropped_total = self._closed_counts or (
+            len(self._outbox),
+            self._outbox.dropped_total,
+        )
+        delivered = self._delivery.stats()
+        return {
+            "sensors_online": None if self._availability is None else len(self._availability),
+            "connected": self.connected,
+            "queued": queued,
+            "published": delivered.published,
+            "dropped": self._dropped,
+            "dropped_total": dropped_total,
+            "refused": delivered.refused,
+            "outbox": self._outbox.stats(),
+            "session": self.session_stats(),
+        }
+
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None and self._connection.connected
+
+    def session_stats(self) -> dict[str, int | float | None]:
+        """The connection's: made, lost, taken over by another client with this client id."""
+        if self._connection is not None:
+            self._session = self._connection.session_stats()
+        return dict(self._session)
+
+    @property
+    def outbox_in_memory(self) -> bool:
+        """The outbox could not use its file (full or read-only disk): kept in memory."""
+        return self._outbox.in_memory
+
+    @property
+    def queued(self) -> int:
+        return self._closed_counts[0] if self._closed_counts else len(self._outbox)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        connection = MqttConnection(
+            self._config.broker,
+            client_id=self._client_id,
+            clean_start=True,
+            will=Will(self.topics.status, b"offline", qos=1, retain=True),
+            max_in_flight=self._config.in_flight,
+            name="publisher",
+        )
+        await connection.__aenter__()
+        self._connection = connection
+        tasks = {
+            "publisher-deliver": self._deliver_forever(connection),
+            "publisher-stats": self._stats_forever(connection),
+        }
+        if self._availability is not None:
+            tasks["publisher-availability"] = self._expire_forever(self._availability)
+        self._runner = asyncio.create_task(run_task_group(tasks), name="publisher")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def run(self) -> None:
+        """Connect and deliver until cancelled, then shut down cleanly."""
+        async with self:
+            await self.serve()
+
+    async def serve(self) -> None:
+        """Wait while delivering; raises if a background task fails."""
+        connection, runner = self._connection, self._runner
+        if connection is None or runner is None:
+            raise PublisherError("Publisher.serve() needs 'async with publisher' first")
+        # Shielded: cancelling serve() (a shutdown) must not cancel delivery, or aclose() could
+        # not flush the outbox; aclose() stops the tasks itself once it has flushed.
+        watched = asyncio.gather(connection.serve(), runner)
+        watched.add_done_callback(_mark_retrieved)
+        await asyncio.shield(watched)
+
+    async def wait_idle(self) -> None:
+        """Return once everything queued so far has been acknowledged by the broker."""
+        await self._delivery.wait_idle()
+
+    async def aclose(self) -> None:
+        """Deliver what can be delivered within ``shutdown_flush_s``, say offline, disconnect."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            self._session = connection.session_stats()
+        try:
+            if connection is not None and connection.connected and len(self._outbox):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wait_idle(), self._config.shutdown_flush_s)
+            runner, self._runner = self._runner, None
+            if runner is not None:
+                runner.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await runner
+            if connection is not None:
+                if connection.connected:
+                    with contextlib.suppress(MqttNotConnectedError, TimeoutError):
+                        await asyncio.wait_for(
+                            connection.publish(self.topics.status, b"offline", retain=True), 2.0
+                        )
+                await connection.close()
+        finally:
+            if self._closed_counts is None:
+                self._closed_counts = (len(self._outbox), self._outbox.dropped_total)
+                self._outbox.close()
+            self._log.info("publisher_closed", queued=self._closed_counts[0])
+
+    # -- delivery --------------------------------------------------------------------------
+
+    async def _deliver_forever(self, connection: MqttConnection) -> None:
+        while True:
+            await connection.wait_connected()
+            try:
+                await self._delivery.publish_or_log(connection, self.topics.status, b"online")
+                self._announced.clear()
+                self._announced_documents.clear()
+                self._gateway_announced = False
+                await self._delivery.drain(connection)
+            except MqttNotConnectedError:
+                self._log.info("publisher_waiting_for_broker", queued=len(self._outbox))
+                # paho can refuse a publish a moment before its disconnect reaches the loop;
+                # yield to it (and back off) rather than spin on a connection already gone.
+                await asyncio.sleep(_NOT_CONNECTED_RETRY_S)
+
+    async def _announce(self, connection: MqttConnection) -> None:
+        """Discovery configs not yet sent on this connection, before the messages they describe
+        (the gateway's device first: the sensors' devices name it as ``via_device``)."""
+        if not self._config.discovery:
+            return
+        if not self._gateway_announced:
+            await self._send_config(connection, self._discovery.gateway())
+            self._gateway_announced = True
+        pending = [pair for pair in self._known if pair not in self._announced]
+        for sensor_id, feature in pending:
+            for message in self._discovery.sensor(sensor_id, feature):
+                await self._send_config(connection, message)
+            self._announced.add((sensor_id, feature))
+        documents = [k for k in self._known_documents if k not in self._announced_documents]
+        for sensor_id, feature, kind in documents:
+            await self._send_config(connection, self._discovery.document(sensor_id, feature, kind))
+            self._announced_documents.add((sensor_id, feature, kind))
+
+    async def _send_config(self, connection: MqttConnection, message: DiscoveryMessage) -> None:
+        await self._delivery.publish_or_log(connection, message.topic, message.payload)
+
+    async def _expire_forever(self, availability: SensorAvailability) -> None:
+        interval = max(0.05, min(availability.offline_after_s / 4, 10.0))
+        while True:
+            await asyncio.sleep(interval)
+            self.expire_quiet_sensors()
+
+    async def _stats_forever(self, connection: MqttConnection) -> None:
+        while True:
+            await asyncio.sleep(self._config.stats_interval_s)
+            await self.publish_stats(connection)
+
+    async def publish_stats(self, connection: MqttConnection | None = None) -> bool:
+        """Publish the stats snapshot now; False if not connected (the next one replaces it)."""
+        connection = connection or self._connection
+        if connection is None or not connection.connected:
+            return False
+        document = {**(self._stats or {}), "publisher": self.stats(), "ts": iso8601(_now())}
+        payload = document_payload(document)
+        try:
+            await connection.publish(self.topics.stats, payload, qos=1, retain=True)
+        except MqttNotConnectedError:
+            return False
+        return True
+
+
+def _now() -> float:
+    return datetime.now(UTC).timestamp()

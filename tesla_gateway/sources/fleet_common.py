@@ -1,0 +1,202 @@
+"""What the fleet sources (Tasmota, ESPHome, sensor.community, PurpleAir) share.
+
+Each turns a device's native output into readings through
+:func:`tesla_gateway.contract.readings.validate_reading`
+and counts what it refuses with :class:`tesla_gateway.ingest.rejects.RejectCounter`; this module
+holds the
+limits they all apply, the MQTT subscription loop the two MQTT kinds share, and the hand-off to
+the gateway's queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tesla_gateway.contract.readings import (
+    Reading,
+    ReadingRejectedError,
+    RejectReason,
+    validate_reading,
+)
+from tesla_gateway.ingest.ingest_log import commit_queued
+from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.mqtt.config import DEFAULT_MAX_INBOX, MqttBrokerConfig
+from tesla_gateway.mqtt.connection import InboundMessage, MqttConnection
+
+__all__ = [
+    "FleetLimits",
+    "FleetMqttConfig",
+    "FleetSource",
+    "PmKind",
+    "enqueue",
+    "fahrenheit_to_celsius",
+    "json_object",
+    "number",
+    "run_mqtt_subscription",
+    "validated",
+]
+
+# Plantower sensors report two PM sets: "atm" (atmospheric environment, what the serial PMS5003
+# source and the node firmware use) and "cf_1" (factory CF=1, meant for indoor use).
+PmKind = Literal["atm", "cf_1"]
+
+
+class FleetLimits(BaseModel):
+    """Limits every fleet source applies to the readings it builds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sensor_id_prefix: str = Field(
+        default="",
+        max_length=32,
+        pattern=r"^[A-Za-z0-9_.-]*$",
+        description="Prepended to every sensor id this source derives (e.g. 'tasmota-').",
+    )
+    max_future_s: float = Field(
+        default=300.0, ge=0, description="Readings further in the future are rejected."
+    )
+    max_age_s: float | None = Field(
+        default=7 * 24 * 3600.0,
+        gt=0,
+        description="Readings older than this are rejected as stale; null accepts any age.",
+    )
+    max_payload_bytes: int = Field(
+        default=16_384, ge=256, le=1_048_576, description="Larger payloads are rejected."
+    )
+
+
+class FleetMqttConfig(FleetLimits):
+    """A subscription on the broker the devices publish to."""
+
+    broker: MqttBrokerConfig = Field(
+        default_factory=MqttBrokerConfig, description="Broker the devices publish to."
+    )
+    qos: int = Field(default=0, ge=0, le=2, description="Subscription QoS.")
+    client_id: str | None = Field(
+        default=None,
+        max_length=64,
+        description="MQTT client id; default tesla-gateway-<gateway id>-<kind>-<index>.",
+    )
+    max_inbox_messages: int = Field(
+        default=DEFAULT_MAX_INBOX,
+        ge=1,
+        le=1_000_000,
+        description="Most received messages waiting to be decoded.",
+    )
+
+
+class FleetSource(Protocol):
+    """What the service needs from a fleet source."""
+
+    async def run(self, queue: asyncio.Queue[Reading], rejects: RejectCounter) -> None: ...
+
+    def stats(self) -> dict[str, object]: ...
+
+
+def validated(
+    sensor_id: str,
+    timestamp: float,
+    values: Mapping[str, float],
+    *,
+    limits: FleetLimits,
+    now: float,
+    source: str,
+    seq: int | None = None,
+) -> Reading:
+    """The one acceptance rule, with this source's prefix and time limits."""
+    return validate_reading(
+        f"{limits.sensor_id_prefix}{sensor_id}",
+        timestamp,
+        values,
+        now=now,
+        source=source,
+        max_future_s=limits.max_future_s,
+        max_age_s=limits.max_age_s,
+        seq=seq,
+    )
+
+
+def number(value: object, where: str) -> float:
+    """A JSON number, or a string holding one (the airrohr firmware quotes its values)."""
+    if isinstance(value, bool):
+        raise ReadingRejectedError(RejectReason.SCHEMA, f"{where} is a boolean, not a number")
+    if isinstance(value, int | float):
+        try:
+            return float(value)
+        except OverflowError as exc:  # a JSON integer beyond any float
+            raise ReadingRejectedError(RejectReason.OUT_OF_RANGE, f"{where} is too large") from exc
+    if isinstance(value, str) and len(value) <= 32:
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ReadingRejectedError(RejectReason.SCHEMA, f"{where} is not a number: {str(value)[:32]!r}")
+
+
+def json_object(payload: bytes, *, max_bytes: int, what: str = "payload") -> dict[str, Any]:
+    """A bounded, UTF-8, JSON object payload; every other shape is a counted reject."""
+    if len(payload) > max_bytes:
+        raise ReadingRejectedError(
+            RejectReason.TOO_LARGE, f"{what} of {len(payload)} bytes exceeds {max_bytes}"
+        )
+    try:
+        document = json.loads(payload.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ReadingRejectedError(RejectReason.BAD_ENCODING, f"{what} is not UTF-8") from exc
+    except (ValueError, RecursionError) as exc:
+        raise ReadingRejectedError(RejectReason.BAD_JSON, f"{what} is not JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise ReadingRejectedError(RejectReason.SCHEMA, f"{what} is not a JSON object")
+    return document
+
+
+def fahrenheit_to_celsius(value: float) -> float:
+    return (value - 32.0) * 5.0 / 9.0
+
+
+async def enqueue(queue: asyncio.Queue[Reading], readings: list[Reading]) -> None:
+    """Hand readings to the ingest loop (waiting when it is behind) and make them durable."""
+    for reading in readings:
+        await queue.put(reading)
+    if readings:
+        commit_queued(queue)
+
+
+async def run_mqtt_subscription(
+    config: FleetMqttConfig,
+    *,
+    topics: list[str],
+    client_id: str,
+    name: str,
+    on_message: Callable[[InboundMessage], list[Reading]],
+    queue: asyncio.Queue[Reading],
+    connected: Callable[[MqttConnection | None], None],
+) -> None:
+    """Subscribe and feed each message's readings to the queue until cancelled."""
+
+    async def handle(message: InboundMessage) -> None:
+        readings = on_message(message)
+        for reading in readings:
+            await queue.put(reading)
+
+    connection = MqttConnection(
+        config.broker,
+        client_id=client_id,
+        clean_start=True,
+        on_message=handle,
+        before_ack=lambda: commit_queued(queue),
+        max_inbox=config.max_inbox_messages,
+        name=name,
+    )
+    async with connection:
+        connected(connection)
+        try:
+            await connection.subscribe(list(topics), qos=config.qos)
+            await connection.serve()
+        finally:
+            connected(None)

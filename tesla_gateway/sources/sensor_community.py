@@ -1,0 +1,282 @@
+"""Readings from sensor.community (airrohr) stations: the firmware's "Send to own API" POST.
+
+The airrohr firmware (github.com/opendata-stuttgart/sensors-software,
+``airrohr-firmware/airrohr-firmware.ino``) POSTs, every sending interval, to the configured
+host, port and path (default ``/data.php``) a JSON object ``{"esp8266id": "<chip id>",
+"software_version": "NRZ-...", "sensordatavalues": [{"value_type": ..., "value": ...}, ...]}``
+with the values as strings (averages over the interval), HTTP Basic authentication when a user
+or password is set, and an ``X-Sensor: esp8266-<chip id>`` header. The station sends no time:
+a reading is stamped when it is received. docs/sources.md gives the mapping.
+
+The listener is a small asyncio server: one request per connection, head and body bounded,
+a deadline per request, optional Basic credentials; a bad request is answered with its HTTP
+status and counted, never raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+import structlog
+from pydantic import Field, SecretStr, model_validator
+
+from tesla_gateway.contract.readings import Reading, ReadingRejectedError, RejectReason
+from tesla_gateway.ingest.ingest_log import commit_queued
+from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.sources.fleet_common import FleetLimits, json_object, number, validated
+from tesla_gateway.sources.http_io import (
+    HttpRequest,
+    HttpRequestError,
+    basic_auth_matches,
+    read_request,
+    write_response,
+)
+
+__all__ = ["SensorCommunitySource", "SensorCommunitySourceConfig", "decode_sensor_community"]
+
+SOURCE_NAME = "sensor_community"
+# PM sensors the firmware names in value_type, in the order "auto" tries them. P0 is PM1,
+# P1 is PM10 and P2 is PM2.5 (add_Value2Json calls in airrohr-firmware.ino).
+PM_SENSORS = ("PMS", "SDS", "NPM", "SPS30", "IPS")
+PmSensor = Literal["auto", "PMS", "SDS", "NPM", "SPS30", "IPS"]
+_PM_SUFFIX = {"P0": "pm1", "P1": "pm10", "P2": "pm2_5"}
+# Covariate value types, first present wins (BME280 before SHT3X, ..., the DHT22's plain name).
+_HUMIDITY = ("BME280_humidity", "SHT3X_humidity", "HTU21D_humidity", "humidity", "SCD30_humidity")
+_TEMPERATURE = (
+    "BME280_temperature",
+    "SHT3X_temperature",
+    "HTU21D_temperature",
+    "temperature",
+    "BMP280_temperature",
+    "SCD30_temperature",
+    "DS18B20_temperature",
+)
+_MAX_VALUES = 64
+_MAX_HEADER_BYTES = 8_192
+_MAX_LISTEN_RETRY_S = 30.0
+
+
+class SensorCommunitySourceConfig(FleetLimits):
+    """An HTTP listener for airrohr stations' "Send to own API" (``kind = "sensor_community"``)."""
+
+    kind: Literal["sensor_community"] = Field(
+        description="Source kind: sensor.community (airrohr) firmware HTTP POST."
+    )
+    host: str = Field(
+        default="0.0.0.0",  # noqa: S104 - the stations are on the LAN; restrict with host
+        description="Address to listen on (the stations post to this host's LAN address).",
+    )
+    port: int = Field(default=8000, ge=1, le=65_535, description="TCP port to listen on.")
+    path: str = Field(
+        default="/data.php",
+        pattern=r"^/[A-Za-z0-9_./-]{0,127}$",
+        description="Path the stations post to (the firmware's default is /data.php).",
+    )
+    username: str | None = Field(
+        default=None, max_length=64, description="Basic auth user the stations send, if any."
+    )
+    password: SecretStr | None = Field(
+        default=None, description="Basic auth password the stations send, if any."
+    )
+    pm_sensor: PmSensor = Field(
+        default="auto",
+        description="PM sensor whose values to take; auto: the first of PMS, SDS, NPM, SPS30, IPS.",
+    )
+    sensor_id_prefix: str = Field(
+        default="airrohr-",
+        max_length=32,
+        pattern=r"^[A-Za-z0-9_.-]*$",
+        description="Sensor id = prefix + the station's esp8266id.",
+    )
+    request_timeout_s: float = Field(
+        default=10.0, gt=0, le=120, description="Deadline to receive one whole request."
+    )
+    max_connections: int = Field(
+        default=32, ge=1, le=1024, description="Most requests handled at once; more are refused."
+    )
+
+    @model_validator(mode="after")
+    def _auth_pair(self) -> SensorCommunitySourceConfig:
+        if (self.username is None) != (self.password is None):
+            raise ValueError("set both username and password for Basic auth, or neither")
+        return self
+
+
+def decode_sensor_community(
+    body: bytes, *, received_at: float, config: SensorCommunitySourceConfig
+) -> Reading:
+    """One POSTed document into a reading; raise :class:`ReadingRejectedError` otherwise."""
+    document = json_object(body, max_bytes=config.max_payload_bytes, what="body")
+    chip = document.get("esp8266id")
+    if isinstance(chip, int) and not isinstance(chip, bool):
+        chip = str(chip)
+    if not isinstance(chip, str) or not chip:
+        raise ReadingRejectedError(RejectReason.BAD_SENSOR_ID, "no esp8266id")
+    by_type = _values_by_type(document.get("sensordatavalues"))
+    values = _pm_values(by_type, config.pm_sensor)
+    for name, candidates in (("rh", _HUMIDITY), ("temp_c", _TEMPERATURE)):
+        for value_type in candidates:
+            if value_type in by_type:
+                values[name] = number(by_type[value_type], value_type)
+                break
+    return validated(chip, received_at, values, limits=config, now=received_at, source=SOURCE_NAME)
+
+
+def _values_by_type(items: object) -> dict[str, Any]:
+    if not isinstance(items, list):
+        raise ReadingRejectedError(RejectReason.SCHEMA, "sensordatavalues is not a list")
+    if len(items) > _MAX_VALUES:
+        raise ReadingRejectedError(RejectReason.TOO_LARGE, f"{len(items)} sensordatavalues")
+    by_type: dict[str, Any] = {}
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("value_type"), str):
+            raise ReadingRejectedError(
+                RejectReason.SCHEMA, "a sensordatavalues item lacks a string value_type"
+            )
+        by_type[item["value_type"]] = item.get("value")
+    return by_type
+
+
+def _pm_values(by_type: dict[str, Any], choice: PmSensor) -> dict[str, float]:
+    sensors = PM_SENSORS if choice == "auto" else (choice,)
+    for sensor in sensors:
+        values = {
+            name: number(by_type[f"{sensor}_{suffix}"], f"{sensor}_{suffix}")
+            for suffix, name in _PM_SUFFIX.items()
+            if f"{sensor}_{suffix}" in by_type
+        }
+        if "pm2_5" in values or "pm10" in values:
+            return values
+    raise ReadingRejectedError(
+        RejectReason.NO_VALUES, f"no PM2.5 or PM10 value of {'/'.join(sensors)}"
+    )
+
+
+class SensorCommunitySource:
+    """Listens for the stations' POSTs and feeds validated readings into the queue."""
+
+    def __init__(
+        self, config: SensorCommunitySourceConfig, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._config = config
+        self._clock = clock
+        self._log = structlog.get_logger("tesla_gateway.sources.sensor_community")
+        self._listening = asyncio.Event()
+        self._accepted = 0
+        self._refused: dict[int, int] = {}
+        self._slots = asyncio.Semaphore(config.max_connections)
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "kind": SOURCE_NAME,
+            "connected": self._listening.is_set(),
+            "accepted": self._accepted,
+            "http_refused": {str(code): n for code, n in sorted(self._refused.items())},
+        }
+
+    async def wait_listening(self) -> None:
+        """Return once the listener accepts connections (tests and start-up ordering)."""
+        await self._listening.wait()
+
+    async def run(self, queue: asyncio.Queue[Reading], rejects: RejectCounter) -> None:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                if self._slots.locked():
+                    await self._answer(writer, 503, "busy")
+                    return
+                async with self._slots:
+                    status, text = await self._serve(reader, queue, rejects)
+                    await self._answer(writer, status, text)
+            except (OSError, TimeoutError):
+                pass  # the station hung up or stalled: nothing to answer
+            finally:
+                writer.close()
+
+        server = await self._listen(handle)
+        async with server:
+            self._listening.set()
+            self._log.info(
+                "sensor_community_listening", host=self._config.host, port=self._config.port
+            )
+            try:
+                await server.serve_forever()
+            finally:
+                self._listening.clear()
+
+    async def _listen(
+        self,
+        handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    ) -> asyncio.Server:
+        """Bind, retrying with backoff: a taken port must not take the other sources down."""
+        delay = 1.0
+        while True:
+            try:
+                return await asyncio.start_server(
+                    handle, self._config.host, self._config.port, limit=_MAX_HEADER_BYTES
+                )
+            except OSError as exc:
+                self._log.error(
+                    "sensor_community_listen_failed",
+                    host=self._config.host,
+                    port=self._config.port,
+                    error=str(exc),
+                    retry_in_s=delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _MAX_LISTEN_RETRY_S)
+
+    async def _answer(self, writer: asyncio.StreamWriter, status: int, text: str) -> None:
+        if status != 200:
+            self._refused[status] = self._refused.get(status, 0) + 1
+        await write_response(writer, status, text)
+
+    def _refusal(self, request: HttpRequest) -> tuple[int, str] | None:
+        """Why a well-formed request is refused (path, method, credentials), or None."""
+        config = self._config
+        if request.path != config.path:
+            return 404, f"post to {config.path}"
+        if request.method != "POST":
+            return 405, "POST only"
+        if config.username is not None and config.password is not None:
+            password = config.password.get_secret_value()
+            if not basic_auth_matches(request.headers, config.username, password):
+                return 401, "wrong or missing credentials"
+        return None
+
+    async def _serve(
+        self,
+        reader: asyncio.StreamReader,
+        queue: asyncio.Queue[Reading],
+        rejects: RejectCounter,
+    ) -> tuple[int, str]:
+        config = self._config
+        try:
+            async with asyncio.timeout(config.request_timeout_s):
+                request = await read_request(
+                    reader,
+                    max_header_bytes=_MAX_HEADER_BYTES,
+                    max_body_bytes=config.max_payload_bytes,
+                )
+        except TimeoutError:
+            return 408, "request not received in time"
+        except HttpRequestError as exc:
+            if exc.status == 413:
+                rejects.reject(RejectReason.TOO_LARGE, source=SOURCE_NAME, detail=exc.detail)
+            return exc.status, exc.detail
+        refusal = self._refusal(request)
+        if refusal is not None:
+            return refusal
+        try:
+            reading = decode_sensor_community(
+                request.body, received_at=self._clock(), config=config
+            )
+        except ReadingRejectedError as exc:
+            rejects.reject_error(exc, source=SOURCE_NAME)
+            return 400, exc.reason.value
+        await queue.put(reading)
+        commit_queued(queue)  # in the ingest log before the station hears OK
+        self._accepted += 1
+        return 200, "OK"

@@ -1,0 +1,61 @@
+"""The house a newcomer reads: folders by stage, small modules, no import cycle, no ``gateway``.
+
+These hold the layout docs/architecture.md describes; each fails with what to change.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from tests.architecture.imports import PACKAGE_DIR, cycles, graph, modules
+
+MAX_MODULE_LINES = 500
+MAX_ROOT_MODULES = 8  # __init__, __main__ and a few cross-cutting primitives
+
+
+def test_no_import_cycle_inside_the_package() -> None:
+    found = cycles(graph())
+    assert not found, (
+        "import cycles (each group imports itself through the others; move the shared part "
+        f"into a module both can import): {found}"
+    )
+
+
+def test_the_cycle_finder_sees_a_cycle(tmp_path) -> None:
+    """The check above can fail: two modules that import each other are a cycle."""
+    package = tmp_path / "tesla_gateway"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text("from tesla_gateway.sub import b\n")
+    (package / "sub" / "b.py").write_text("def f():\n    from ..a import x\n")
+    (package / "c.py").write_text("import tesla_gateway.a\n")
+    assert cycles(graph(package)) == [["tesla_gateway.a", "tesla_gateway.sub.b"]]
+
+
+def test_no_module_over_500_lines() -> None:
+    long = {
+        name: count
+        for name, module in modules().items()
+        if (count := len(module.path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split by responsibility): {long}"
+
+
+def test_the_root_holds_few_modules() -> None:
+    root = sorted(p.name for p in PACKAGE_DIR.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, f"tesla_gateway/ root modules: {root}"
+
+
+def test_every_folder_says_its_job_in_one_line() -> None:
+    for init in sorted(PACKAGE_DIR.glob("*/__init__.py")):
+        if init.parent.name in {"default_models", "examples"}:
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert doc, f"{init} has no docstring saying the folder's job"
+        assert len(doc.splitlines()[0]) <= 100, f"{init}: first line too long"
+
+
+def test_nothing_is_named_gateway_at_the_top() -> None:
+    """The import package is the distribution's name; a top-level ``gateway`` collides."""
+    assert not (PACKAGE_DIR.parent / "gateway").exists()
