@@ -123,7 +123,7 @@ def test_installed_files_modes_and_owners(installed_root: InstalledRoot) -> None
     # The venv holds the gateway (dependencies are not installed offline here).
     venv = root / "opt/tesla-gateway/venv"
     assert (venv / "bin/tesla-gateway").exists()
-    assert list((venv / "lib").glob("python3*/site-packages/gateway/service.py"))
+    assert list((venv / "lib").glob("python3*/site-packages/tesla_gateway/daemon/service.py"))
 
     # The generated configuration validates (models resolved inside the throwaway root).
     config = tomllib.loads((root / "etc/tesla-gateway/gateway.toml").read_text())

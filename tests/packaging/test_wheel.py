@@ -116,9 +116,11 @@ def test_wheel_holds_the_gateway_models_and_example_config_only(wheel: Path) -> 
 def test_fresh_venv_has_the_runtime_dependencies_only(venv_python: Path, tmp_path: Path) -> None:
     found = python_says(
         venv_python,
-        "import importlib.util as u, json, gateway\n"
-        "names = ('tensorflow', 'keras', 'training', 'devkit', 'pandas', 'ai_edge_litert')\n"
-        "print(json.dumps([gateway.__file__, {n: u.find_spec(n) is not None for n in names}]))",
+        "import importlib.util as u, json, tesla_gateway\n"
+        "names = ('tensorflow', 'keras', 'training', 'devkit', 'pandas', 'ai_edge_litert',\n"
+        "         'gateway')\n"
+        "found = {n: u.find_spec(n) is not None for n in names}\n"
+        "print(json.dumps([tesla_gateway.__file__, found]))",
         cwd=tmp_path,
     )
     gateway_file, importable = json.loads(found)
@@ -130,6 +132,7 @@ def test_fresh_venv_has_the_runtime_dependencies_only(venv_python: Path, tmp_pat
         "devkit": False,
         "pandas": False,
         "ai_edge_litert": True,  # the runtime dependency that runs the model
+        "gateway": False,  # the import package is the distribution's name, nothing else at the top
     }
 
 
@@ -222,6 +225,9 @@ def test_init_check_config_and_run_from_the_installed_wheel(
             assert [d["model"] for d in got] == ["pm10-ispra-1min"] * len(expected)
             assert np.allclose([d["calibrated"] for d in got], expected, rtol=1e-4, atol=1e-3)
             assert [d["raw"] for d in got] == pytest.approx(values[N - 1 :].tolist())
+            status = run(venv_python, "status", "--config", str(config), cwd=tmp_path)
+            assert status.returncode == 0, status.stdout + status.stderr
+            assert f"gateway {GATEWAY_ID}" in status.stdout and "running, pid" in status.stdout
     finally:
         nodes.loop_stop()
         nodes.disconnect()
