@@ -24,11 +24,11 @@ from tesla_gateway.contract.readings import (
     RejectReason,
     validate_reading,
 )
-from tesla_gateway.sources.payloads_fast import MAX_ISO_LENGTH, decode_plain_payload, epoch_seconds
+from tesla_gateway.sources.payload_rules import MAX_ISO_LENGTH, PayloadRules, epoch_seconds
+from tesla_gateway.sources.payloads_fast import decode_plain_payload
 
 __all__ = [
     "DecodedPayload",
-    "PayloadRules",
     "ReadingPayload",
     "decode_payload",
     "decode_payload_fully",
@@ -88,17 +88,6 @@ class ReadingPayload(BaseModel):
             "temp_c": self.temp_c,
         }
         return {name: value for name, value in measured.items() if value is not None}
-
-
-@dataclass(frozen=True, slots=True)
-class PayloadRules:
-    """Limits applied to every payload; built once from the source's config."""
-
-    max_payload_bytes: int = 65_536
-    max_batch: int = 1_000
-    max_future_s: float = 300.0
-    max_age_s: float | None = 7 * 24 * 3600.0
-    allowed_sensors: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,34 +15,17 @@ from __future__ import annotations
 
 import math
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Annotated, Any, Final
+from typing import Annotated, Any
 
 from tesla_gateway.contract.readings import FIELD_LIMITS, SENSOR_ID_PATTERN, SEQ_MAX, Reading
+from tesla_gateway.sources.payload_rules import MAX_ISO_LENGTH, PayloadRules, epoch_seconds
 
-if TYPE_CHECKING:
-    from tesla_gateway.sources.payloads import PayloadRules
-
-__all__ = [
-    "FAST_DECODE_AVAILABLE",
-    "MAX_ISO_LENGTH",
-    "MILLISECONDS_THRESHOLD",
-    "decode_plain_payload",
-    "epoch_seconds",
-]
-
-# Epoch numbers at or above this are milliseconds: 1e11 s is the year 5138, 1e11 ms is 1973.
-MILLISECONDS_THRESHOLD: Final = 1e11
-MAX_ISO_LENGTH: Final = 40
+__all__ = ["FAST_DECODE_AVAILABLE", "decode_plain_payload"]
 
 try:
     import msgspec
 except ImportError:  # 32-bit Raspberry Pi OS: no wheel; the full path serves every payload
     msgspec = None  # type: ignore[assignment]
-
-
-def epoch_seconds(number: float) -> float:
-    """Unix seconds from a numeric time: at or above the threshold it is milliseconds."""
-    return number / 1000.0 if abs(number) >= MILLISECONDS_THRESHOLD else number
 
 
 def _build_decoder() -> Any:

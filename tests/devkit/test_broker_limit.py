@@ -13,7 +13,8 @@ from devkit.bench import broker_limit
 from devkit.bench.loadgen import SensorLoad
 from devkit.bench.mqtt_wire import Inbound, WirePublisher, WireSubscriber
 from devkit.broker import Mosquitto
-from tesla_gateway.sources.payloads import PayloadRules, decode_payload
+from tesla_gateway.sources.payload_rules import PayloadRules
+from tesla_gateway.sources.payloads import decode_payload
 
 
 def test_the_c_subscriber_takes_every_message_and_reports_its_count(

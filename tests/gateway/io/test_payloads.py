@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from tesla_gateway.contract.readings import ReadingRejectedError, RejectReason
 from tesla_gateway.sources import payloads, payloads_fast
-from tesla_gateway.sources.payloads import DecodedPayload, PayloadRules, decode_payload
+from tesla_gateway.sources.payload_rules import PayloadRules
+from tesla_gateway.sources.payloads import DecodedPayload, decode_payload
 
 NOW = 1_700_000_000.0
 RULES = PayloadRules(max_payload_bytes=4096, max_batch=10)
