@@ -25,10 +25,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tesla_gateway.contract.readings import GATEWAY_ID_PATTERN, SENSOR_ID_PATTERN, Feature
+from tesla_gateway.contract.readings import GATEWAY_ID_PATTERN, Feature
 from tesla_gateway.daemon.config_errors import input_hint, redacted_message
 from tesla_gateway.daemon.logging import LogFormat, LogLevel
 from tesla_gateway.errors import ConfigError
+from tesla_gateway.ingest.sensor_policy import SensorPolicy
 from tesla_gateway.metrics.config import MetricsConfig
 from tesla_gateway.models.runtime import DEFAULT_RUNTIME_PREFERENCE, RuntimeName
 from tesla_gateway.models.trust import ModelTrust, SignaturePolicy
@@ -171,46 +172,6 @@ class TickConfig(_Section):
             "so that all of them are calibrated in one batched invoke."
         ),
     )
-
-
-class SensorPolicy(_Section):
-    """Which sensors the gateway calibrates."""
-
-    allow_unknown: bool = Field(
-        default=True,
-        description="Accept any valid sensor id; false accepts only the ids in 'known'.",
-    )
-    known: list[str] = Field(default_factory=list, description="Sensor ids of this deployment.")
-    max_sensors: int = Field(
-        default=10_000,
-        ge=1,
-        le=1_000_000,
-        description=(
-            "Most sensor ids with windows at once, restored windows included: readings from "
-            "further new ids are rejected (unknown_sensor), so ids from the wire cannot grow "
-            "memory without bound. Sensors idle for evict_idle_s make room."
-        ),
-    )
-    evict_idle_s: float = Field(
-        default=7 * 86_400.0,
-        ge=1,
-        description=(
-            "A sensor without a reading for this long (for a restored window: since the end of "
-            "its newest period) is evicted: its windows are dropped and it no longer counts "
-            "toward max_sensors."
-        ),
-    )
-
-    @field_validator("known")
-    @classmethod
-    def _valid_ids(cls, value: list[str]) -> list[str]:
-        for sensor_id in value:
-            if not SENSOR_ID_PATTERN.fullmatch(sensor_id):
-                raise ValueError(f"{sensor_id!r} must match {SENSOR_ID_PATTERN.pattern}")
-        return value
-
-    def allows(self, sensor_id: str) -> bool:
-        return self.allow_unknown or sensor_id in self.known
 
 
 class StateConfig(_Section):

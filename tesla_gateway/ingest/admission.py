@@ -20,8 +20,8 @@ from typing import Protocol
 import structlog
 
 from tesla_gateway.contract.readings import Reading, RejectReason
-from tesla_gateway.daemon.config import SensorPolicy
 from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.ingest.sensor_policy import SensorPolicy
 
 __all__ = ["AdmissionStats", "SensorAdmission", "SensorWindows"]
 

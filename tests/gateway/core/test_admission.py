@@ -9,9 +9,9 @@ from structlog.testing import capture_logs
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import Reading, RejectReason
 from tesla_gateway.contract.series import GapPolicy
-from tesla_gateway.daemon.config import SensorPolicy
 from tesla_gateway.ingest.admission import SensorAdmission
 from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.ingest.sensor_policy import SensorPolicy
 from tesla_gateway.windows.store import ModelWindows, WindowStore
 
 P = 60
