@@ -51,9 +51,19 @@ class DiscoveryMessage:
     payload: bytes
 
 
-def _topic_id(text: str) -> str:
-    """Discovery topic levels allow ``[a-zA-Z0-9_-]`` only."""
-    return _UNSAFE_TOPIC.sub("_", text)
+def _id_part(name: str) -> str:
+    """A sensor or gateway id as part of a topic level or ``unique_id``, one-to-one.
+
+    Ids may hold '.', which topic levels may not: replacing it with '_' made ``a.b`` and ``a_b``
+    one entity, and evicting one removed the other's. An id without '.' is kept as it is (what
+    earlier versions published, so existing entities survive an upgrade). An id with '.' becomes
+    '-' followed by the id with '-' written '-m' and '.' written '-d': ids start with a letter or
+    digit, so the leading '-' keeps the two forms apart, and the escape is prefix-free, so two
+    dotted ids never meet either.
+    """
+    if "." not in name:
+        return name
+    return "-" + name.replace("-", "-m").replace(".", "-d")
 
 
 def _slug(text: str) -> str:
@@ -81,8 +91,10 @@ class Discovery:
         self._gateway_id = gateway_id
         self._topics = topics
         self._sensor_availability = sensor_availability
-        self._node = _topic_id(f"tesla_{gateway_id}")
-        self._gateway_device_id = _topic_id(f"tesla_{gateway_id}")
+        # The gateway's part keeps its earlier form ('.' as '_'): one gateway has one id, and
+        # changing it would give every entity of a gateway named with a '.' a new unique_id.
+        self._node = "tesla_" + _UNSAFE_TOPIC.sub("_", gateway_id)
+        self._gateway_device_id = self._node
         origin: dict[str, object] = {"name": _ORIGIN_NAME, "sw_version": __version__}
         if support_url is not None:
             origin["support_url"] = support_url
@@ -91,10 +103,10 @@ class Discovery:
     # -- topics ----------------------------------------------------------------------------
 
     def _config_topic(self, component: Component, object_id: str) -> str:
-        return f"{self._prefix}/{component}/{self._node}/{_topic_id(object_id)}/config"
+        return f"{self._prefix}/{component}/{self._node}/{object_id}/config"
 
     def _entities(self, sensor_id: str, feature: str) -> list[tuple[Component, str]]:
-        base = f"{sensor_id}_{feature}"
+        base = f"{_id_part(sensor_id)}_{feature}"
         return [
             ("sensor", base),
             ("sensor", f"{base}_raw"),
@@ -125,7 +137,7 @@ class Discovery:
         """The calibrated value and the raw value (diagnostic) of one (sensor, feature)."""
         label = _FEATURE_NAMES.get(feature, feature)
         state_topic = self._topics.state(sensor_id, feature)
-        base = f"{sensor_id}_{feature}"
+        base = f"{_id_part(sensor_id)}_{feature}"
         shared: dict[str, object] = {
             "state_topic": state_topic,
             "unit_of_measurement": _UNIT,
@@ -140,7 +152,7 @@ class Discovery:
             **shared,
             "name": f"{label} calibrated",
             "unique_id": self._unique_id(base),
-            "default_entity_id": f"sensor.{_slug(f'tesla_{base}')}",
+            "default_entity_id": f"sensor.{_slug(f'tesla_{sensor_id}_{feature}')}",
             "value_template": "{{ value_json.calibrated }}",
             "json_attributes_topic": state_topic,
         }
@@ -148,7 +160,7 @@ class Discovery:
             **shared,
             "name": f"{label} raw",
             "unique_id": self._unique_id(f"{base}_raw"),
-            "default_entity_id": f"sensor.{_slug(f'tesla_{base}_raw')}",
+            "default_entity_id": f"sensor.{_slug(f'tesla_{sensor_id}_{feature}_raw')}",
             "value_template": "{{ value_json.raw }}",
             "entity_category": "diagnostic",
         }
@@ -161,12 +173,13 @@ class Discovery:
         """Health or drift as a diagnostic problem sensor; the document is its attributes."""
         label = _FEATURE_NAMES.get(feature, feature)
         topic = self._topics.sensor(sensor_id, feature, kind)
-        object_id = f"{sensor_id}_{feature}_{kind}"
+        object_id = f"{_id_part(sensor_id)}_{feature}_{kind}"
         problem = "not value_json.ok" if kind == "health" else "value_json.drift"
         config: dict[str, object] = {
             "name": f"{label} {'health problem' if kind == 'health' else 'drift'}",
             "unique_id": self._unique_id(object_id),
-            "default_entity_id": f"binary_sensor.{_slug(f'tesla_{object_id}')}",
+            # Readable, not one-to-one: Home Assistant suffixes an entity id already taken.
+            "default_entity_id": f"binary_sensor.{_slug(f'tesla_{sensor_id}_{feature}_{kind}')}",
             "device_class": "problem",
             "entity_category": "diagnostic",
             "state_topic": topic,
@@ -187,7 +200,7 @@ class Discovery:
     # -- shared parts ----------------------------------------------------------------------
 
     def _unique_id(self, object_id: str) -> str:
-        return _topic_id(f"tesla_{self._gateway_id}_{object_id}")
+        return f"{self._node}_{object_id}"
 
     def _gateway_device(self) -> dict[str, object]:
         return {
@@ -205,7 +218,7 @@ class Discovery:
             availability.append({"topic": self._topics.availability(sensor_id)})
         return {
             "device": {
-                "identifiers": [_topic_id(f"tesla_{self._gateway_id}_{sensor_id}")],
+                "identifiers": [f"{self._node}_{_id_part(sensor_id)}"],
                 "name": f"Sensor {sensor_id}",
                 "manufacturer": _MANUFACTURER,
                 "model": "Low-cost PM sensor, TESLA-calibrated",

@@ -79,7 +79,7 @@ def test_a_sensor_is_its_own_device_behind_the_gateway() -> None:
     gateway_id = gateway["device"]["identifiers"][0]
     for entity in (calibrated, raw, health, drift):
         assert entity["device"]["via_device"] == gateway_id
-        assert entity["device"]["identifiers"] == ["tesla_pi-kitchen_1_Node_01-A"]
+        assert entity["device"]["identifiers"] == ["tesla_pi-kitchen_1_-Node-d01-mA"]
         assert entity["device"]["sw_version"] == __version__
         assert entity["origin"] == {
             "name": "tesla-gateway",
@@ -115,3 +115,43 @@ def test_removal_clears_every_config_topic_of_the_sensor() -> None:
         configs += discovery.sensor("s1", feature)
         configs += [discovery.document("s1", feature, k) for k in ("health", "drift")]
     assert {m.topic for m in removals} == {m.topic for m in configs[1:]}
+
+
+def _entity_keys(discovery: Discovery, sensor: str) -> tuple[set[str], set[str], set[str]]:
+    """Config topics, unique_ids and device identifiers of every entity of one sensor."""
+    messages: list[DiscoveryMessage] = []
+    for feature in ("pm1", "pm2_5", "pm10"):
+        messages += discovery.sensor(sensor, feature)
+        messages += [discovery.document(sensor, feature, k) for k in ("health", "drift")]
+    configs = [json.loads(m.payload) for m in messages]
+    return (
+        {m.topic for m in messages},
+        {c["unique_id"] for c in configs},
+        {i for c in configs for i in c["device"]["identifiers"]},
+    )
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("a.b", "a_b"), ("s.1", "s_1"), ("a.b", "a-db"), ("a-b.c", "a.b-c"), ("x.y", "-x-dy"[1:])],
+)
+def test_two_sensor_ids_never_share_an_entity(first: str, second: str) -> None:
+    """Ids that differ only where topic levels cannot ('.'): two devices, two sets of entities,
+    and removing one sensor's entities leaves the other's alone."""
+    discovery = _discovery()
+    keys_first, keys_second = _entity_keys(discovery, first), _entity_keys(discovery, second)
+    for mine, theirs in zip(keys_first, keys_second, strict=True):
+        assert not mine & theirs
+    removed = {m.topic for m in discovery.removals(first)}
+    assert removed == keys_first[0]
+    assert not removed & keys_second[0]
+
+
+def test_ids_without_a_dot_keep_the_entities_earlier_versions_made() -> None:
+    """An upgrade must not give Home Assistant users a second copy of every entity."""
+    (message, raw) = _discovery().sensor("node-01_a", "pm10")
+    config = json.loads(message.payload)
+    assert message.topic == "homeassistant/sensor/tesla_pi-kitchen_1/node-01_a_pm10/config"
+    assert config["unique_id"] == "tesla_pi-kitchen_1_node-01_a_pm10"
+    assert config["device"]["identifiers"] == ["tesla_pi-kitchen_1_node-01_a"]
+    assert raw.topic == "homeassistant/sensor/tesla_pi-kitchen_1/node-01_a_pm10_raw/config"
