@@ -74,7 +74,7 @@ from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.manifest import load_manifest
 from tesla_gateway.mqtt.config import ClientKind, IoLoop
 from tesla_gateway.windows.snapshots import StateStore
-from tesla_gateway.windows.store import NO_PERIOD, WindowState
+from tesla_gateway.windows.state import NO_PERIOD, WindowState
 
 __all__ = ["run_end_to_end"]
 

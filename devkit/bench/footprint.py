@@ -28,7 +28,8 @@ def _main(argv: list[str]) -> None:
 
     import tesla_gateway.daemon.service  # noqa: F401 - the daemon's own import graph
     from tesla_gateway.models.calibrator import Calibrator
-    from tesla_gateway.windows.store import NO_PERIOD, ModelWindows, WindowState
+    from tesla_gateway.windows.ring import ModelWindows
+    from tesla_gateway.windows.state import NO_PERIOD, WindowState
 
     calibrator = Calibrator.load(Path(argv[0]), num_threads=1)
     report: dict[str, object] = {

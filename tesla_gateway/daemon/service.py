@@ -50,7 +50,7 @@ from tesla_gateway.sources.fleet_common import FleetSource
 from tesla_gateway.sources.mqtt_source import MqttSource, MqttSourceConfig
 from tesla_gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig, SerialSource
 from tesla_gateway.windows.snapshots import StateStore
-from tesla_gateway.windows.store import WindowState
+from tesla_gateway.windows.state import WindowState
 
 __all__ = ["AlreadyRunningError", "GatewayService", "read_pid_file", "write_json_atomic"]
 

@@ -26,13 +26,10 @@ from tesla_gateway.contract.readings import Reading
 from tesla_gateway.models.calibrator import CalibrationError, Calibrator
 from tesla_gateway.models.choice import ModelRank, choose_per_sensor, model_rank
 from tesla_gateway.models.watch import ModelSet
-from tesla_gateway.windows.store import (
-    AddOutcome,
-    ModelWindows,
-    ReadyWindows,
-    WindowState,
-    WindowStore,
-)
+from tesla_gateway.windows.outcome import AddOutcome
+from tesla_gateway.windows.ring import ModelWindows
+from tesla_gateway.windows.state import ReadyWindows, WindowState
+from tesla_gateway.windows.store import WindowStore
 
 if TYPE_CHECKING:
     from tesla_gateway.ingest.clock_sanity import ClockSanity

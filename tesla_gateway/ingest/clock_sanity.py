@@ -25,7 +25,8 @@ from collections.abc import Iterable, Mapping
 
 from tesla_gateway.contract.readings import Reading, RejectReason
 from tesla_gateway.ingest.rejects import RejectCounter
-from tesla_gateway.windows.store import AddOutcome, ModelWindows
+from tesla_gateway.windows.outcome import AddOutcome
+from tesla_gateway.windows.ring import ModelWindows
 
 __all__ = ["ClockSanity"]
 

@@ -42,7 +42,7 @@ from tesla_gateway.monitor.drift import (
 from tesla_gateway.monitor.health import HealthConfig, HealthFlag, SensorHealth
 from tesla_gateway.monitor.pairs import PAIRS_DIRNAME, PairsConfig, PairsWriter
 from tesla_gateway.monitor.references import Pair, ReferenceConfig, ReferencePairing
-from tesla_gateway.windows.store import AddOutcome
+from tesla_gateway.windows.outcome import AddOutcome
 
 __all__ = ["ModelInfo", "Monitor", "SensorDocument"]
 

@@ -29,7 +29,9 @@ from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import SENSOR_ID_PATTERN
 from tesla_gateway.errors import GatewayError
 from tesla_gateway.set_aside import SetAsideLog
-from tesla_gateway.windows.store import ModelWindows, WindowState, WindowStore, WindowStoreError
+from tesla_gateway.windows.ring import ModelWindows
+from tesla_gateway.windows.state import WindowState, WindowStoreError
+from tesla_gateway.windows.store import WindowStore
 
 __all__ = ["FORMAT_VERSION", "StateStats", "StateStore"]
 

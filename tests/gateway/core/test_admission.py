@@ -12,7 +12,8 @@ from tesla_gateway.contract.series import GapPolicy
 from tesla_gateway.ingest.admission import SensorAdmission
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.ingest.sensor_policy import SensorPolicy
-from tesla_gateway.windows.store import ModelWindows, WindowStore
+from tesla_gateway.windows.ring import ModelWindows
+from tesla_gateway.windows.store import WindowStore
 
 P = 60
 T0 = 1_700_000_040  # a period boundary

@@ -19,7 +19,8 @@ from tesla_gateway.contract.readings import Reading, RejectReason
 from tesla_gateway.contract.series import GapPolicy
 from tesla_gateway.ingest.clock_sanity import ClockSanity
 from tesla_gateway.ingest.rejects import RejectCounter
-from tesla_gateway.windows.store import AddOutcome, WindowStore
+from tesla_gateway.windows.outcome import AddOutcome
+from tesla_gateway.windows.store import WindowStore
 
 P = 60
 T0 = 1_700_000_040  # a period boundary

@@ -16,7 +16,7 @@ from tesla_gateway.contract.calibrated import CalibratedReading, Quality
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.daemon.ticker import Ticker
 from tesla_gateway.models.watch import ModelRefusedError, ModelSet
-from tesla_gateway.windows.store import AddOutcome
+from tesla_gateway.windows.outcome import AddOutcome
 from tests.support.models import ModelFactory, TestModel
 
 P = 60

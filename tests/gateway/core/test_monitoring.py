@@ -17,7 +17,7 @@ from tesla_gateway.monitor.monitor import ModelInfo, Monitor, SensorDocument
 from tesla_gateway.monitor.pairs import HEADER, PairsConfig
 from tesla_gateway.monitor.references import ReferenceConfig
 from tesla_gateway.sources.mqtt_source import MqttSourceConfig
-from tesla_gateway.windows.store import AddOutcome
+from tesla_gateway.windows.outcome import AddOutcome
 
 P = 60
 INFO = ModelInfo(

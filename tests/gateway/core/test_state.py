@@ -12,8 +12,10 @@ import structlog
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.contract.series import GapPolicy
+from tesla_gateway.windows.outcome import AddOutcome
+from tesla_gateway.windows.ring import ModelWindows
 from tesla_gateway.windows.snapshots import StateStore
-from tesla_gateway.windows.store import AddOutcome, ModelWindows, WindowStore
+from tesla_gateway.windows.store import WindowStore
 
 P = 60
 T0 = 1_700_000_040  # a period boundary

@@ -12,7 +12,7 @@ from tesla_gateway.contract.manifest import PredictionIntervals, write_manifest
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.daemon.ticker import Ticker
 from tesla_gateway.models.watch import ModelSet
-from tesla_gateway.windows.store import ModelWindows
+from tesla_gateway.windows.ring import ModelWindows
 from tests.support.models import ModelFactory
 
 P = 60

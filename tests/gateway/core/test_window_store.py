@@ -18,7 +18,9 @@ from tesla_gateway.contract.series import (
     sliding_windows,
     valid_window_ends,
 )
-from tesla_gateway.windows.store import AddOutcome, ModelWindows, WindowStore
+from tesla_gateway.windows.outcome import AddOutcome
+from tesla_gateway.windows.ring import ModelWindows
+from tesla_gateway.windows.store import WindowStore
 
 P = 60
 T0 = 1_700_000_000 - 1_700_000_000 % P  # a period boundary

@@ -1,0 +1,441 @@
+"""Per (sensor, model) ring buffers filled in event time, with training's gap policy.
+
+Each model has one :class:`ModelWindows`: a preallocated ``[sensors, channels, N]`` float32 array
+in which period ``t`` always lives at column ``t % N`` (a roll-free circular layout: no head index
+to move, no copying on push). Readings are averaged into the sensor's *open* period; the period
+closes when a reading for a later period arrives (event time) or when the ticker forces it
+(wall-clock fallback). Closing writes the mean and fills the gap since the previous observation
+with :func:`tesla_gateway.contract.series.gap_fill`, exactly as training's
+:func:`interpolate_short_gaps` does, so a window here equals the training window over the same
+series (read out by :mod:`tesla_gateway.windows.readout`). float32 is the model's input
+type: means and interpolations are computed in float64 and rounded once on the way into the ring,
+as the cast at the model's input did before, so windows are unchanged and the ring takes half
+the memory (10,000 sensors x N = 360: 14 MB); the published raw mean stays float64.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from array import array
+from dataclasses import dataclass
+
+import numpy as np
+
+from tesla_gateway.contract.calibrated import Quality
+from tesla_gateway.contract.geometry import WindowGeometry
+from tesla_gateway.contract.readings import Reading
+from tesla_gateway.contract.series import gap_fill, period_index
+from tesla_gateway.windows.outcome import AddOutcome
+from tesla_gateway.windows.readout import gather_windows, window_quality
+from tesla_gateway.windows.state import (
+    NO_PERIOD,
+    BoolArray,
+    Float32Array,
+    FloatArray,
+    IntArray,
+    ReadyWindows,
+    WindowState,
+)
+
+__all__ = ["ModelWindows"]
+
+_INITIAL_CAPACITY = 8
+# The per-sensor arrays (one row per sensor) and the value a free row holds.
+_ROW_ARRAYS: dict[str, float | int | bool] = {
+    "_ring": math.nan,
+    "_last_closed": NO_PERIOD,
+    "_first_period": NO_PERIOD,
+    "_last_obs_period": NO_PERIOD,
+    "_last_obs_value": math.nan,
+    "_open_period": NO_PERIOD,
+    "_open_sum": 0.0,
+    "_open_count": 0,
+    "_last_arrival": 0.0,
+    "_pending": False,
+    "_pending_period": NO_PERIOD,
+    "_pending_raw": math.nan,
+}
+
+
+@dataclass(slots=True)
+class _Snapshot:
+    """A closed period copied out because the sensor closed another one before the tick."""
+
+    sensor_id: str
+    period: int
+    window: Float32Array  # [C, N] oldest-first
+    first_period: int
+    raw: float
+
+
+class ModelWindows:
+    """The ring buffers of every sensor for one model."""
+
+    def __init__(self, geometry: WindowGeometry, capacity: int = _INITIAL_CAPACITY) -> None:
+        self.geometry = geometry
+        self._n = geometry.window_length
+        self._channels = len(geometry.channels)
+        self._max_gap = geometry.gap_policy.max_interpolated_periods
+        self._ids: list[str] = []
+        self._index: dict[str, int] = {}
+        # Per sensor, the open period's timestamps, sorted: duplicates are found by bisection.
+        # array('d') holds 60 timestamps in 600 bytes where a set of floats took 3.7 KB (37 MB
+        # for 10,000 sensors at one reading per second and 60 s periods).
+        self._seen: list[array[float]] = []
+        self._overflow: list[_Snapshot] = []
+        self._pending_rows = 0  # count of True in _pending: asked for after every reading
+        self.counts: dict[AddOutcome, int] = dict.fromkeys(AddOutcome, 0)
+        # Set by the ticker when the feature has a model with fewer channels: a sensor gets a
+        # window here only once a reading brings every channel, so PM-only sensors cost no
+        # covariate windows (10,000 sensors x 3 channels x N = 360 would be 43 MB).
+        self.admit_complete_only = False
+        self._allocate(max(capacity, 1))
+
+    # -- allocation -------------------------------------------------------------------------
+
+    def _allocate(self, capacity: int) -> None:
+        c, n = self._channels, self._n
+        self._ring: Float32Array = np.full((capacity, c, n), np.nan, dtype=np.float32)
+        self._pending_raw: FloatArray = np.full(capacity, np.nan)  # exact mean, for "raw"
+        self._last_closed: IntArray = np.full(capacity, NO_PERIOD, dtype=np.int64)
+        self._first_period: IntArray = np.full(capacity, NO_PERIOD, dtype=np.int64)
+        self._last_obs_period: IntArray = np.full((capacity, c), NO_PERIOD, dtype=np.int64)
+        self._last_obs_value: FloatArray = np.full((capacity, c), np.nan)
+        self._open_period: IntArray = np.full(capacity, NO_PERIOD, dtype=np.int64)
+        self._open_sum: FloatArray = np.zeros((capacity, c))
+        self._open_count: IntArray = np.zeros((capacity, c), dtype=np.int64)
+        self._last_arrival: FloatArray = np.zeros(capacity)
+        self._pending: BoolArray = np.zeros(capacity, dtype=np.bool_)
+        self._pending_period: IntArray = np.full(capacity, NO_PERIOD, dtype=np.int64)
+
+    def _grow(self) -> None:
+        old = len(self._last_closed)
+        arrays = {name: getattr(self, name) for name in _ROW_ARRAYS}
+        self._allocate(old * 2)
+        for name, values in arrays.items():
+            getattr(self, name)[:old] = values
+
+    def _row(self, sensor_id: str) -> int:
+        row = self._index.get(sensor_id)
+        if row is not None:
+            return row
+        row = len(self._ids)
+        if row == len(self._last_closed):
+            self._grow()
+        self._ids.append(sensor_id)
+        self._index[sensor_id] = row
+        self._seen.append(array("d"))
+        return row
+
+    def remove(self, sensor_id: str) -> bool:
+        """Forget a sensor's window (evicted); the last row moves into its place."""
+        row = self._index.pop(sensor_id, None)
+        if row is None:
+            return False
+        if self._pending[row]:
+            self._pending_rows -= 1
+        last = len(self._ids) - 1
+        if row != last:
+            moved = self._ids[last]
+            for name in _ROW_ARRAYS:
+                values = getattr(self, name)
+                values[row] = values[last]
+            self._ids[row] = moved
+            self._index[moved] = row
+            self._seen[row] = self._seen[last]
+        for name, empty in _ROW_ARRAYS.items():
+            getattr(self, name)[last] = empty
+        self._ids.pop()
+        self._seen.pop()
+        return True
+
+    def last_seen(self) -> dict[str, float]:
+        """Per sensor, the end (Unix seconds) of the newest period it had a reading in."""
+        live = len(self._ids)
+        newest = np.maximum(self._open_period[:live], self._last_obs_period[:live].max(axis=1))
+        ends = (newest.astype(np.float64) + 1.0) * self.geometry.period_seconds
+        rows = zip(self._ids, newest.tolist(), ends.tolist(), strict=True)
+        return {sensor_id: float(end) for sensor_id, period, end in rows if period != NO_PERIOD}
+
+    # -- ingest -----------------------------------------------------------------------------
+
+    @property
+    def sensor_ids(self) -> tuple[str, ...]:
+        return tuple(self._ids)
+
+    @property
+    def pending_count(self) -> int:
+        """Closed periods waiting for the ticker."""
+        return self._pending_rows + len(self._overflow)
+
+    def add(self, reading: Reading, arrival: float) -> AddOutcome:
+        """Average one reading into its sensor's open period (``arrival``: wall-clock seconds).
+
+        Called for every reading: scalar reads use ``ndarray.item`` (cheaper than indexing).
+        """
+        values = reading.values
+        present = [
+            (channel, value)
+            for channel, name in enumerate(self.geometry.channels)
+            if (value := values.get(name)) is not None
+        ]
+        if not present:
+            return self._count(AddOutcome.IRRELEVANT)
+        timestamp = reading.timestamp
+        period = period_index(timestamp, self.geometry.period_seconds)
+        row = self._index.get(reading.sensor_id)
+        if row is None:
+            if self.admit_complete_only and len(present) < self._channels:
+                return self._count(AddOutcome.IRRELEVANT)
+            row = self._row(reading.sensor_id)
+        open_period = self._open_period.item(row)
+        if open_period == NO_PERIOD:
+            if period <= self._last_closed.item(row):
+                return self._count(AddOutcome.LATE)
+            self._open_period[row] = period
+        elif period < open_period:
+            return self._count(AddOutcome.LATE)
+        elif period > open_period:
+            self._close(row)
+            self._open_period[row] = period
+        seen = self._seen[row]
+        if not seen or timestamp > seen[-1]:
+            seen.append(timestamp)  # the usual case: readings arrive in order
+        else:
+            position = bisect.bisect_left(seen, timestamp)
+            if position < len(seen) and seen[position] == timestamp:
+                return self._count(AddOutcome.DUPLICATE)
+            seen.insert(position, timestamp)
+        for channel, value in present:
+            self._open_sum[row, channel] += value
+            self._open_count[row, channel] += 1
+        self._last_arrival[row] = arrival
+        self.counts[AddOutcome.ACCEPTED] += 1
+        return AddOutcome.ACCEPTED
+
+    def _count(self, outcome: AddOutcome) -> AddOutcome:
+        self.counts[outcome] += 1
+        return outcome
+
+    def note(self, outcome: AddOutcome) -> AddOutcome:
+        """Count an outcome decided outside :meth:`add` (held, clock outlier)."""
+        return self._count(outcome)
+
+    def period_of(self, reading: Reading) -> int:
+        return period_index(reading.timestamp, self.geometry.period_seconds)
+
+    def would_run_ahead(self, reading: Reading, now: float) -> bool:
+        """True if the reading would move its sensor's window past the clock's current period.
+
+        Such a reading (a period the clock at ``now`` has not reached, later than any the
+        sensor has) would close the sensor's open period and make every true reading after it
+        late; see :mod:`tesla_gateway.ingest.clock_sanity`.
+        """
+        period_seconds = self.geometry.period_seconds
+        period = math.floor(reading.timestamp / period_seconds)
+        if period <= math.floor(now / period_seconds):
+            return False
+        if not any(name in reading.values for name in self.geometry.channels):
+            return False
+        row = self._index.get(reading.sensor_id)
+        if row is None:
+            return True
+        return period > max(self._open_period.item(row), self._last_closed.item(row))
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def close_through(self, period: int) -> int:
+        """Close every open period at or before ``period``; return how many closed."""
+        live = len(self._ids)
+        rows = np.flatnonzero(
+            (self._open_period[:live] != NO_PERIOD) & (self._open_period[:live] <= period)
+        )
+        for row in rows:
+            self._close(int(row))
+        return int(rows.size)
+
+    def close_idle(self, now: float, grace_s: float) -> int:
+        """Wall-clock fallback: close periods that ended, and saw no reading, ``grace_s`` ago.
+
+        A period's end is taken in wall-clock time; for replayed old data (whose periods ended
+        long ago) the rule reduces to "no reading for ``grace_s``".
+        """
+        live = len(self._ids)
+        open_periods = self._open_period[:live]
+        is_open = open_periods != NO_PERIOD
+        ends = (open_periods.astype(np.float64) + 1.0) * self.geometry.period_seconds
+        deadline = np.maximum(ends, self._last_arrival[:live]) + grace_s
+        rows = np.flatnonzero(is_open & (now >= deadline))
+        for row in rows:
+            self._close(int(row))
+        return int(rows.size)
+
+    def _close(self, row: int) -> None:
+        period = int(self._open_period[row])
+        if self._pending[row]:
+            self._overflow.append(self._snapshot(row))
+        counts = self._open_count[row]
+        first_mean = math.nan
+        for channel in range(self._channels):
+            count = int(counts[channel])
+            mean = float(self._open_sum[row, channel]) / count if count else math.nan
+            self._write(row, channel, period, mean)
+            if channel == 0:
+                first_mean = mean
+        self._last_closed[row] = period
+        if counts[0] > 0:
+            if not self._pending[row]:
+                self._pending_rows += 1
+            self._pending[row] = True
+            self._pending_period[row] = period
+            self._pending_raw[row] = first_mean
+            if self._first_period[row] == NO_PERIOD:
+                self._first_period[row] = period
+        self._open_period[row] = NO_PERIOD
+        self._open_sum[row] = 0.0
+        self._open_count[row] = 0
+        del self._seen[row][:]
+
+    def _write(self, row: int, channel: int, period: int, value: float) -> None:
+        """Push one closed period's mean, first settling the periods since the last close."""
+        n = self._n
+        ring = self._ring[row, channel]
+        oldest_kept = period - n + 1
+        previous = int(self._last_closed[row])
+        start = oldest_kept if previous == NO_PERIOD else max(previous + 1, oldest_kept)
+        if start < period:
+            ring[np.arange(start, period) % n] = np.nan
+        if math.isnan(value):
+            ring[period % n] = np.nan
+            return
+        last_period = int(self._last_obs_period[row, channel])
+        if last_period != NO_PERIOD:
+            missing = period - last_period - 1
+            if 0 < missing <= self._max_gap:
+                filled = gap_fill(float(self._last_obs_value[row, channel]), value, missing)
+                low = max(last_period + 1, oldest_kept)
+                ring[np.arange(low, period) % n] = filled[low - last_period - 1 :]
+        ring[period % n] = value
+        self._last_obs_period[row, channel] = period
+        self._last_obs_value[row, channel] = value
+
+    def _ordered(self, row: int, period: int) -> Float32Array:
+        """Copy of the row's window ending at ``period``, oldest first: [C, N]."""
+        positions = np.arange(period + 1, period + 1 + self._n) % self._n
+        window: Float32Array = self._ring[row][:, positions]
+        return window
+
+    def _snapshot(self, row: int) -> _Snapshot:
+        period = int(self._pending_period[row])
+        return _Snapshot(
+            sensor_id=self._ids[row],
+            period=period,
+            window=self._ordered(row, period),
+            first_period=int(self._first_period[row]),
+            raw=float(self._pending_raw[row]),
+        )
+
+    # -- gathering --------------------------------------------------------------------------
+
+    def ready_windows(self, closed_through_period: int | None = None) -> ReadyWindows:
+        """Pop every closed, observed period (optionally closing open ones up to a period first)."""
+        if closed_through_period is not None:
+            self.close_through(closed_through_period)
+        live = len(self._ids)
+        rows = np.flatnonzero(self._pending[:live])
+        n, c = self._n, self._channels
+        periods = np.concatenate(
+            [
+                np.array([snap.period for snap in self._overflow], dtype=np.int64),
+                self._pending_period[rows],
+            ]
+        )
+        overflow = len(self._overflow)
+        windows = np.empty((periods.size, c, n), dtype=np.float32)
+        for index, snap in enumerate(self._overflow):
+            windows[index] = snap.window
+        gather_windows(self._ring, rows, self._pending_period[rows], windows[overflow:])
+        raw = np.concatenate(
+            [
+                np.array([snap.raw for snap in self._overflow], dtype=np.float64),
+                self._pending_raw[rows],
+            ]
+        )
+        first = np.concatenate(
+            [
+                np.array([snap.first_period for snap in self._overflow], dtype=np.int64),
+                self._first_period[rows],
+            ]
+        )
+        sensor_ids = tuple(snap.sensor_id for snap in self._overflow) + tuple(
+            self._ids[int(row)] for row in rows
+        )
+        # Flags only for windows holding a hole: a full window is plain OK, no Python per row.
+        # A window's sum is NaN exactly when it holds a NaN (values are finite otherwise), and
+        # summing needs no [B, C, N] boolean temporary.
+        incomplete = np.flatnonzero(np.isnan(windows.sum(axis=(1, 2))))
+        flags: list[tuple[Quality, ...]] = [()] * periods.size
+        for hole in incomplete.tolist():
+            flags[hole] = window_quality(windows[hole], int(periods[hole]), int(first[hole]))
+        self._overflow.clear()
+        self._pending[rows] = False
+        self._pending_rows -= int(rows.size)
+        shaped = windows[:, 0, :] if c == 1 else np.ascontiguousarray(windows.transpose(0, 2, 1))
+        return ReadyWindows(
+            sensor_ids=sensor_ids,
+            periods=periods,
+            windows=shaped,
+            raw=raw,
+            quality=tuple(flags),
+        )
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def export_state(self) -> WindowState:
+        """Copy of the restorable state (pending periods are kept, snapshots are not)."""
+        live = len(self._ids)
+        return WindowState(
+            geometry=self.geometry,
+            sensor_ids=list(self._ids),
+            ring=self._ring[:live].copy(),
+            last_closed=self._last_closed[:live].copy(),
+            first_period=self._first_period[:live].copy(),
+            last_obs_period=self._last_obs_period[:live].copy(),
+            last_obs_value=self._last_obs_value[:live].copy(),
+            open_period=self._open_period[:live].copy(),
+            open_sum=self._open_sum[:live].copy(),
+            open_count=self._open_count[:live].copy(),
+            open_seen=[seen.tolist() for seen in self._seen],
+            pending_period=np.where(
+                self._pending[:live], self._pending_period[:live], NO_PERIOD
+            ).astype(np.int64),
+        )
+
+    @classmethod
+    def from_state(cls, state: WindowState) -> ModelWindows:
+        """Rebuild from :meth:`export_state`; raises :class:`WindowStoreError` on bad shapes."""
+        state.check_shapes()
+        windows = cls(state.geometry, capacity=max(len(state.sensor_ids), _INITIAL_CAPACITY))
+        s, n = len(state.sensor_ids), windows._n
+        for sensor_id in state.sensor_ids:
+            windows._row(sensor_id)
+        windows._ring[:s] = state.ring
+        windows._last_closed[:s] = state.last_closed
+        windows._first_period[:s] = state.first_period
+        windows._last_obs_period[:s] = state.last_obs_period
+        windows._last_obs_value[:s] = state.last_obs_value
+        windows._open_period[:s] = state.open_period
+        windows._open_sum[:s] = state.open_sum
+        windows._open_count[:s] = state.open_count
+        windows._pending_period[:s] = state.pending_period
+        windows._pending[:s] = state.pending_period != NO_PERIOD
+        windows._pending_rows = int(np.count_nonzero(windows._pending[:s]))
+        for row in np.flatnonzero(windows._pending[:s]).tolist():
+            # The exact mean is not saved: the ring's float32 value, read back as the shortest
+            # decimal that rounds to it (what the sensor sent, for a mean of few digits).
+            value = windows._ring[row, 0, int(state.pending_period[row]) % n]
+            windows._pending_raw[row] = float(str(value))
+        for row, seen in enumerate(state.open_seen):
+            windows._seen[row].extend(sorted(set(seen)))
+        return windows

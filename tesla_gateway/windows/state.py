@@ -1,0 +1,103 @@
+"""The values that leave the windows: closed periods for the ticker, state for a snapshot.
+
+Plain data over NumPy arrays; the ring that makes them is :mod:`tesla_gateway.windows.ring`,
+the file format that keeps the state is :mod:`tesla_gateway.windows.snapshots`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tesla_gateway.contract.calibrated import Quality
+from tesla_gateway.contract.geometry import WindowGeometry
+from tesla_gateway.errors import GatewayError
+
+__all__ = [
+    "NO_PERIOD",
+    "BoolArray",
+    "Float32Array",
+    "FloatArray",
+    "IntArray",
+    "ReadyWindows",
+    "WindowState",
+    "WindowStoreError",
+]
+
+NO_PERIOD = np.iinfo(np.int64).min  # sentinel: "no period yet" in the int64 period arrays
+
+FloatArray = npt.NDArray[np.float64]
+Float32Array = npt.NDArray[np.float32]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+class WindowStoreError(GatewayError):
+    """The window store was asked for something its geometry cannot hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyWindows:
+    """Closed periods ready for the ticker: one row per (sensor, closed period).
+
+    ``windows`` is ``[B, N]`` float32 oldest-first for a one-channel model and ``[B, N, C]`` for
+    several channels, matching the model's input. ``quality`` is empty for a valid window.
+    """
+
+    sensor_ids: tuple[str, ...]
+    periods: IntArray  # [B] grid period index of the closed period
+    windows: Float32Array  # [B, N] or [B, N, C]
+    raw: FloatArray  # [B] mean of the first channel's readings in the closed period (float64)
+    quality: tuple[tuple[Quality, ...], ...]  # [B]
+
+    @property
+    def valid(self) -> BoolArray:
+        return np.array([not flags for flags in self.quality], dtype=np.bool_)
+
+    def __len__(self) -> int:
+        return len(self.sensor_ids)
+
+
+@dataclass(slots=True)
+class WindowState:
+    """Everything needed to rebuild a model's windows after a restart.
+
+    See ``tesla_gateway.windows.snapshots``.
+    """
+
+    geometry: WindowGeometry
+    sensor_ids: list[str]
+    ring: npt.NDArray[np.floating[Any]]  # [S, C, N] float32 (float64 in older snapshots)
+    last_closed: IntArray  # [S]
+    first_period: IntArray  # [S]
+    last_obs_period: IntArray  # [S, C]
+    last_obs_value: FloatArray  # [S, C]
+    open_period: IntArray  # [S]
+    open_sum: FloatArray  # [S, C]
+    open_count: IntArray  # [S, C]
+    open_seen: list[list[float]] = field(default_factory=list)  # [S] timestamps in open period
+    pending_period: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # [S]
+
+    def check_shapes(self) -> None:
+        """Raise :class:`WindowStoreError` unless every array fits the sensors and geometry."""
+        s, c, n = len(self.sensor_ids), len(self.geometry.channels), self.geometry.window_length
+        expected = {
+            "ring": (s, c, n),
+            "last_closed": (s,),
+            "first_period": (s,),
+            "last_obs_period": (s, c),
+            "last_obs_value": (s, c),
+            "open_period": (s,),
+            "open_sum": (s, c),
+            "open_count": (s, c),
+            "pending_period": (s,),
+        }
+        for name, shape in expected.items():
+            actual = np.shape(getattr(self, name))
+            if actual != shape:
+                raise WindowStoreError(f"state field {name} has shape {actual}, expected {shape}")
+        if len(self.open_seen) != s or len(set(self.sensor_ids)) != s:
+            raise WindowStoreError("state sensor list is inconsistent")
