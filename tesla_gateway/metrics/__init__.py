@@ -1,8 +1,9 @@
 """Prometheus metrics: the daemon's stats snapshot on an optional ``/metrics`` HTTP endpoint.
 
 ``config`` (the ``[metrics]`` section), ``collector`` (snapshot -> metric families, Prometheus
-naming), ``server`` (a small asyncio HTTP server owned by the service's TaskGroup). Needs the
-``metrics`` extra (``prometheus_client``); only ``config`` imports without it.
+naming), ``server`` (an aiohttp app around prometheus_client's own handler, owned by the
+service's TaskGroup). Needs the ``metrics`` extra (``prometheus_client``); only ``config``
+imports without it.
 """
 
 from tesla_gateway.metrics.config import MetricsConfig

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["MetricsConfig", "split_listen"]
 
-EXTRA_HINT = "pip install 'tesla-gateway[metrics]' (the prometheus_client package)"
+EXTRA_HINT = "pip install 'tesla-gateway[metrics]' (prometheus_client 0.24 or later)"
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -50,8 +50,8 @@ class MetricsConfig(BaseModel):
     @model_validator(mode="after")
     def _usable(self) -> Self:
         split_listen(self.listen)
-        try:
-            importlib.import_module("prometheus_client")
+        try:  # the library's aiohttp handler serves /metrics: prometheus_client >= 0.24
+            importlib.import_module("prometheus_client.aiohttp")
         except ImportError as exc:
             raise ValueError(f"[metrics] needs the 'metrics' extra: {EXTRA_HINT}") from exc
         return self

@@ -1,5 +1,5 @@
 """``[metrics]``: validated with the rest of the configuration, with a clear error when the
-``metrics`` extra (prometheus_client) is not installed."""
+``metrics`` extra (prometheus_client 0.24 or later) is not installed."""
 
 from __future__ import annotations
 
@@ -53,10 +53,18 @@ def test_a_bad_listen_address_is_named(tmp_path: Path, listen: str, message: str
         load_config(write(tmp_path, MINIMAL + f'[metrics]\nlisten = "{listen}"\n'), environ={})
 
 
+@pytest.mark.parametrize(
+    "missing",
+    [
+        "prometheus_client",  # not installed
+        "prometheus_client.aiohttp",  # older than 0.24: no aiohttp handler
+    ],
+)
 def test_metrics_without_the_extra_is_a_config_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: str
 ) -> None:
-    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails: not installed
+    monkeypatch.delitem(sys.modules, "prometheus_client.aiohttp", raising=False)  # not cached
+    monkeypatch.setitem(sys.modules, missing, None)  # the import fails
     with pytest.raises(ConfigError, match=r"metrics.*pip install 'tesla-gateway\[metrics\]'"):
         load_config(write(tmp_path, MINIMAL + "[metrics]\n"), environ={})
     load_config(write(tmp_path, MINIMAL), environ={})  # without [metrics] it is not needed

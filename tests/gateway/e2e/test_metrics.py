@@ -2,12 +2,14 @@
 
 The daemon runs with ``[metrics]``; the test scrapes ``/metrics`` over loopback, parses the text
 with prometheus_client's own parser, sees the counters move as readings (and a bad payload)
-arrive, checks that every metric the Grafana dashboard in deploy/ queries is in the scrape, and
-that a clean stop closes the port.
+arrive, checks that every metric the Grafana dashboard in deploy/ queries is in the scrape, that
+the same endpoint answers OpenMetrics and gzip when asked, that ``/`` links to it, and that a
+clean stop closes the port.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import socket
@@ -16,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.openmetrics import parser as openmetrics_parser
 from prometheus_client.parser import text_string_to_metric_families
 
 from devkit.broker import Mosquitto, free_port
@@ -34,6 +37,17 @@ DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana-dashboard.
 _METRIC_NAME = re.compile(r"\b(?:tesla_gateway|process)_[a-z0-9_]+\b")
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def get(port: int, path: str, **headers: str) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers and body (not decoded) of one GET on loopback, 4xx included."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, dict(error.headers), error.read()
 
 
 def scrape(port: int) -> tuple[Samples, set[str]]:
@@ -105,12 +119,38 @@ def test_metrics_endpoint_counts_readings_and_serves_the_dashboards_metrics(
         _, names = scrape(port)
         missing = dashboard_metrics() - names
         assert not missing, f"the dashboard queries metrics the gateway does not export: {missing}"
-        with pytest.raises(urllib.error.HTTPError) as not_found:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10)
-        assert not_found.value.code == 404
-        not_found.value.close()
+        assert_negotiates(port)
         assert daemons[-1].stop() == 0
     finally:
         mqtt.close()
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), 2):
         pass  # the endpoint closed with the daemon
+
+
+def assert_negotiates(port: int) -> None:
+    """OpenMetrics and gzip on request, an index page on ``/``, 404 elsewhere."""
+    status, headers, body = get(port, "/metrics", Accept="application/openmetrics-text")
+    assert status == 200
+    assert headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    text = body.decode("utf-8")
+    assert text.endswith("# EOF\n")
+    families = {f.name: f for f in openmetrics_parser.text_string_to_metric_families(text)}
+    readings = families["tesla_gateway_readings"]
+    assert readings.type == "counter"
+    assert [s.value for s in readings.samples if s.name == "tesla_gateway_readings_total"] == [3]
+    assert "process_resident_memory_bytes" in families
+
+    status, headers, body = get(port, "/metrics", **{"Accept-Encoding": "gzip"})
+    assert (status, headers["Content-Encoding"]) == (200, "gzip")
+    assert headers["Content-Type"].startswith("text/plain")
+    plain = gzip.decompress(body)
+    assert len(body) < len(plain)
+    names = {f.name for f in text_string_to_metric_families(plain.decode("utf-8"))}
+    assert {"tesla_gateway_readings", "tesla_gateway_info"} <= names
+
+    status, headers, body = get(port, "/")
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/html")
+    assert b'href="/metrics"' in body
+    status, _, _ = get(port, "/nothing-here")
+    assert status == 404
