@@ -33,6 +33,7 @@ from tesla_gateway.ota.errors import (
     ReleaseRejectedError,
 )
 from tesla_gateway.ota.install import InstalledRelease, install_release
+from tesla_gateway.ota.refusals import RefusalMemory
 from tesla_gateway.ota.relay import NodeRelay, NodeUpdateStatus
 from tesla_gateway.ota.release import (
     VerifiedRelease,
@@ -49,7 +50,6 @@ __all__ = ["OtaService", "ServingModels"]
 
 _log = structlog.get_logger(__name__)
 _MAX_QUEUED_STATUS = 1000
-_MAX_REMEMBERED_REJECTS = 64
 
 
 class ServingModels(Protocol):
@@ -91,9 +91,9 @@ class OtaService:
         self._public_key = load_public_key(config.public_key_file)  # fail at start, not later
         self._models = models
         self._on_installed = on_installed
-        # sha256 of bundles already refused: a retained release redelivered at every reconnect
-        # is not staged and loaded again.
-        self._refused: deque[bytes] = deque(maxlen=_MAX_REMEMBERED_REJECTS)
+        # Releases refused per target topic: a retained one redelivered at every reconnect is
+        # not staged, loaded and reported again (tesla_gateway/ota/refusals.py).
+        self._refused = RefusalMemory()
         self._clock = clock
         self.status_prefix = config.status_topic_prefix or f"tesla/{gateway_id}/ota"
         # Every step in order (a node's "active" must not be overwritten by what follows it);
@@ -152,8 +152,9 @@ class OtaService:
             return
         target = message.topic[len(self._config.releases_topic_prefix) + 1 :].split("/")[0]
         digest = hashlib.sha256(message.payload).digest()
-        if digest in self._refused:
-            _log.debug("release_already_refused", topic=message.topic)
+        reason = self._refused.recall(target, digest)
+        if reason is not None:
+            _log.debug("release_already_refused", topic=message.topic, reason=reason)
             return
         try:
             if target == "gateway":
@@ -163,7 +164,7 @@ class OtaService:
                 if self._in_rollout(release):
                     self.relay.offer(release)
         except ReleaseRejectedError as exc:
-            self._refused.append(digest)
+            self._refused.remember(target, digest, exc.reason)
             model, version = _claimed(message.payload)
             _log.warning(
                 "release_rejected",
