@@ -1,46 +1,38 @@
-"""Just enough HTTP/1.x over asyncio streams for the fleet sources, with every size bounded.
+"""The fleet sources' bounds on aiohttp: a request body read and a device document fetched.
 
-Two jobs: read one request on a listener (sensor.community firmware POSTs its readings) and
-fetch one document from a device on the LAN (a PurpleAir unit's ``/json``). Both speak plain
-HTTP/1.x on the local network; nothing here follows redirects, keeps connections alive,
-decodes chunked bodies or talks TLS. A request always closes its connection (``Connection:
-close``), so the body of a response without ``Content-Length`` runs to EOF.
+aiohttp speaks HTTP (parsing, chunked bodies, keep-alive, redirects); this module only applies
+the gateway's limits to it and turns its failures into the two errors the sources count. The
+listener itself (routes, credentials, the runner) is in ``sensor_community``; the poll loop
+is in ``purpleair``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import contextlib
 import hmac
-from dataclasses import dataclass
-from urllib.parse import urlsplit
+import logging
+import math
+from types import TracebackType
+from typing import Self
+
+import aiohttp
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from tesla_gateway.errors import GatewayError
 
 __all__ = [
+    "DeviceFetcher",
     "HttpFetchError",
-    "HttpRequest",
     "HttpRequestError",
     "basic_auth_matches",
-    "http_get",
-    "read_request",
-    "write_response",
+    "read_body",
+    "server_logger",
+    "text_response",
 ]
 
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    408: "Request Timeout",
-    411: "Length Required",
-    413: "Content Too Large",
-    431: "Request Header Fields Too Large",
-    503: "Service Unavailable",
-}
+# aiohttp rounds a timeout at or above this up to a whole second; ours are kept as configured.
+_NO_CEIL = math.inf
 
 
 class HttpRequestError(GatewayError):
@@ -56,168 +48,126 @@ class HttpFetchError(GatewayError):
     """A device could not be fetched (refused, timed out, not HTTP 200, too large)."""
 
 
-@dataclass(frozen=True, slots=True)
-class HttpRequest:
-    """One request as read by :func:`read_request`; header names are lower-case."""
+async def read_body(request: web.Request, *, max_bytes: int, timeout_s: float) -> bytes:
+    """The body of a request that declares its length, read within ``timeout_s``.
 
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-
-async def read_request(
-    reader: asyncio.StreamReader, *, max_header_bytes: int, max_body_bytes: int
-) -> HttpRequest:
-    """Read one request; raise :class:`HttpRequestError` for anything out of bounds.
-
-    The caller bounds the time (``asyncio.timeout``): a client that stalls is its problem.
+    A body longer than ``max_bytes`` is refused from its ``Content-Length`` before a byte
+    of it is read; the application's ``client_max_size`` is the same bound, kept as a backstop.
     """
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.LimitOverrunError as exc:
-        raise HttpRequestError(431, "request head too large") from exc
-    except asyncio.IncompleteReadError as exc:
-        raise HttpRequestError(400, "connection closed before the request head ended") from exc
-    if len(head) > max_header_bytes:
-        raise HttpRequestError(431, f"request head of {len(head)} bytes")
-    method, target, headers = _parse_head(head)
-    body = await _read_body(reader, headers, max_body_bytes) if method == "POST" else b""
-    path = urlsplit(target).path or "/"
-    return HttpRequest(method=method, path=path, headers=headers, body=body)
-
-
-def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
-    try:
-        lines = head.decode("latin-1").split("\r\n")
-        method, target, version = lines[0].split(" ")
-    except ValueError as exc:
-        raise HttpRequestError(400, "malformed request line") from exc
-    if not version.startswith("HTTP/1."):
-        raise HttpRequestError(400, f"unsupported protocol {version[:16]!r}")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise HttpRequestError(400, "malformed header line")
-        headers[name.strip().lower()] = value.strip()
-    return method, target, headers
-
-
-async def _read_body(
-    reader: asyncio.StreamReader, headers: dict[str, str], max_body_bytes: int
-) -> bytes:
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        raise HttpRequestError(411, "chunked bodies are not accepted; send Content-Length")
-    length_text = headers.get("content-length")
-    if length_text is None:
+    length = request.content_length
+    if length is None:
+        if "chunked" in request.headers.get("Transfer-Encoding", "").lower():
+            raise HttpRequestError(411, "chunked bodies are not accepted; send Content-Length")
         raise HttpRequestError(411, "Content-Length required")
+    if length > max_bytes:
+        raise HttpRequestError(413, f"body of {length} bytes exceeds {max_bytes}")
     try:
-        length = int(length_text)
-    except ValueError as exc:
-        raise HttpRequestError(400, "Content-Length is not a number") from exc
-    if length < 0:
-        raise HttpRequestError(400, "Content-Length is negative")
-    if length > max_body_bytes:
-        raise HttpRequestError(413, f"body of {length} bytes exceeds {max_body_bytes}")
-    try:
-        return await reader.readexactly(length)
-    except asyncio.IncompleteReadError as exc:
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except TimeoutError as exc:
+        raise HttpRequestError(408, "request not received in time") from exc
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise HttpRequestError(413, f"body exceeds {max_bytes} bytes") from exc
+    except (web.RequestPayloadError, ConnectionError) as exc:
         raise HttpRequestError(400, "connection closed before the body ended") from exc
 
 
-async def write_response(writer: asyncio.StreamWriter, status: int, text: str = "") -> None:
-    """Answer with a short plain-text body and close the connection."""
-    body = (text or _REASONS.get(status, "")).encode() + b"\n"
-    head = (
-        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
-        "Content-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
-    )
-    writer.write(head.encode("latin-1") + body)
-    await writer.drain()
+def server_logger(name: str) -> logging.Logger:
+    """The stdlib logger to hand aiohttp's server, less a traceback per unparsable request.
+
+    aiohttp answers a request it cannot parse (head too large, no Host, not HTTP) with 400 and
+    logs it at ERROR with a traceback: on a LAN listener that is the client's fault, and a way
+    to flood the journal. An exception in the gateway's own handler is still logged.
+    """
+    logger = logging.getLogger(name)
+    logger.addFilter(_not_a_refused_request)  # the same function is added once, however often
+    return logger
 
 
-def basic_auth_matches(headers: dict[str, str], username: str, password: str) -> bool:
-    """True when the request's ``Authorization: Basic`` header carries these credentials."""
-    scheme, _, encoded = headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "basic":
+def _not_a_refused_request(record: logging.LogRecord) -> bool:
+    return not (record.exc_info and isinstance(record.exc_info[1], HttpProcessingError))
+
+
+def text_response(status: int, text: str) -> web.Response:
+    """A short plain-text answer after which the connection closes (one request each)."""
+    response = web.Response(status=status, text=f"{text}\n")
+    response.force_close()
+    return response
+
+
+def basic_auth_matches(header: str | None, username: str, password: str) -> bool:
+    """True when an ``Authorization: Basic`` header carries these credentials.
+
+    The decoded pair is compared in constant time, so the answer's timing does not tell how
+    much of a guess was right.
+    """
+    if header is None:
         return False
     try:
-        decoded = base64.b64decode(encoded.strip(), validate=True)
-    except (binascii.Error, ValueError):
+        sent = aiohttp.BasicAuth.decode(header, encoding="utf-8")
+    except ValueError:  # not Basic, not base64, not UTF-8, no colon
         return False
-    expected = f"{username}:{password}".encode()
-    return hmac.compare_digest(decoded, expected)
+    given = f"{sent.login}:{sent.password}".encode()
+    return hmac.compare_digest(given, f"{username}:{password}".encode())
 
 
-async def http_get(url: str, *, timeout_s: float, max_bytes: int) -> bytes:
-    """GET ``url`` (plain http) and return the body of a 200 answer; raise HttpFetchError."""
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise HttpFetchError(f"{url!r} is not an http:// URL")
-    port = parts.port or 80
-    target = parts.path or "/"
-    if parts.query:
-        target += f"?{parts.query}"
-    request = (
-        f"GET {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-        "Accept: application/json\r\nConnection: close\r\n\r\n"
-    )
-    try:
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(parts.hostname, port, limit=max_bytes)
-            try:
-                writer.write(request.encode("latin-1"))
-                await writer.drain()
-                return await _read_response(reader, url, max_bytes)
-            finally:
-                writer.close()
-                with contextlib.suppress(OSError):  # it hung up first: the answer is read
-                    await writer.wait_closed()
-    except TimeoutError as exc:
-        raise HttpFetchError(f"{url}: no complete answer within {timeout_s} s") from exc
-    except OSError as exc:
-        raise HttpFetchError(f"{url}: {exc.strerror or exc}") from exc
+class DeviceFetcher:
+    """GETs small documents from devices on the LAN, each within a deadline and a size bound.
 
+    One session (an async context manager) serves every poll of a source; each answer closes
+    its connection, redirects are answered, not followed, and no proxy is taken from the
+    environment.
+    """
 
-async def _read_response(reader: asyncio.StreamReader, url: str, max_bytes: int) -> bytes:
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except (asyncio.LimitOverrunError, asyncio.IncompleteReadError) as exc:
-        raise HttpFetchError(f"{url}: malformed or oversized response head") from exc
-    lines = head.decode("latin-1").split("\r\n")
-    status_parts = lines[0].split(" ", 2)
-    if len(status_parts) < 2 or not status_parts[0].startswith("HTTP/1."):
-        raise HttpFetchError(f"{url}: not an HTTP response")
-    if status_parts[1] != "200":
-        raise HttpFetchError(f"{url}: HTTP {status_parts[1]}")
-    headers = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if sep:
-            headers[name.strip().lower()] = value.strip()
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        raise HttpFetchError(f"{url}: chunked responses are not supported")
-    length_text = headers.get("content-length")
-    if length_text is not None:
+    def __init__(self, *, timeout_s: float, max_bytes: int) -> None:
+        self._timeout_s = timeout_s
+        self._max_bytes = max_bytes
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Self:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=True),
+            timeout=aiohttp.ClientTimeout(total=self._timeout_s, ceil_threshold=_NO_CEIL),
+            headers={"Accept": "application/json"},
+            trust_env=False,
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def get(self, url: str) -> bytes:
+        """The body of a 200 answer from ``url`` (plain http); raise :class:`HttpFetchError`."""
+        if self._session is None:
+            raise RuntimeError("DeviceFetcher.get outside its async with block")
+        if not url.startswith("http://"):
+            raise HttpFetchError(f"{url!r} is not an http:// URL")
         try:
-            length = int(length_text)
-        except ValueError as exc:
-            raise HttpFetchError(f"{url}: bad Content-Length") from exc
-        if length > max_bytes:
-            raise HttpFetchError(f"{url}: body of {length} bytes exceeds {max_bytes}")
-        try:
-            return await reader.readexactly(length)
-        except asyncio.IncompleteReadError as exc:
-            raise HttpFetchError(f"{url}: connection closed mid-body") from exc
-    body = await reader.read(max_bytes + 1)
-    while len(body) <= max_bytes:
-        more = await reader.read(max_bytes + 1 - len(body))
-        if not more:
-            return body
-        body += more
-    raise HttpFetchError(f"{url}: body exceeds {max_bytes} bytes")
+            async with self._session.get(url, allow_redirects=False) as response:
+                if response.status != 200:
+                    raise HttpFetchError(f"{url}: HTTP {response.status}")
+                return await self._bounded_body(response, url)
+        except TimeoutError as exc:
+            raise HttpFetchError(f"{url}: no complete answer within {self._timeout_s} s") from exc
+        except aiohttp.ClientError as exc:
+            raise HttpFetchError(f"{url}: {exc}") from exc
+
+    async def _bounded_body(self, response: aiohttp.ClientResponse, url: str) -> bytes:
+        limit = self._max_bytes
+        length = response.content_length
+        if length is not None and length > limit:
+            raise HttpFetchError(f"{url}: body of {length} bytes exceeds {limit}")
+        body = bytearray()
+        while len(body) <= limit:
+            chunk = await response.content.read(limit + 1 - len(body))
+            if not chunk:
+                return bytes(body)
+            body += chunk
+        raise HttpFetchError(f"{url}: body exceeds {limit} bytes")

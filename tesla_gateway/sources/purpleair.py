@@ -36,7 +36,7 @@ from tesla_gateway.sources.fleet_common import (
     number,
     validated,
 )
-from tesla_gateway.sources.http_io import HttpFetchError, http_get
+from tesla_gateway.sources.http_io import DeviceFetcher, HttpFetchError
 
 __all__ = ["PurpleAirSource", "PurpleAirSourceConfig", "PurpleAirUnit", "decode_purpleair"]
 
@@ -189,24 +189,30 @@ class PurpleAirSource:
         }
 
     async def run(self, queue: asyncio.Queue[Reading], rejects: RejectCounter) -> None:
-        async with asyncio.TaskGroup() as group:
-            for unit in self._config.units:
-                group.create_task(self._poll_forever(unit, queue, rejects), name=unit.url)
+        config = self._config
+        fetcher = DeviceFetcher(timeout_s=config.timeout_s, max_bytes=config.max_payload_bytes)
+        async with fetcher, asyncio.TaskGroup() as group:
+            for unit in config.units:
+                group.create_task(self._poll_forever(fetcher, unit, queue, rejects), name=unit.url)
 
     async def _poll_forever(
-        self, unit: PurpleAirUnit, queue: asyncio.Queue[Reading], rejects: RejectCounter
+        self,
+        fetcher: DeviceFetcher,
+        unit: PurpleAirUnit,
+        queue: asyncio.Queue[Reading],
+        rejects: RejectCounter,
     ) -> None:
         while True:
-            await enqueue(queue, await self.poll_once(unit, rejects))
+            await enqueue(queue, await self.poll_once(fetcher, unit, rejects))
             await asyncio.sleep(self._config.poll_interval_s)
 
-    async def poll_once(self, unit: PurpleAirUnit, rejects: RejectCounter) -> list[Reading]:
+    async def poll_once(
+        self, fetcher: DeviceFetcher, unit: PurpleAirUnit, rejects: RejectCounter
+    ) -> list[Reading]:
         """Fetch and decode one answer; every failure is counted, none raised."""
         config = self._config
         try:
-            body = await http_get(
-                unit.url, timeout_s=config.timeout_s, max_bytes=config.max_payload_bytes
-            )
+            body = await fetcher.get(unit.url)
         except HttpFetchError as exc:
             self._failures += 1
             self._polled_ok.discard(unit.url)

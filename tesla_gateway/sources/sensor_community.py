@@ -8,19 +8,21 @@ with the values as strings (averages over the interval), HTTP Basic authenticati
 or password is set, and an ``X-Sensor: esp8266-<chip id>`` header. The station sends no time:
 a reading is stamped when it is received. docs/sources.md gives the mapping.
 
-The listener is a small asyncio server: one request per connection, head and body bounded,
-a deadline per request, optional Basic credentials; a bad request is answered with its HTTP
-status and counted, never raised.
+The listener is an aiohttp application on one catch-all route, run by an ``AppRunner`` inside
+the source's task: one request per connection, head and body bounded, a deadline for each,
+optional Basic credentials; a bad request is answered with its HTTP status and counted, never
+raised.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Literal
 
 import structlog
+from aiohttp import web
 from pydantic import Field, SecretStr, model_validator
 
 from tesla_gateway.contract.readings import Reading, ReadingRejectedError, RejectReason
@@ -28,11 +30,11 @@ from tesla_gateway.ingest.ingest_log import commit_queued
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.sources.fleet_common import FleetLimits, json_object, number, validated
 from tesla_gateway.sources.http_io import (
-    HttpRequest,
     HttpRequestError,
     basic_auth_matches,
-    read_request,
-    write_response,
+    read_body,
+    server_logger,
+    text_response,
 )
 
 __all__ = ["SensorCommunitySource", "SensorCommunitySourceConfig", "decode_sensor_community"]
@@ -55,8 +57,13 @@ _TEMPERATURE = (
     "DS18B20_temperature",
 )
 _MAX_VALUES = 64
-_MAX_HEADER_BYTES = 8_192
+# The request head: its request line and each header line at most 8 KiB, at most 32 headers
+# (the firmware sends about ten). aiohttp answers a longer or larger head 400 itself.
+_MAX_HEAD_LINE_BYTES = 8_192
+_MAX_HEADERS = 32
 _MAX_LISTEN_RETRY_S = 30.0
+# How long cancellation waits for requests already being answered before cutting them.
+_SHUTDOWN_GRACE_S = 1.0
 
 
 class SensorCommunitySourceConfig(FleetLimits):
@@ -92,7 +99,10 @@ class SensorCommunitySourceConfig(FleetLimits):
         description="Sensor id = prefix + the station's esp8266id.",
     )
     request_timeout_s: float = Field(
-        default=10.0, gt=0, le=120, description="Deadline to receive one whole request."
+        default=10.0,
+        gt=0,
+        le=120,
+        description="Deadline for the request head from connecting, then again for the body.",
     )
     max_connections: int = Field(
         default=32, ge=1, le=1024, description="Most requests handled at once; more are refused."
@@ -182,42 +192,51 @@ class SensorCommunitySource:
         await self._listening.wait()
 
     async def run(self, queue: asyncio.Queue[Reading], rejects: RejectCounter) -> None:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            try:
-                if self._slots.locked():
-                    await self._answer(writer, 503, "busy")
-                    return
-                async with self._slots:
-                    status, text = await self._serve(reader, queue, rejects)
-                    await self._answer(writer, status, text)
-            except (OSError, TimeoutError):
-                pass  # the station hung up or stalled: nothing to answer
-            finally:
-                writer.close()
+        """Listen until cancelled, then close the socket and every open connection."""
+        config = self._config
 
-        server = await self._listen(handle)
-        async with server:
+        async def handle(request: web.Request) -> web.Response:
+            if self._slots.locked():
+                return self._answer(503, "busy")
+            async with self._slots:
+                status, text = await self._serve(request, queue, rejects)
+            return self._answer(status, text)
+
+        app = web.Application(client_max_size=config.max_payload_bytes)
+        app.router.add_route("*", "/{path:.*}", handle)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            logger=server_logger("tesla_gateway.sources.sensor_community.http"),
+            shutdown_timeout=_SHUTDOWN_GRACE_S,
+            # A connection that has not sent a whole request head by then is closed.
+            keepalive_timeout=config.request_timeout_s,
+            # An answer closes the connection at once; an unread body is not drained.
+            lingering_time=0,
+            max_line_size=_MAX_HEAD_LINE_BYTES,
+            max_field_size=_MAX_HEAD_LINE_BYTES,
+            max_headers=_MAX_HEADERS,
+        )
+        await runner.setup()
+        try:
+            await self._listen(runner)
             self._listening.set()
-            self._log.info(
-                "sensor_community_listening", host=self._config.host, port=self._config.port
-            )
-            try:
-                await server.serve_forever()
-            finally:
-                self._listening.clear()
+            self._log.info("sensor_community_listening", host=config.host, port=config.port)
+            await asyncio.Event().wait()
+        finally:
+            self._listening.clear()
+            await runner.cleanup()
 
-    async def _listen(
-        self,
-        handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
-    ) -> asyncio.Server:
+    async def _listen(self, runner: web.AppRunner) -> None:
         """Bind, retrying with backoff: a taken port must not take the other sources down."""
         delay = 1.0
         while True:
+            site = web.TCPSite(runner, self._config.host, self._config.port)
             try:
-                return await asyncio.start_server(
-                    handle, self._config.host, self._config.port, limit=_MAX_HEADER_BYTES
-                )
+                await site.start()
+                return
             except OSError as exc:
+                await site.stop()  # unregisters the site that did not bind
                 self._log.error(
                     "sensor_community_listen_failed",
                     host=self._config.host,
@@ -228,13 +247,13 @@ class SensorCommunitySource:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_LISTEN_RETRY_S)
 
-    async def _answer(self, writer: asyncio.StreamWriter, status: int, text: str) -> None:
+    def _answer(self, status: int, text: str) -> web.Response:
         if status != 200:
             self._refused[status] = self._refused.get(status, 0) + 1
-        await write_response(writer, status, text)
+        return text_response(status, text)
 
-    def _refusal(self, request: HttpRequest) -> tuple[int, str] | None:
-        """Why a well-formed request is refused (path, method, credentials), or None."""
+    def _refusal(self, request: web.Request) -> tuple[int, str] | None:
+        """Why a request is refused from its head (path, method, credentials), or None."""
         config = self._config
         if request.path != config.path:
             return 404, f"post to {config.path}"
@@ -242,37 +261,32 @@ class SensorCommunitySource:
             return 405, "POST only"
         if config.username is not None and config.password is not None:
             password = config.password.get_secret_value()
-            if not basic_auth_matches(request.headers, config.username, password):
+            header = request.headers.get("Authorization")
+            if not basic_auth_matches(header, config.username, password):
                 return 401, "wrong or missing credentials"
         return None
 
     async def _serve(
         self,
-        reader: asyncio.StreamReader,
+        request: web.Request,
         queue: asyncio.Queue[Reading],
         rejects: RejectCounter,
     ) -> tuple[int, str]:
+        """Check the head, read the body, decode and queue: the status and text to answer."""
         config = self._config
-        try:
-            async with asyncio.timeout(config.request_timeout_s):
-                request = await read_request(
-                    reader,
-                    max_header_bytes=_MAX_HEADER_BYTES,
-                    max_body_bytes=config.max_payload_bytes,
-                )
-        except TimeoutError:
-            return 408, "request not received in time"
-        except HttpRequestError as exc:
-            if exc.status == 413:
-                rejects.reject(RejectReason.TOO_LARGE, source=SOURCE_NAME, detail=exc.detail)
-            return exc.status, exc.detail
         refusal = self._refusal(request)
         if refusal is not None:
             return refusal
         try:
-            reading = decode_sensor_community(
-                request.body, received_at=self._clock(), config=config
+            body = await read_body(
+                request, max_bytes=config.max_payload_bytes, timeout_s=config.request_timeout_s
             )
+        except HttpRequestError as exc:
+            if exc.status == 413:
+                rejects.reject(RejectReason.TOO_LARGE, source=SOURCE_NAME, detail=exc.detail)
+            return exc.status, exc.detail
+        try:
+            reading = decode_sensor_community(body, received_at=self._clock(), config=config)
         except ReadingRejectedError as exc:
             rejects.reject_error(exc, source=SOURCE_NAME)
             return 400, exc.reason.value

@@ -1,48 +1,33 @@
 """The fleet sources' mappings: each device's documented payload (tests/fixtures/fleet) becomes
 the validated reading named in the fixture, and each kind of bad payload is refused with its
-reason. Pure functions on real config objects; the daemon end to end is in
-tests/gateway/e2e/test_fleet_sources.py."""
+reason. Pure functions on real config objects; the HTTP listener and client over real sockets
+are in test_fleet_http.py, the daemon end to end in tests/gateway/e2e/test_fleet_sources.py."""
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import contextlib
 import json
 import re
-import socket
 import tomllib
-from collections.abc import MutableMapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from devkit.broker import free_port
 from tesla_gateway.contract.readings import Reading, ReadingRejectedError, RejectReason
 from tesla_gateway.daemon.config import GatewayConfig
-from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.sources.esphome import (
     EsphomeGrouper,
     EsphomeSourceConfig,
     parse_state,
     split_topic,
 )
-from tesla_gateway.sources.http_io import (
-    HttpFetchError,
-    HttpRequestError,
-    basic_auth_matches,
-    http_get,
-    read_request,
-)
 from tesla_gateway.sources.purpleair import PurpleAirSourceConfig, decode_purpleair
 from tesla_gateway.sources.sensor_community import (
-    SensorCommunitySource,
     SensorCommunitySourceConfig,
     decode_sensor_community,
 )
@@ -319,7 +304,7 @@ def test_purpleair_bad_answers_are_refused(change: dict[str, Any], reason: Rejec
     assert caught.value.reason is reason
 
 
-# -- configuration and the HTTP helper ---------------------------------------------------------
+# -- configuration ---------------------------------------------------------------------------
 
 
 def test_fleet_sources_are_configured_by_kind_and_strictly(tmp_path: Path) -> None:
@@ -352,67 +337,6 @@ def test_fleet_sources_are_configured_by_kind_and_strictly(tmp_path: Path) -> No
     ):
         with pytest.raises(ValidationError):
             GatewayConfig.model_validate({**base, "sources": [bad]})
-
-
-def request_bytes(body: bytes, *, extra: str = "") -> bytes:
-    return (
-        f"POST /data.php HTTP/1.1\r\nHost: gw\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
-    ).encode() + body
-
-
-async def parse(raw: bytes, max_body: int = 100) -> object:
-    reader = asyncio.StreamReader()
-    reader.feed_data(raw)
-    reader.feed_eof()
-    return await read_request(reader, max_header_bytes=1000, max_body_bytes=max_body)
-
-
-def test_read_request_bounds_and_errors() -> None:
-    request = asyncio.run(parse(request_bytes(b'{"a": 1}', extra="X-Sensor: esp8266-1\r\n")))
-    assert request.method == "POST" and request.path == "/data.php"  # type: ignore[attr-defined]
-    assert request.body == b'{"a": 1}'  # type: ignore[attr-defined]
-    assert request.headers["x-sensor"] == "esp8266-1"  # type: ignore[attr-defined]
-    for raw, status in (
-        (request_bytes(b"x" * 101), 413),
-        (b"POST / HTTP/1.1\r\nHost: gw\r\n\r\n", 411),
-        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 411),
-        (b"garbage\r\n\r\n", 400),
-        (b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\nshort", 400),
-    ):
-        with pytest.raises(HttpRequestError) as caught:
-            asyncio.run(parse(raw))
-        assert caught.value.status == status
-
-
-def test_basic_auth() -> None:
-    token = base64.b64encode(b"station:s3cret").decode()
-    assert basic_auth_matches({"authorization": f"Basic {token}"}, "station", "s3cret")
-    assert not basic_auth_matches({"authorization": f"Basic {token}"}, "station", "other")
-    assert not basic_auth_matches({"authorization": "Basic !!"}, "station", "s3cret")
-    assert not basic_auth_matches({}, "station", "s3cret")
-
-
-def test_http_get_refused_and_oversized() -> None:
-    async def scenario() -> None:
-        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n" + b"x" * 5000)
-            await writer.drain()
-            writer.close()
-
-        server = await asyncio.start_server(answer, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        async with server:
-            with pytest.raises(HttpFetchError, match="exceeds"):
-                await http_get(f"http://127.0.0.1:{port}/json", timeout_s=5, max_bytes=1000)
-            assert (
-                len(await http_get(f"http://127.0.0.1:{port}/json", timeout_s=5, max_bytes=9000))
-                == 5000
-            )
-        with pytest.raises(HttpFetchError):
-            await http_get(f"http://127.0.0.1:{port}/json", timeout_s=5, max_bytes=1000)
-
-    asyncio.run(scenario())
 
 
 # -- robustness: nothing from the wire raises anything but a counted reject -------------------
@@ -504,80 +428,3 @@ def test_the_examples_in_docs_sources_md_are_valid_configuration(tmp_path: Path)
         "SensorCommunitySourceConfig",
         "PurpleAirSourceConfig",
     ]
-
-
-def test_sensor_community_listener_answers_and_bounds_each_request() -> None:
-    """The listener on loopback, spoken to over real sockets (the daemon test covers the rest)."""
-    port = free_port()
-    config = SensorCommunitySourceConfig(
-        kind="sensor_community",
-        host="127.0.0.1",
-        port=port,
-        max_payload_bytes=1024,
-        request_timeout_s=0.3,
-    )
-    body = json.dumps(fixture("sensor_community_post.json")["payload"]).encode()
-
-    async def exchange(raw: bytes) -> int:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(raw)
-        await writer.drain()
-        status_line = await reader.readline()  # a stalled request gets its 408 on its own
-        writer.close()
-        return int(status_line.split()[1])
-
-    async def scenario() -> tuple[dict[str, int], RejectCounter, asyncio.Queue[Reading]]:
-        source = SensorCommunitySource(config, clock=lambda: 1_715_200_042.0)
-        queue: asyncio.Queue[Reading] = asyncio.Queue()
-        rejects = RejectCounter()
-        task = asyncio.create_task(source.run(queue, rejects))
-        await source.wait_listening()
-        statuses = {
-            "good": await exchange(request_bytes(body)),
-            "wrong_path": await exchange(request_bytes(body).replace(b"/data.php", b"/x", 1)),
-            "get": await exchange(b"GET /data.php HTTP/1.1\r\nHost: gw\r\n\r\n"),
-            "too_large": await exchange(request_bytes(b"x" * 2000)),
-            "stalled": await exchange(b"POST /data.php HTTP/1.1\r\nContent-Length: 10\r\n\r\n"),
-        }
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        return statuses, rejects, queue
-
-    statuses, rejects, queue = asyncio.run(scenario())
-    assert statuses == {
-        "good": 200,
-        "wrong_path": 404,
-        "get": 405,
-        "too_large": 413,
-        "stalled": 408,
-    }
-    assert rejects.snapshot()["by_source"] == {"sensor_community": {"too_large": 1}}
-    assert queue.qsize() == 1
-    assert queue.get_nowait().sensor_id == "airrohr-12331981"
-
-
-def test_sensor_community_listener_retries_a_taken_port() -> None:
-    """A port held by another program is logged and retried; nothing else is taken down."""
-    blocker = socket.socket()
-    blocker.bind(("127.0.0.1", 0))
-    blocker.listen()
-    port = blocker.getsockname()[1]
-    config = SensorCommunitySourceConfig(kind="sensor_community", host="127.0.0.1", port=port)
-
-    async def scenario() -> list[MutableMapping[str, Any]]:
-        with structlog.testing.capture_logs() as logs:
-            source = SensorCommunitySource(config)
-            task = asyncio.create_task(source.run(asyncio.Queue(), RejectCounter()))
-            await asyncio.sleep(0.2)
-            assert not source.stats()["connected"] and not task.done()
-            blocker.close()
-            await asyncio.wait_for(source.wait_listening(), 10)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        return logs
-
-    logs = asyncio.run(scenario())
-    failed = [entry for entry in logs if entry["event"] == "sensor_community_listen_failed"]
-    assert failed and failed[0]["port"] == port
