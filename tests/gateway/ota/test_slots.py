@@ -5,6 +5,7 @@ Real: signed releases of the committed default model, LiteRT, the file system, S
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import structlog
 
+from devkit.broker import Mosquitto
 from tesla_gateway.daemon.cli import main
 from tesla_gateway.models.slots import CURRENT, PREVIOUS, SLOTS, candidates
 from tesla_gateway.models.trust import ModelTrust
@@ -23,7 +25,10 @@ from tesla_gateway.ota.errors import GoldenMismatchError, UnloadableReleaseError
 from tesla_gateway.ota.golden import GOLDEN_FILENAME
 from tesla_gateway.ota.install import install_release
 from tesla_gateway.ota.release import verify_release
+from tests.gateway.io.helpers import broker_config, collecting, eventually
+from tests.gateway.ota.harness import gateway, gateway_states, ota_config
 from tests.support.releases import DEFAULT_NODE_MODEL, ReleaseKit
+from training.release import push_release
 
 OTHER_GRAPH = DEFAULT_NODE_MODEL.parent / "pm2_5-antwerp-1h"  # N = 168 under an N = 360 manifest
 REPO = Path(__file__).resolve().parents[3]
@@ -127,6 +132,42 @@ def test_start_falls_back_to_the_previous_slot_and_says_so(kit: ReleaseKit, tmp_
     [fallback] = [e for e in logs if e["event"] == "model_fallback"]
     assert fallback["serving"] == "previous" and fallback["version"] == kit.base_version
     assert models.missing() == []
+
+
+def test_a_release_after_a_fallback_keeps_the_serving_model_as_previous(
+    kit: ReleaseKit, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """Serving ``previous`` (``current`` rotted), a release must keep the model that served as
+    ``previous``, not the rotten slot: else the next fallback finds nothing that loads."""
+    model_dir = tmp_path / "pm10"
+    base = kit.base_version
+    install(kit, kit.release(base, "gateway"), model_dir)
+    install(kit, kit.release(base + 1, "gateway"), model_dir)
+    rotten = (model_dir / CURRENT).resolve()
+    graph = rotten / "model.tflite"
+    graph.write_bytes(graph.read_bytes()[:-64])
+    good = (model_dir / PREVIOUS).resolve()
+
+    async def scenario() -> int | None:
+        with collecting(mosquitto, ["tesla/gw1/ota/gateway"]) as collector:
+            async with gateway(
+                ota_config(kit, mosquitto), None, model_dirs={"pm10": model_dir}
+            ) as gw:
+                assert gw.models.stats()["pm10"]["slot"] == "previous"
+                await asyncio.to_thread(
+                    push_release, kit.release(base + 2, "gateway"), broker_config(mosquitto)
+                )
+                await eventually(lambda: bool(gateway_states(collector)), 10)
+                calibrator = gw.models.get("pm10")
+                return None if calibrator is None else calibrator.version
+
+    assert asyncio.run(scenario()) == base + 2
+    assert (model_dir / PREVIOUS).resolve() == good  # the model that served, kept
+    assert not rotten.exists()  # the rotten slot was pruned
+    graph = model_dir / CURRENT / "model.tflite"
+    graph.write_bytes(graph.read_bytes()[:-64])  # and the new one rots too
+    calibrator = serving(kit, model_dir).get("pm10")
+    assert calibrator is not None and calibrator.version == base
 
 
 def test_the_trust_rule_holds_for_slots(kit: ReleaseKit, tmp_path: Path) -> None:
