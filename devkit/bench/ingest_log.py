@@ -33,7 +33,7 @@ from pathlib import Path
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.ingest.ingest_log import IngestLog, JournaledQueue, commit_queued, encode_record
 from tesla_gateway.ingest.rejects import RejectCounter
-from tesla_gateway.mqtt.connection import InboundMessage
+from tesla_gateway.mqtt.inbox import InboundMessage
 from tesla_gateway.sources.mqtt_source import MqttSource, MqttSourceConfig
 
 __all__ = ["run_ingest_log_bench"]

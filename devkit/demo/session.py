@@ -31,8 +31,9 @@ from tesla_gateway.contract.manifest import Manifest, load_manifest
 from tesla_gateway.daemon.logging import configure_logging
 from tesla_gateway.errors import GatewayError
 from tesla_gateway.mqtt.config import MqttBrokerConfig
-from tesla_gateway.mqtt.connection import InboundMessage, MqttConnection
+from tesla_gateway.mqtt.connection import MqttConnection
 from tesla_gateway.mqtt.errors import MqttError
+from tesla_gateway.mqtt.inbox import InboundMessage
 
 __all__ = ["DemoOptions", "DemoOutcome", "run_demo"]
 

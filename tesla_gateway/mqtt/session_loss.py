@@ -21,7 +21,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeGuard
+from typing import Any, TypeGuard
+
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.reasoncodes import ReasonCode
+from structlog.typing import FilteringBoundLogger
 
 __all__ = [
     "RECENT_TAKEOVER_S",
@@ -29,6 +33,8 @@ __all__ = [
     "STABLE_AFTER_S",
     "LossDecision",
     "SessionLossPolicy",
+    "reason_name",
+    "report_loss",
     "session_problems",
     "taken_over_message",
 ]
@@ -155,3 +161,50 @@ class SessionLossPolicy:
             "last_taken_over": self.last_taken_over_at,
             "unstable_in_a_row": 0 if stable_now else self._in_a_row,
         }
+
+
+def report_loss(
+    policy: SessionLossPolicy,
+    log: FilteringBoundLogger,
+    *,
+    client_id: str,
+    lasted_s: float,
+    reason_code: int | None,
+) -> float:
+    """Account for a lost connection and log it as what it was (a takeover, a run of short
+    connections or a plain loss); the seconds to wait before reconnecting."""
+    decision = policy.after_loss(lasted_s=lasted_s, reason_code=reason_code)
+    fields: dict[str, Any] = {
+        "lasted_s": round(lasted_s, 1),
+        "retry_in_s": decision.wait_s,
+        "reason": reason_name(reason_code),
+    }
+    if decision.taken_over:
+        report = log.error if decision.report else log.debug
+        report(
+            "mqtt_session_taken_over",
+            error=taken_over_message(client_id),
+            taken_over=policy.taken_over,
+            **fields,
+        )
+    elif decision.unstable:
+        if decision.in_a_row >= UNSTABLE_HINT_AFTER:
+            fields["hint"] = (
+                "the broker keeps closing this connection right after accepting it; "
+                + taken_over_message(client_id)
+            )
+        report = log.warning if decision.report else log.debug
+        report("mqtt_connection_unstable", in_a_row=decision.in_a_row, **fields)
+    else:
+        log.warning("mqtt_connection_lost", **fields)
+    return decision.wait_s
+
+
+def reason_name(code: int | None) -> str | None:
+    """The DISCONNECT reason's name (MQTT 5), e.g. 'Session taken over'; None without one."""
+    if code is None:
+        return None
+    try:
+        return str(ReasonCode(PacketTypes.DISCONNECT, identifier=code))
+    except (KeyError, ValueError):
+        return f"reason code {code}"

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 
 from tesla_gateway.mqtt.config import MqttBrokerConfig
-from tesla_gateway.mqtt.connection import InboundMessage, MqttConnection
+from tesla_gateway.mqtt.connection import MqttConnection
 from tesla_gateway.mqtt.errors import MqttError
+from tesla_gateway.mqtt.inbox import InboundMessage
 from tesla_gateway.ota.config import OtaConfig
 from tesla_gateway.ota.errors import (
     IncompatibleReleaseError,

@@ -28,7 +28,8 @@ from pydantic import AfterValidator, Field
 
 from tesla_gateway.contract.readings import Reading, ReadingRejectedError, RejectReason
 from tesla_gateway.ingest.rejects import RejectCounter
-from tesla_gateway.mqtt.connection import InboundMessage, MqttConnection
+from tesla_gateway.mqtt.connection import MqttConnection
+from tesla_gateway.mqtt.inbox import InboundMessage
 from tesla_gateway.mqtt.topics import TopicFilter
 from tesla_gateway.sources.fleet_common import (
     FleetLimits,

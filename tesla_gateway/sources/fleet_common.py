@@ -26,7 +26,8 @@ from tesla_gateway.contract.readings import (
 from tesla_gateway.ingest.ingest_log import commit_queued
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.mqtt.config import DEFAULT_MAX_INBOX, MqttBrokerConfig
-from tesla_gateway.mqtt.connection import InboundMessage, MqttConnection
+from tesla_gateway.mqtt.connection import MqttConnection
+from tesla_gateway.mqtt.inbox import InboundMessage
 
 __all__ = [
     "FleetLimits",

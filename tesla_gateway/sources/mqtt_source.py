@@ -28,7 +28,8 @@ from tesla_gateway.ingest.ingest_log import commit_queued
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.ingest.sharding import ShardConfig
 from tesla_gateway.mqtt.config import DEFAULT_MAX_INBOX, MqttBrokerConfig
-from tesla_gateway.mqtt.connection import InboundMessage, MqttConnection
+from tesla_gateway.mqtt.connection import MqttConnection
+from tesla_gateway.mqtt.inbox import InboundMessage
 from tesla_gateway.mqtt.topics import TopicFilter
 from tesla_gateway.sources.payload_rules import PayloadRules
 from tesla_gateway.sources.payloads import decode_payload

@@ -27,7 +27,7 @@ from tesla_gateway.contract.readings import FIELD_LIMITS, ReadingRejectedError
 from tesla_gateway.daemon.config import load_config
 from tesla_gateway.errors import ConfigError, GatewayError
 from tesla_gateway.ingest.rejects import RejectCounter
-from tesla_gateway.mqtt.connection import InboundMessage
+from tesla_gateway.mqtt.inbox import InboundMessage
 from tesla_gateway.sources.line_protocol import LineSplitter, decode_line, encode_reading
 from tesla_gateway.sources.mqtt_source import MqttSource, MqttSourceConfig
 from tesla_gateway.sources.pms5003 import Pms5003Frame, Pms5003Parser, encode_frame

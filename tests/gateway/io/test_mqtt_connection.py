@@ -19,8 +19,9 @@ from structlog.testing import capture_logs
 from devkit.broker import Mosquitto, make_test_pki
 from tesla_gateway.errors import ConfigError
 from tesla_gateway.mqtt.config import MqttBrokerConfig
-from tesla_gateway.mqtt.connection import InboundMessage, MqttConnection
+from tesla_gateway.mqtt.connection import MqttConnection
 from tesla_gateway.mqtt.errors import MqttNotConnectedError, MqttPublishError
+from tesla_gateway.mqtt.inbox import InboundMessage
 from tests.gateway.io.helpers import broker_config, collecting, eventually, publish_raw
 
 

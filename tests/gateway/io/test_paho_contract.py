@@ -23,8 +23,9 @@ from structlog.testing import capture_logs
 
 from devkit.broker import Mosquitto
 from tesla_gateway.mqtt import fast_path
-from tesla_gateway.mqtt.connection import InboundMessage, MqttConnection
+from tesla_gateway.mqtt.connection import MqttConnection
 from tesla_gateway.mqtt.fast_path import LeanClient, contract_holds, contract_problems
+from tesla_gateway.mqtt.inbox import InboundMessage
 from tests.gateway.io.helpers import broker_config, eventually
 
 PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
