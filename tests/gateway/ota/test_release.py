@@ -31,10 +31,11 @@ from tesla_gateway.ota.release import (
     RELEASE_FILENAME,
     encode_bundle,
     read_release_dir,
+    signed_bytes,
     verify_release,
 )
 from tests.support.releases import DEFAULT_NODE_MODEL, ReleaseKit
-from training.release import keygen
+from training.release import keygen, load_private_key
 
 
 def _copy(release: Path, tmp_path: Path) -> Path:
@@ -119,6 +120,27 @@ def test_a_forged_signature_under_the_trusted_key_id(
     document["signature"] = base64.b64encode(bytes(64)).decode()
     (path / RELEASE_FILENAME).write_text(json.dumps(document))
     with pytest.raises(BadSignatureError, match="altered after signing"):
+        verify_release(path, release_kit.public_key, None)
+
+
+def test_a_node_image_descriptor_signed_by_another_key(
+    release_kit: ReleaseKit, tmp_path: Path
+) -> None:
+    """The release is signed by the trusted key, the descriptor the node checks is not: the
+    gateway must refuse it rather than relay an image every node would reject."""
+    path = _copy(release_kit.release(release_kit.base_version + 1), tmp_path)
+    document = json.loads((path / RELEASE_FILENAME).read_text())
+    descriptor = base64.b64decode(document["node_image"]["descriptor"])
+    other = load_private_key(keygen(tmp_path / "other").private_path)
+    document["node_image"]["signature"] = base64.b64encode(
+        other.sign(descriptor).signature
+    ).decode()
+    trusted = load_private_key(release_kit.keys.private_path)
+    document["signature"] = base64.b64encode(
+        trusted.sign(signed_bytes(document)).signature
+    ).decode()
+    (path / RELEASE_FILENAME).write_text(json.dumps(document))
+    with pytest.raises(BadSignatureError, match="node image descriptor"):
         verify_release(path, release_kit.public_key, None)
 
 
