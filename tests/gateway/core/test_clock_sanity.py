@@ -128,6 +128,30 @@ def test_a_clock_consistently_ahead_still_gets_every_reading_in() -> None:
     assert store["pm10"].ready_windows().periods.tolist() == [T0 // P + 10 + 4, T0 // P + 15]
 
 
+def test_two_readings_of_one_period_ahead_of_the_clock_confirm_each_other() -> None:
+    """A sensor 10 minutes ahead reporting every 15 s: the first reading of each period is held
+    and the next one, of the same period, confirms it (it does not contradict it) and goes in
+    with it, so no reading is an outlier and the windows equal those of a true clock."""
+    store, rejects = daemon_store()
+    reference = WindowStore()
+    reference.ensure("pm10", GEOMETRY)
+    gateway_now = T0 + 3.0
+    for step in range(24):  # six periods, four readings each
+        sensor_time = T0 + 600 + step * 15 + 1
+        reading = Reading("s", sensor_time, {"pm10": true_value(sensor_time)})
+        expected_outcome = AddOutcome.HELD if step % 4 == 0 else AddOutcome.ACCEPTED
+        assert store.add(reading, gateway_now) == {"pm10": expected_outcome}
+        reference.add(reading, sensor_time)
+        gateway_now += 15
+    assert store["pm10"].counts[AddOutcome.CLOCK_OUTLIER] == 0
+    assert rejects.count() == 0
+    end = T0 + 600 + 7 * P
+    got, expected = windows_after(store, end), windows_after(reference, end)
+    assert got.keys() == expected.keys() and len(got) == 6
+    for period, window in got.items():
+        np.testing.assert_array_equal(window, expected[period])
+
+
 def test_a_boundary_reading_a_moment_early_is_not_lost() -> None:
     store, rejects = daemon_store()
     store.add(Reading("s", T0 + 30, {"pm10": 1.0}), T0 + 30)
