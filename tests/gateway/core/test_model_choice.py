@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tesla_gateway.contract.calibrated import CalibratedReading, Quality
+from tesla_gateway.contract.manifest import write_manifest
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.daemon.ticker import Ticker
 from tesla_gateway.models.watch import ModelRefusedError, ModelSet
@@ -127,6 +128,32 @@ def test_a_sensor_falls_back_when_humidity_stops_and_returns_when_it_is_back(
     assert {model_of[p] for p in range(N - 1, 15)} == {"pm10-rh-temp"}
     assert {model_of[p] for p in range(15, 20 + N - 1)} == {"pm10-plain"}
     assert {model_of[p] for p in range(20 + N - 1, periods - 1)} == {"pm10-rh-temp"}
+
+
+@pytest.mark.parametrize("sharper_first", [True, False])
+def test_of_two_models_with_the_same_channels_the_lower_validation_rmse_serves(
+    model_factory: ModelFactory, tmp_path: Path, sharper_first: bool
+) -> None:
+    """The tie-break after the channel count: the model that validated better calibrates, in
+    whichever slot it is listed."""
+    sharper = model_factory.copy(tmp_path / "sharper", name="pm10-sharper", seed=2)
+    manifest = sharper.manifest
+    write_manifest(
+        sharper.path,
+        manifest.model_copy(
+            update={"validation": manifest.validation.model_copy(update={"rmse": 0.5})}
+        ),
+    )
+    slots = {"pm10": pm_only(model_factory).path, "pm10-sharper": sharper.path}
+    if sharper_first:
+        slots = dict(reversed(slots.items()))
+    models = ModelSet(slots, features=dict.fromkeys(slots, "pm10"))
+    models.refresh()
+    ticker = Ticker(models, grace_s=5.0, clock=lambda: T0 + 10_000 * P)
+    series = {"node": {"pm10": np.random.default_rng(13).uniform(5, 80, 12)}}
+    calibrated = [r for r in run(ticker, range(12), series) if r.calibrated is not None]
+    assert len(calibrated) == 12 - N
+    assert {r.model_name for r in calibrated} == {"pm10-sharper"}
 
 
 def test_the_feature_outcome_is_the_first_models(model_factory: ModelFactory) -> None:
