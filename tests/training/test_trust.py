@@ -105,6 +105,21 @@ def test_gde_uses_daily_means_of_complete_days_only() -> None:
     assert result.meets_indicative_dqo and result.r2 == pytest.approx(1.0)
 
 
+def test_a_day_with_exactly_75_percent_of_its_periods_counts() -> None:
+    # Directive 2008/50/EC Annex VII: a daily value needs 75 % of the hours, so 18 of 24
+    # is a day and 17 of 24 is not.
+    hours = pd.date_range("2024-01-01", periods=24 * 2, freq="h", tz="UTC")
+    frame = pd.DataFrame(
+        {"timestamp": hours.strftime("%Y-%m-%dT%H:%M:%SZ"), "sensor_id": "s",
+         "reference": 20.0, "calibrated": 21.0}
+    )  # fmt: skip
+    frame.loc[frame.index[18:24], "calibrated"] = np.nan  # day 1: 18 of 24 hours
+    frame.loc[frame.index[24 + 17 :], "reference"] = np.nan  # day 2: 17 of 24 hours
+    days = daily_means(frame, 3600)
+    assert days["day"].dt.strftime("%Y-%m-%d").tolist() == ["2024-01-01"]
+    assert days["periods"].tolist() == [18]
+
+
 def _scores(raw: float, linear: float, model: float) -> manifest_schema.TestMetrics:
     def m(rmse: float) -> ErrorMetrics:
         return ErrorMetrics(rmse=rmse, mae=rmse, n=100)
