@@ -31,7 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tesla_gateway.contract.readings import Reading
-from tesla_gateway.ingest.ingest_log import IngestLog, JournaledQueue, commit_queued, encode_record
+from tesla_gateway.ingest.ingest_log import IngestLog, JournaledQueue, commit_queued
+from tesla_gateway.ingest.log_record import encode_record
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.mqtt.inbox import InboundMessage
 from tesla_gateway.sources.mqtt_source import MqttSource, MqttSourceConfig

@@ -17,14 +17,8 @@ from hypothesis import strategies as st
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import FIELD_LIMITS, SENSOR_ID_PATTERN, Reading
 from tesla_gateway.contract.series import GapPolicy
-from tesla_gateway.ingest.ingest_log import (
-    FIELD_CODES,
-    IngestLog,
-    JournaledQueue,
-    commit_queued,
-    decode_record,
-    encode_record,
-)
+from tesla_gateway.ingest.ingest_log import IngestLog, JournaledQueue, commit_queued
+from tesla_gateway.ingest.log_record import FIELD_CODES, decode_record, encode_record
 from tesla_gateway.windows.snapshots import StateStore
 from tesla_gateway.windows.store import WindowStore
 

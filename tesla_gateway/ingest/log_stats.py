@@ -1,0 +1,61 @@
+"""What the ingest log counts, for the status file and the stats topic, and how it reports a
+failed file operation (counted and logged, never raised: the daemon keeps calibrating)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+__all__ = ["IngestLogStats", "report_failure"]
+
+_log = structlog.get_logger(__name__)
+
+
+@dataclass(slots=True)
+class IngestLogStats:
+    """Counters for the status file and the stats topic (``ingest_log``)."""
+
+    bytes: int = 0
+    segments: int = 0
+    replayed: int = 0
+    torn_records: int = 0
+    corrupt_segments: int = 0
+    corrupt_records: int = 0
+    dropped_segments: int = 0
+    dropped_records: int = 0
+    write_failures: int = 0
+    fsyncs: int = 0
+    covered_seq: int = 0
+    next_seq: int = 0
+    last_error: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "bytes": self.bytes,
+            "segments": self.segments,
+            "replayed": self.replayed,
+            "torn_records": self.torn_records,
+            "corrupt_segments": self.corrupt_segments,
+            "corrupt_records": self.corrupt_records,
+            "dropped_segments": self.dropped_segments,
+            "dropped_records": self.dropped_records,
+            "write_failures": self.write_failures,
+            "fsyncs": self.fsyncs,
+            "covered_seq": self.covered_seq,
+            "next_seq": self.next_seq,
+            "last_error": self.last_error,
+        }
+
+
+def report_failure(stats: IngestLogStats, directory: Path, what: str, exc: OSError) -> None:
+    """Keep the error for the stats topic and log it."""
+    stats.last_error = f"{what}: {exc.strerror or exc}"
+    _log.error(
+        "ingest_log_failed",
+        directory=str(directory),
+        operation=what,
+        error=exc.strerror or str(exc),
+        errno=exc.errno,
+    )
