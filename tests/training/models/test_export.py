@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 
+from training import export
 from training.device_ops import ARDUINO_TFLM_OPS
 from training.errors import ExportVerificationError
 from training.export import export_flatbuffers, litert_predict
@@ -89,6 +90,23 @@ def test_batched_invoke_equals_one_invoke_per_window(exported, trained_tesla) ->
     keras_out = np.asarray(trained_tesla.predict(windows, verbose=0)).reshape(-1)
     np.testing.assert_allclose(batched, single, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(batched, keras_out, rtol=1e-4, atol=1e-3)
+
+
+def test_a_device_graph_tflite_micro_runs_differently_is_refused(
+    trained_tesla: keras.Model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node runs TFLite Micro, not LiteRT: a device graph whose Micro outputs disagree with
+    LiteRT's is not exported. No real TFLite Micro disagrees on this graph, so its real outputs
+    are handed back for the windows in reverse order (a kernel that mixed up its inputs)."""
+    real_run = export.run_tflm
+
+    def reversed_run(flatbuffer: bytes, inputs: np.ndarray) -> np.ndarray:
+        return real_run(flatbuffer, inputs)[::-1]
+
+    monkeypatch.setattr(export, "run_tflm", reversed_run)
+    with pytest.raises(ExportVerificationError, match="TFLite Micro and LiteRT disagree"):
+        export_flatbuffers(trained_tesla, tmp_path, _windows(200, 1), _windows(128, 2))
+    assert not (tmp_path / "model_int8.tflite").exists()
 
 
 def test_keras_multi_head_attention_is_refused_for_the_device(tmp_path: Path) -> None:
