@@ -38,7 +38,7 @@ from tesla_gateway.monitor.health import HealthConfig
 from tesla_gateway.monitor.pairs import PairsConfig
 from tesla_gateway.monitor.references import ReferenceConfig
 from tesla_gateway.ota.config import OtaConfig
-from tesla_gateway.publish.publisher import PublisherConfig
+from tesla_gateway.publish.config import PublisherConfig
 from tesla_gateway.sources.fleet import FLEET_KINDS, FleetSourceConfig
 from tesla_gateway.sources.mqtt_source import MqttSourceConfig
 from tesla_gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig

@@ -41,8 +41,7 @@ from tesla_gateway.monitor.references import ReferenceConfig
 from tesla_gateway.mqtt.session_loss import session_problems
 from tesla_gateway.ota.config import OtaConfig
 from tesla_gateway.ota.service import OtaService
-from tesla_gateway.publish.errors import PublisherError
-from tesla_gateway.publish.outbox import OutboxError
+from tesla_gateway.publish.errors import OutboxError, PublisherError
 from tesla_gateway.publish.publisher import OUTBOX_FILENAME, Publisher
 from tesla_gateway.set_aside import SetAsideLog
 from tesla_gateway.sources.fleet import make_fleet_source

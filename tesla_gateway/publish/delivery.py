@@ -18,11 +18,13 @@ from structlog.typing import FilteringBoundLogger
 
 from tesla_gateway.mqtt.connection import MqttConnection
 from tesla_gateway.mqtt.errors import MqttNotConnectedError, MqttPublishError
-from tesla_gateway.publish.outbox import Outbox, QueuedMessage
+from tesla_gateway.publish.outbox import Outbox
+from tesla_gateway.publish.outbox_messages import QueuedMessage
 
 __all__ = ["Delivery", "DeliveryStats"]
 
 _Pending = deque[tuple[QueuedMessage, asyncio.Future[None]]]
+_NOT_CONNECTED_RETRY_S = 0.05
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:
@@ -40,7 +42,8 @@ class DeliveryStats:
 
 
 class Delivery:
-    """The in-flight window over one outbox; :meth:`drain` runs while a connection is up."""
+    """The in-flight window over one outbox; :meth:`drain` runs while a connection is up,
+    :meth:`run` across reconnections."""
 
     def __init__(
         self,
@@ -80,6 +83,25 @@ class Delivery:
         except MqttPublishError as exc:
             self._refused += 1
             self._log.error("publish_refused", topic=topic, error=str(exc))
+
+    async def run(
+        self,
+        connection: MqttConnection,
+        *,
+        on_connected: Callable[[MqttConnection], Awaitable[None]],
+    ) -> None:
+        """Deliver over the connection whenever it is up, ``on_connected`` first each time
+        (e.g. the ``online`` status); runs until cancelled."""
+        while True:
+            await connection.wait_connected()
+            try:
+                await on_connected(connection)
+                await self.drain(connection)
+            except MqttNotConnectedError:
+                self._log.info("publisher_waiting_for_broker", queued=len(self._outbox))
+                # paho can refuse a publish a moment before its disconnect reaches the loop;
+                # yield to it (and back off) rather than spin on a connection already gone.
+                await asyncio.sleep(_NOT_CONNECTED_RETRY_S)
 
     async def drain(self, connection: MqttConnection) -> None:
         """Send the outbox in order until the connection is lost (then raise).

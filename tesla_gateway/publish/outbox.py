@@ -3,19 +3,17 @@
 SQLite in WAL mode under the state directory: an append is one small transaction, a restart
 finds the queue where it was, and a message leaves the queue only after the broker acknowledged
 it (at-least-once). When the bound is reached the oldest messages are dropped and counted: the
-newest calibrations are the ones worth keeping. Calls are synchronous and sub-millisecond (WAL,
-``synchronous=NORMAL``: a commit does not fsync; a power cut may lose the last commits but never
-corrupts the file), so the event loop calls them directly. The row count is kept by every
+newest calibrations are the ones worth keeping. Calls are synchronous and sub-millisecond (a
+commit does not fsync), so the event loop calls them directly. The row count is kept by every
 write, and a short queue is also held in memory (:mod:`tesla_gateway.publish.outbox_mirror`): in
 steady state neither counting nor sending reads the file.
 
 Reading it is total (a damaged file never stops the daemon):
 
-* a file SQLite calls corrupt, at open or at any later read or write, is set aside
-  (:mod:`tesla_gateway.set_aside`) and a fresh queue started, whose ids continue above every id
-  already handed out (an acknowledgement of an old message can never delete a new one);
+* a file SQLite calls corrupt, at open or at any later read or write, is set aside and a fresh
+  queue started (:mod:`tesla_gateway.publish.outbox_storage`);
 * a row of the wrong types or with text that is not UTF-8 is dropped and counted, never
-  returned;
+  returned (:mod:`tesla_gateway.publish.outbox_messages`);
 * a file that cannot be opened because of the disk (full, read-only, permissions) is left
   alone: with ``memory_fallback`` the queue lives in memory (same bound, counted, reported as
   ``storage: memory``) and moves back to the file once the disk takes it and the memory queue
@@ -28,132 +26,48 @@ import itertools
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Self, TypeVar
 
 import structlog
 
-from tesla_gateway.errors import GatewayError
+from tesla_gateway.publish.errors import OutboxError
+from tesla_gateway.publish.outbox_messages import OutboxMessage, QueuedMessage, stored_message
 from tesla_gateway.publish.outbox_mirror import QueueMirror
+from tesla_gateway.publish.outbox_storage import (
+    READ_ERRORS,
+    OutboxStorage,
+    Transaction,
+    describe,
+    is_disk_error,
+)
 from tesla_gateway.set_aside import SetAsideLog
 
-__all__ = ["Outbox", "OutboxError", "OutboxMessage", "QueuedMessage"]
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS outbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    topic TEXT NOT NULL,
-    payload BLOB NOT NULL,
-    qos INTEGER NOT NULL,
-    retain INTEGER NOT NULL,
-    queued_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS counters (
-    name TEXT PRIMARY KEY,
-    value INTEGER NOT NULL
-);
-"""
-
+__all__ = ["Outbox"]
 
 _IDS_PER_STATEMENT = 500  # below SQLite's oldest limit of 999 bound parameters
-_COMPANIONS = ("-wal", "-shm")
-# Errors that say the disk, not the file, is the problem: the file is kept for later.
-_DISK_ERRORS = frozenset(
-    {
-        sqlite3.SQLITE_FULL,
-        sqlite3.SQLITE_READONLY,
-        sqlite3.SQLITE_CANTOPEN,
-        sqlite3.SQLITE_IOERR,
-        sqlite3.SQLITE_PERM,
-        sqlite3.SQLITE_BUSY,
-        sqlite3.SQLITE_LOCKED,
-        sqlite3.SQLITE_NOMEM,
-        sqlite3.SQLITE_AUTH,
-    }
-)
 _MIRROR_CAPACITY = 16_384  # messages the in-memory copy holds at most (a few MB)
-_MEMORY_FIRST_ID = 1 << 53  # memory-queue ids never meet a file's ids (acks stay unambiguous)
-_DISK_RETRY_S = 5.0  # how often a memory queue tries the file again
 _T = TypeVar("_T")
 
 _log = structlog.get_logger(__name__)
-
-
-class OutboxError(GatewayError):
-    """The outbox database cannot be opened or written (disk full, permissions)."""
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxMessage:
-    """A message to deliver."""
-
-    topic: str
-    payload: bytes
-    qos: int = 1
-    retain: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class QueuedMessage:
-    """A message in the queue; ``id`` orders delivery and names it for :meth:`Outbox.remove`."""
-
-    id: int
-    topic: str
-    payload: bytes
-    qos: int
-    retain: bool
-
-
-def _is_disk_error(exc: BaseException) -> bool:
-    """True for an SQLite error caused by the disk (full, read-only, ...), not by the file."""
-    if isinstance(exc, OSError):
-        return True
-    code = getattr(exc, "sqlite_errorcode", None)
-    return isinstance(code, int) and (code & 0xFF) in _DISK_ERRORS
-
-
-def _describe(exc: BaseException) -> str:
-    name = getattr(exc, "sqlite_errorname", None)
-    return f"{name or type(exc).__name__}: {exc}"
-
-
-# What a damaged file makes SQLite or the sqlite3 module raise: SQLite's own errors, text that
-# is not UTF-8 (UnicodeDecodeError, a ValueError) and wrong types met while converting a row.
-_READ_ERRORS = (sqlite3.Error, ValueError, TypeError)
 
 
 class Outbox:
     """Bounded persistent FIFO; open with :meth:`open` or as a context manager."""
 
     def __init__(
-        self,
-        connection: sqlite3.Connection,
-        path: Path,
-        max_messages: int,
-        *,
-        set_aside: SetAsideLog | None = None,
-        memory_fallback: bool = False,
-        in_memory_because: str | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        mirror_capacity: int = _MIRROR_CAPACITY,
+        self, storage: OutboxStorage, max_messages: int, *, mirror_capacity: int = _MIRROR_CAPACITY
     ) -> None:
-        self._db = connection
-        self.path = path
+        self._storage = storage
+        self.path = storage.path
         self.max_messages = max_messages
-        self._set_aside = set_aside if set_aside is not None else SetAsideLog()
-        self._memory_fallback = memory_fallback
-        self.disk_error = in_memory_because  # None while the queue is in the file
-        self._clock = clock
-        self._next_disk_try = clock() + _DISK_RETRY_S
         self._rewind = False  # the next peek_after starts at the front (after a switch)
         self._max_id = 0  # the highest id handed out so far
         self._bad_ids: set[int] = set()  # invalid rows not yet deleted
         self.invalid_rows_dropped = 0
         self.resets = 0
         self.read_failures = 0
-        self.memory_periods = 1 if in_memory_because else 0
         self.memory_messages = 0  # messages queued while the queue was in memory
         self._last_len = 0
         self._last_dropped_total = 0
@@ -182,32 +96,13 @@ class Outbox:
         """
         if max_messages < 1:
             raise OutboxError(f"outbox bound must be at least 1, got {max_messages}")
-        set_aside = set_aside if set_aside is not None else SetAsideLog()
-        try:
-            connection = _open_file(path, set_aside, first_id=0)
-        except OutboxError as exc:
-            if not memory_fallback:
-                raise
-            _log.error("outbox_in_memory", path=str(path), error=str(exc))
-            return cls(
-                _open_memory(),
-                path,
-                max_messages,
-                set_aside=set_aside,
-                memory_fallback=True,
-                in_memory_because=str(exc),
-                clock=clock,
-                mirror_capacity=mirror_capacity,
-            )
-        return cls(
-            connection,
+        storage = OutboxStorage.open(
             path,
-            max_messages,
-            set_aside=set_aside,
+            set_aside=set_aside if set_aside is not None else SetAsideLog(),
             memory_fallback=memory_fallback,
             clock=clock,
-            mirror_capacity=mirror_capacity,
         )
+        return cls(storage, max_messages, mirror_capacity=mirror_capacity)
 
     def __enter__(self) -> Self:
         return self
@@ -221,18 +116,18 @@ class Outbox:
         self.close()
 
     def close(self) -> None:
-        self._db.close()
+        self._storage.close()
 
     @property
     def in_memory(self) -> bool:
-        return self.disk_error is not None
+        return self._storage.in_memory
 
     def stats(self) -> dict[str, object]:
         """How the queue is kept: ``storage`` disk or memory, and what went wrong."""
         return {
             "storage": "memory" if self.in_memory else "disk",
-            "disk_error": self.disk_error,
-            "memory_periods": self.memory_periods,
+            "disk_error": self._storage.disk_error,
+            "memory_periods": self._storage.memory_periods,
             "memory_messages": self.memory_messages,
             "invalid_rows_dropped": self.invalid_rows_dropped,
             "resets": self.resets,
@@ -255,7 +150,7 @@ class Outbox:
             before = self._known_count(db)
             if before == 0 and not self._mirror.active:
                 self._mirror.start()  # an empty queue: mirror it from here on
-            with _Transaction(db):
+            with Transaction(db):
                 db.executemany(
                     "INSERT INTO outbox (topic, payload, qos, retain, queued_at) "
                     "VALUES (?, ?, ?, ?, ?)",
@@ -299,7 +194,7 @@ class Outbox:
 
         def delete(db: sqlite3.Connection) -> None:
             deleted = 0
-            with _Transaction(db):
+            with Transaction(db):
                 if _consecutive(wanted):  # the usual acknowledgement: the oldest, in order
                     cursor = db.execute(
                         "DELETE FROM outbox WHERE id BETWEEN ? AND ?", (wanted[0], wanted[-1])
@@ -324,15 +219,15 @@ class Outbox:
     def _write(self, what: str, operation: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run a write; a corrupt file is set aside and the write retried on a fresh queue."""
         try:
-            return operation(self._db)
-        except _READ_ERRORS as exc:
+            return operation(self._storage.db)
+        except READ_ERRORS as exc:
             self._forget_shape()
-            if _is_disk_error(exc):
+            if is_disk_error(exc):
                 raise OutboxError(f"cannot write to outbox {self.path}: {exc}") from exc
-            self._reset(f"{what}: {_describe(exc)}")
+            self._reset(f"{what}: {describe(exc)}")
         try:
-            return operation(self._db)
-        except _READ_ERRORS as exc:
+            return operation(self._storage.db)
+        except READ_ERRORS as exc:
             self._forget_shape()
             raise OutboxError(f"cannot write to outbox {self.path}: {exc}") from exc
 
@@ -369,19 +264,19 @@ class Outbox:
         cursor_id = after_id
         while len(found) < limit:
             try:
-                rows = self._db.execute(
+                rows = self._storage.db.execute(
                     "SELECT id, CAST(topic AS BLOB), typeof(topic), payload, typeof(payload), "
                     "qos, retain FROM outbox WHERE id > ? ORDER BY id LIMIT ?",
                     (cursor_id, limit - len(found)),
                 ).fetchall()
-            except _READ_ERRORS as exc:
+            except READ_ERRORS as exc:
                 if not self._read_failed("peek", exc):
                     return found
                 continue  # a fresh queue: its ids are all above cursor_id
             if not rows:
                 break
             for row in rows:
-                message = _message(row)
+                message = stored_message(row)
                 if message is None:
                     self._drop_invalid(row[0])
                 else:
@@ -394,9 +289,9 @@ class Outbox:
 
     def __len__(self) -> int:
         try:
-            count = self._known_count(self._db)
+            count = self._known_count(self._storage.db)
             self._last_len = max(0, count - len(self._bad_ids))
-        except _READ_ERRORS as exc:
+        except READ_ERRORS as exc:
             if self._read_failed("count", exc):
                 return len(self)
         return self._last_len
@@ -405,22 +300,24 @@ class Outbox:
     def dropped_total(self) -> int:
         """Messages dropped at the bound over the queue's whole life (survives restarts)."""
         try:
-            row = self._db.execute("SELECT value FROM counters WHERE name = 'dropped'").fetchone()
+            row = self._storage.db.execute(
+                "SELECT value FROM counters WHERE name = 'dropped'"
+            ).fetchone()
             value = row[0] if row else 0
             if isinstance(value, int):
                 self._last_dropped_total = value
-        except _READ_ERRORS as exc:
+        except READ_ERRORS as exc:
             if self._read_failed("dropped_total", exc):
                 return self.dropped_total
         return self._last_dropped_total
 
     def _read_failed(self, what: str, exc: BaseException) -> bool:
         """Handle a failed read: True if the queue was replaced by a fresh one (read again)."""
-        if _is_disk_error(exc):
+        if is_disk_error(exc):
             self.read_failures += 1
-            _log.error("outbox_read_failed", path=str(self.path), what=what, error=_describe(exc))
+            _log.error("outbox_read_failed", path=str(self.path), what=what, error=describe(exc))
             return False
-        self._reset(f"{what}: {_describe(exc)}")
+        self._reset(f"{what}: {describe(exc)}")
         return True
 
     def _drop_invalid(self, row_id: object) -> None:
@@ -438,50 +335,19 @@ class Outbox:
     # -- replacing the queue ----------------------------------------------------------------
 
     def _reset(self, reason: str) -> None:
-        """The file is corrupt: set it aside and continue on a fresh one (or in memory)."""
+        """The file is corrupt: continue on a fresh one (or in memory) whose ids continue."""
         self.resets += 1
         self._bad_ids.clear()
         self._forget_shape()
-        first_id = self._max_id
-        if self.in_memory:  # SQLite's memory database cannot be corrupted by the disk
-            raise OutboxError(f"outbox in memory failed: {reason}")
-        self._db.close()
-        self._set_aside.set_aside(self.path, kind="outbox", reason=reason, companions=_COMPANIONS)
-        try:
-            self._db = _open_file(self.path, self._set_aside, first_id=first_id)
-        except OutboxError as exc:
-            if not self._memory_fallback:
-                raise
-            self._to_memory(str(exc))
-
-    def _to_memory(self, error: str) -> None:
-        _log.error("outbox_in_memory", path=str(self.path), error=error)
-        self._db = _open_memory()
-        self._forget_shape()
-        self.disk_error = error
-        self.memory_periods += 1
-        self._next_disk_try = self._clock() + _DISK_RETRY_S
-        self._rewind = True
+        self._storage.replace(reason, first_id=self._max_id)
+        if self._storage.in_memory:  # (replace raises if it was in memory before)
+            self._rewind = True
 
     def _maybe_back_to_disk(self) -> None:
         """Move a drained memory queue back to its file once the disk takes it."""
-        if not self.in_memory or self._clock() < self._next_disk_try:
-            return
-        (count,) = self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()
-        if count:
-            return  # messages (maybe in flight) would change ids: wait until delivered
-        self._next_disk_try = self._clock() + _DISK_RETRY_S
-        try:
-            connection = _open_file(self.path, self._set_aside, first_id=0)
-        except OutboxError as exc:
-            self.disk_error = str(exc)
-            return
-        self._db.close()
-        self._db = connection
-        self._forget_shape()
-        self.disk_error = None
-        self._rewind = True  # the file may hold older messages, with ids below the cursor
-        _log.info("outbox_on_disk_again", path=str(self.path))
+        if self._storage.back_to_disk():
+            self._forget_shape()
+            self._rewind = True  # the file may hold older messages, with ids below the cursor
 
 
 def _consecutive(ids: Sequence[int]) -> bool:
@@ -491,87 +357,3 @@ def _consecutive(ids: Sequence[int]) -> bool:
         and ids[-1] - ids[0] == len(ids) - 1
         and all(b == a + 1 for a, b in itertools.pairwise(ids))
     )
-
-
-def _message(row: tuple[object, ...]) -> QueuedMessage | None:
-    """The row as a message, or None if any field is not what :meth:`Outbox.append` wrote."""
-    row_id, topic, topic_type, payload, payload_type, qos, retain = row
-    if not isinstance(row_id, int) or topic_type != "text" or payload_type != "blob":
-        return None
-    if not isinstance(topic, bytes) or not isinstance(payload, bytes) or len(topic) > 65_535:
-        return None  # (an MQTT topic is at most 65,535 bytes)
-    if qos not in (0, 1, 2) or retain not in (0, 1) or isinstance(qos, bool):
-        return None
-    try:
-        text = topic.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    if not text or "\0" in text or "+" in text or "#" in text:
-        return None
-    return QueuedMessage(id=row_id, topic=text, payload=payload, qos=int(qos), retain=bool(retain))
-
-
-def _open_file(path: Path, set_aside: SetAsideLog, *, first_id: int) -> sqlite3.Connection:
-    """Open (or create) the queue file; set a corrupt one aside and create a fresh one.
-
-    Raises :class:`OutboxError` when the disk refuses (full, read-only, permissions).
-    """
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return _connect(path, first_id)
-    except (*_READ_ERRORS, OSError) as exc:
-        if _is_disk_error(exc):
-            raise OutboxError(f"cannot open outbox {path}: {_describe(exc)}") from exc
-        moved = set_aside.set_aside(
-            path, kind="outbox", reason=f"open: {_describe(exc)}", companions=_COMPANIONS
-        )
-        if moved is None:
-            raise OutboxError(f"corrupt outbox {path} cannot be moved aside: {exc}") from exc
-    try:
-        return _connect(path, first_id)
-    except (*_READ_ERRORS, OSError) as again:
-        raise OutboxError(f"cannot create outbox {path}: {_describe(again)}") from again
-
-
-def _connect(path: Path | str, first_id: int) -> sqlite3.Connection:
-    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
-    try:
-        if path != ":memory:":
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute("PRAGMA synchronous=NORMAL")
-        connection.executescript(_SCHEMA)
-        (status,) = connection.execute("PRAGMA quick_check").fetchone()
-        if status != "ok":
-            raise sqlite3.DatabaseError(f"quick_check: {status}")
-        if first_id > 0:  # ids continue above those of the file this one replaces
-            connection.execute(
-                "INSERT INTO sqlite_sequence (name, seq) SELECT 'outbox', ? "
-                "WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'outbox')",
-                (first_id,),
-            )
-    except BaseException:
-        connection.close()
-        raise
-    return connection
-
-
-def _open_memory() -> sqlite3.Connection:
-    return _connect(":memory:", _MEMORY_FIRST_ID)
-
-
-class _Transaction:
-    """BEGIN IMMEDIATE ... COMMIT, rolled back on error (autocommit connection)."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")

@@ -4,7 +4,8 @@ The composition of the publish package: ``submit`` never waits for the network: 
 (:mod:`tesla_gateway.publish.payloads`, on the topics of
 :mod:`tesla_gateway.publish.topics`) go into the
 persisted :class:`Outbox` and the :class:`Delivery` window sends them in order whenever the broker
-is connected, deleting each from the outbox only once acknowledged. The availability topic is
+is connected, deleting each from the outbox only once acknowledged. Discovery configs go ahead
+of what they describe (:mod:`tesla_gateway.publish.announcer`). The availability topic is
 ``online`` while connected and ``offline`` (the retained last will, or an explicit message on
 clean shutdown) otherwise.
 """
@@ -14,119 +15,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tesla_gateway.contract.calibrated import CalibratedReading
 from tesla_gateway.contract.readings import SENSOR_ID_PATTERN
-from tesla_gateway.contract.timefmt import iso8601
 from tesla_gateway.monitor.monitor import SensorDocument
-from tesla_gateway.mqtt.config import MqttBrokerConfig, Will
+from tesla_gateway.mqtt.config import Will
 from tesla_gateway.mqtt.connection import MqttConnection
 from tesla_gateway.mqtt.errors import MqttNotConnectedError
-from tesla_gateway.mqtt.topics import PublishTopic
+from tesla_gateway.publish.announcer import DiscoveryAnnouncer
 from tesla_gateway.publish.availability import SensorAvailability
+from tesla_gateway.publish.config import PublisherConfig
 from tesla_gateway.publish.delivery import Delivery
-from tesla_gateway.publish.discovery import Discovery, DiscoveryMessage
+from tesla_gateway.publish.discovery import Discovery
 from tesla_gateway.publish.errors import PublisherError
-from tesla_gateway.publish.outbox import Outbox, OutboxMessage
+from tesla_gateway.publish.outbox import Outbox
+from tesla_gateway.publish.outbox_messages import OutboxMessage
 from tesla_gateway.publish.payloads import batch_payloads, document_payload, reading_message
-from tesla_gateway.publish.topics import DocumentKind, TopicScheme
+from tesla_gateway.publish.stats_topic import StatsTopic
+from tesla_gateway.publish.topics import TopicScheme
 from tesla_gateway.set_aside import SetAsideLog
 from tesla_gateway.task_group import run_task_group
 
-__all__ = ["OUTBOX_FILENAME", "Publisher", "PublisherConfig"]
+__all__ = ["OUTBOX_FILENAME", "Publisher"]
 
 OUTBOX_FILENAME = "outbox.sqlite3"
-_NOT_CONNECTED_RETRY_S = 0.05
-
-
-class PublisherConfig(BaseModel):
-    """Where and how calibrated readings are published."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    broker: MqttBrokerConfig = Field(
-        default_factory=MqttBrokerConfig, description="Broker to publish to."
-    )
-    topic_prefix: str | None = Field(
-        default=None, description="Topic prefix; default 'tesla/<gateway_id>'."
-    )
-    client_id: str | None = Field(
-        default=None, max_length=64, description="Client id; default tesla-gateway-<id>-out."
-    )
-    qos: Literal[1, 2] = Field(
-        default=1, description="QoS of calibrated readings (at least 1: the outbox needs acks)."
-    )
-    retain: bool = Field(default=True, description="Retain the latest value of each topic.")
-    stats_interval_s: float = Field(
-        default=60.0, gt=0, description="How often the stats topic is published."
-    )
-    discovery: bool = Field(default=False, description="Publish Home Assistant discovery configs.")
-    discovery_prefix: str = Field(
-        default="homeassistant", min_length=1, description="Home Assistant discovery prefix."
-    )
-    discovery_support_url: str | None = Field(
-        default=None,
-        pattern=r"^https?://\S+$",
-        description="Optional 'support_url' of the discovery origin block (an http(s) URL).",
-    )
-    sensor_offline_after_s: float | None = Field(
-        default=600.0,
-        gt=0,
-        description=(
-            "A sensor without a reading for this long goes 'offline' on "
-            "<prefix>/<sensor>/availability (and unavailable in Home Assistant); null: no "
-            "per-sensor availability topics."
-        ),
-    )
-    outbox_max_messages: int = Field(
-        default=100_000,
-        ge=1,
-        description="Bound of the store-and-forward queue; beyond it the oldest are dropped.",
-    )
-    in_flight: int = Field(
-        default=256,
-        ge=1,
-        le=65_535,
-        description=(
-            "Messages sent ahead while awaiting PUBACKs (a sliding window); the broker's "
-            "MQTT 5 Receive Maximum caps it (mosquitto: max_inflight_messages, default 20)."
-        ),
-    )
-    shutdown_flush_s: float = Field(
-        default=5.0, ge=0, description="On shutdown, how long to keep delivering queued messages."
-    )
-    per_sensor_topics: bool = Field(
-        default=True,
-        description="Publish each calibrated reading on <prefix>/<sensor_id>/<feature>.",
-    )
-    batch_topic: bool = Field(
-        default=False,
-        description=(
-            "Also (or, with per_sensor_topics = false, only) publish each tick's readings as JSON "
-            "arrays on <prefix>/_batch/<feature>: one message per batch_max_readings readings."
-        ),
-    )
-    batch_max_readings: int = Field(
-        default=1000, ge=1, le=100_000, description="Most readings in one batch message."
-    )
-
-    @field_validator("topic_prefix", "discovery_prefix")
-    @classmethod
-    def _plain_topic(cls, value: str | None) -> str | None:
-        return None if value is None else PublishTopic(value)
-
-    @model_validator(mode="after")
-    def _publishes_readings(self) -> Self:
-        if not (self.per_sensor_topics or self.batch_topic):
-            raise ValueError("per_sensor_topics and batch_topic cannot both be false")
-        return self
 
 
 def _mark_retrieved(future: asyncio.Future[Any]) -> None:
@@ -174,25 +91,22 @@ class Publisher:
             before_send=self._announce,
             log=self._log,
         )
-        self._known: dict[tuple[str, str], None] = {}  # (sensor, feature), insertion-ordered
-        self._announced: set[tuple[str, str]] = set()
-        self._known_documents: dict[tuple[str, str, DocumentKind], None] = {}
-        self._announced_documents: set[tuple[str, str, DocumentKind]] = set()
-        self._gateway_announced = False
-        self._forgotten: set[str] = set()  # evicted this run: re-announced through the outbox
-        self._discovery = Discovery(
+        discovery = Discovery(
             discovery_prefix=config.discovery_prefix,
             gateway_id=gateway_id,
             topics=self.topics,
             sensor_availability=config.sensor_offline_after_s is not None,
             support_url=config.discovery_support_url,
         )
+        self._announcer = DiscoveryAnnouncer(discovery, enabled=config.discovery)
         self._availability = (
             None
             if config.sensor_offline_after_s is None
             else SensorAvailability(config.sensor_offline_after_s)
         )
-        self._stats: dict[str, object] | None = None
+        self._stats_topic = StatsTopic(
+            self.topics.stats, interval_s=config.stats_interval_s, counters=self.stats
+        )
         self._dropped = 0
         self._connection: MqttConnection | None = None
         self._runner: asyncio.Task[None] | None = None  # delivery and stats, in a TaskGroup
@@ -205,11 +119,10 @@ class Publisher:
         """Queue calibrated readings for delivery (persisted; returns at once)."""
         if self._closed_counts is not None:
             raise PublisherError("the publisher is closed; readings can no longer be queued")
-        messages: list[OutboxMessage] = []
         for reading in readings:
             self.topics.check_ids(reading.sensor_id, reading.feature)
-        if self._forgotten and self._config.discovery:
-            messages.extend(self._reannounce_forgotten(readings))
+        returning = self._announcer.returning(readings)  # evicted earlier, back: configs first
+        messages = [self._retained(m.topic, m.payload) for m in returning]
         if self._config.per_sensor_topics:
             for reading in readings:
                 messages.append(
@@ -220,21 +133,10 @@ class Publisher:
                         retain=self._config.retain,
                     )
                 )
-                self._known.setdefault((reading.sensor_id, reading.feature), None)
+            self._announcer.readings_queued(readings)
         if self._config.batch_topic:
             messages.extend(self._batch_messages(readings))
         self._enqueue(messages)
-
-    def _reannounce_forgotten(self, readings: Sequence[CalibratedReading]) -> list[OutboxMessage]:
-        """A sensor evicted earlier this run is back: its configs go through the outbox, after
-        the removals queued there at eviction, so a removal can never follow them."""
-        messages: list[OutboxMessage] = []
-        for reading in readings:
-            if reading.sensor_id in self._forgotten:
-                configs = self._discovery.sensor(reading.sensor_id, reading.feature)
-                messages.extend(self._retained(m.topic, m.payload) for m in configs)
-        self._forgotten.difference_update(r.sensor_id for r in readings)
-        return messages
 
     def _retained(self, topic: str, payload: bytes) -> OutboxMessage:
         return OutboxMessage(topic=topic, payload=payload, qos=self._config.qos, retain=True)
@@ -274,23 +176,12 @@ class Publisher:
         retained payloads, through the outbox), so Home Assistant drops their entities."""
         if not sensor_ids or self._closed_counts is not None:
             return
-        gone = set(sensor_ids)
-        for pair in [p for p in self._known if p[0] in gone]:
-            del self._known[pair]
-            self._announced.discard(pair)
-        for key in [k for k in self._known_documents if k[0] in gone]:
-            del self._known_documents[key]
-            self._announced_documents.discard(key)
+        removals = self._announcer.forget(sensor_ids)
         messages: list[OutboxMessage] = []
         if self._availability is not None:
             self._availability.forget(sensor_ids)
             messages.extend(self._retained(self.topics.availability(s), b"") for s in sensor_ids)
-        if self._config.discovery:
-            self._forgotten.update(gone)
-            for sensor_id in sensor_ids:
-                messages.extend(
-                    self._retained(m.topic, m.payload) for m in self._discovery.removals(sensor_id)
-                )
+        messages.extend(self._retained(m.topic, m.payload) for m in removals)
         self._enqueue(messages)
 
     def _batch_messages(self, readings: Sequence[CalibratedReading]) -> list[OutboxMessage]:
@@ -320,7 +211,7 @@ class Publisher:
             for d in documents
         ]
         for d in documents:
-            self._known_documents.setdefault((d.sensor_id, d.feature, d.kind), None)
+            self._announcer.document_queued(d.sensor_id, d.feature, d.kind)
         self._enqueue(messages)
 
     def _enqueue(self, messages: Sequence[OutboxMessage]) -> None:
@@ -338,7 +229,7 @@ class Publisher:
 
     def submit_stats(self, stats: Mapping[str, object]) -> None:
         """Replace the snapshot published on the stats topic every ``stats_interval_s``."""
-        self._stats = dict(stats)
+        self._stats_topic.submit(stats)
 
     def stats(self) -> dict[str, object]:
         """The publisher's own counters (also merged into the stats topic under 'publisher')."""
@@ -392,8 +283,8 @@ class Publisher:
         await connection.__aenter__()
         self._connection = connection
         tasks = {
-            "publisher-deliver": self._deliver_forever(connection),
-            "publisher-stats": self._stats_forever(connection),
+            "publisher-deliver": self._delivery.run(connection, on_connected=self._online),
+            "publisher-stats": self._stats_topic.publish_forever(connection),
         }
         if self._availability is not None:
             tasks["publisher-availability"] = self._expire_forever(self._availability)
@@ -457,41 +348,15 @@ class Publisher:
 
     # -- delivery --------------------------------------------------------------------------
 
-    async def _deliver_forever(self, connection: MqttConnection) -> None:
-        while True:
-            await connection.wait_connected()
-            try:
-                await self._delivery.publish_or_log(connection, self.topics.status, b"online")
-                self._announced.clear()
-                self._announced_documents.clear()
-                self._gateway_announced = False
-                await self._delivery.drain(connection)
-            except MqttNotConnectedError:
-                self._log.info("publisher_waiting_for_broker", queued=len(self._outbox))
-                # paho can refuse a publish a moment before its disconnect reaches the loop;
-                # yield to it (and back off) rather than spin on a connection already gone.
-                await asyncio.sleep(_NOT_CONNECTED_RETRY_S)
+    async def _online(self, connection: MqttConnection) -> None:
+        """A new connection: ``online`` on the status topic, discovery configs sent again."""
+        await self._delivery.publish_or_log(connection, self.topics.status, b"online")
+        self._announcer.new_connection()
 
     async def _announce(self, connection: MqttConnection) -> None:
-        """Discovery configs not yet sent on this connection, before the messages they describe
-        (the gateway's device first: the sensors' devices name it as ``via_device``)."""
-        if not self._config.discovery:
-            return
-        if not self._gateway_announced:
-            await self._send_config(connection, self._discovery.gateway())
-            self._gateway_announced = True
-        pending = [pair for pair in self._known if pair not in self._announced]
-        for sensor_id, feature in pending:
-            for message in self._discovery.sensor(sensor_id, feature):
-                await self._send_config(connection, message)
-            self._announced.add((sensor_id, feature))
-        documents = [k for k in self._known_documents if k not in self._announced_documents]
-        for sensor_id, feature, kind in documents:
-            await self._send_config(connection, self._discovery.document(sensor_id, feature, kind))
-            self._announced_documents.add((sensor_id, feature, kind))
-
-    async def _send_config(self, connection: MqttConnection, message: DiscoveryMessage) -> None:
-        await self._delivery.publish_or_log(connection, message.topic, message.payload)
+        """Discovery configs not yet sent on this connection, before the messages they
+        describe."""
+        await self._announcer.announce(connection, self._delivery.publish_or_log)
 
     async def _expire_forever(self, availability: SensorAvailability) -> None:
         interval = max(0.05, min(availability.offline_after_s / 4, 10.0))
@@ -499,24 +364,6 @@ class Publisher:
             await asyncio.sleep(interval)
             self.expire_quiet_sensors()
 
-    async def _stats_forever(self, connection: MqttConnection) -> None:
-        while True:
-            await asyncio.sleep(self._config.stats_interval_s)
-            await self.publish_stats(connection)
-
     async def publish_stats(self, connection: MqttConnection | None = None) -> bool:
         """Publish the stats snapshot now; False if not connected (the next one replaces it)."""
-        connection = connection or self._connection
-        if connection is None or not connection.connected:
-            return False
-        document = {**(self._stats or {}), "publisher": self.stats(), "ts": iso8601(_now())}
-        payload = document_payload(document)
-        try:
-            await connection.publish(self.topics.stats, payload, qos=1, retain=True)
-        except MqttNotConnectedError:
-            return False
-        return True
-
-
-def _now() -> float:
-    return datetime.now(UTC).timestamp()
+        return await self._stats_topic.publish(connection or self._connection)

@@ -25,7 +25,8 @@ from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.manifest import load_manifest
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.monitor.pairs import PairRow, PairsWriter
-from tesla_gateway.publish.outbox import Outbox, OutboxMessage
+from tesla_gateway.publish.outbox import Outbox
+from tesla_gateway.publish.outbox_messages import OutboxMessage
 from tesla_gateway.set_aside import SetAsideLog
 from tesla_gateway.windows.snapshots import StateStore
 from tesla_gateway.windows.store import WindowStore

@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from tesla_gateway.publish.outbox import Outbox, OutboxError, OutboxMessage
+from tesla_gateway.publish.errors import OutboxError
+from tesla_gateway.publish.outbox import Outbox
+from tesla_gateway.publish.outbox_messages import OutboxMessage
 from tesla_gateway.set_aside import SetAsideLog
 
 

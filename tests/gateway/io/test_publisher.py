@@ -19,9 +19,10 @@ from structlog.testing import capture_logs
 from devkit.broker import Mosquitto
 from tesla_gateway.contract.calibrated import CalibratedReading, Interval, Quality
 from tesla_gateway.monitor.monitor import SensorDocument
+from tesla_gateway.publish.config import PublisherConfig
 from tesla_gateway.publish.errors import PublisherError
 from tesla_gateway.publish.payloads import reading_message, reading_payload
-from tesla_gateway.publish.publisher import Publisher, PublisherConfig
+from tesla_gateway.publish.publisher import Publisher
 from tests.gateway.io.helpers import broker_config, collecting, eventually
 
 T0 = 1_700_000_000.0
@@ -103,7 +104,8 @@ def test_last_will_says_offline_when_the_gateway_dies(mosquitto: Mosquitto, tmp_
     script = f"""
 import asyncio, sys
 from pathlib import Path
-from tesla_gateway.publish.publisher import Publisher, PublisherConfig
+from tesla_gateway.publish.config import PublisherConfig
+from tesla_gateway.publish.publisher import Publisher
 config = PublisherConfig.model_validate_json(sys.argv[1])
 async def main():
     async with Publisher(config, gateway_id="gwdie", state_dir=Path({str(tmp_path)!r})) as p:

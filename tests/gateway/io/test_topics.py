@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from tesla_gateway.mqtt.topics import PublishTopic, TopicFilter
 from tesla_gateway.ota.config import OtaConfig
-from tesla_gateway.publish.publisher import PublisherConfig
+from tesla_gateway.publish.config import PublisherConfig
 from tesla_gateway.sources.mqtt_source import MqttSourceConfig
 
 GOOD_TOPICS = ["tesla", "tesla/gw-1", "a/b/c", "with space/ünïcode"]
