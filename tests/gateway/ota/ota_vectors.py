@@ -130,6 +130,7 @@ def _scenarios() -> list[dict[str, object]]:
             (Commit(), (s.NOT_VERIFIED, 0)),
         ],
         "finish too early": [*good[:2], (Finish(), (s.INCOMPLETE, 1))],
+        "finish one chunk short": [*good[:3], (Finish(), (s.INCOMPLETE, 2))],
         "commit before verify": [*good[:2], (Commit(), (s.NOT_VERIFIED, 1))],
         "sha256 mismatch restarts": [
             (_begin(other_sha), (s.OK, 0)),
