@@ -393,6 +393,15 @@ void test_pms5003() {
     if (result == tesla::Pms5003Parser::Result::kBadChecksum) ++bad_checksums;
   }
   CHECK(frames == 1 && bad_checksums == 1, "frames %d bad %d", frames, bad_checksums);
+  // One stray 0x42 right before the frame: its 0x42 must start the frame, not reset the parser.
+  tesla::Pms5003Parser single;
+  std::vector<uint8_t> stray = {0x42};
+  stray.insert(stray.end(), frame, frame + 32);
+  int after_stray = 0;
+  for (uint8_t b : stray) {
+    if (single.feed(b) == tesla::Pms5003Parser::Result::kFrame) ++after_stray;
+  }
+  CHECK(after_stray == 1, "one stray 0x42 then a frame: %d frames", after_stray);
 }
 
 // The gap rule of tesla_gateway/contract/series.py on a window of 5 with max_interpolated 2.
