@@ -24,6 +24,7 @@ from tesla_gateway.publish.errors import PublisherError
 from tesla_gateway.publish.payloads import reading_message, reading_payload
 from tesla_gateway.publish.publisher import Publisher
 from tests.gateway.io.helpers import broker_config, collecting, eventually
+from tests.support.puback_cut import PubackCut
 
 T0 = 1_700_000_000.0
 
@@ -168,6 +169,36 @@ def test_store_and_forward_across_a_broker_outage(mosquitto: Mosquitto, tmp_path
     assert list(dict.fromkeys(values)) == [10.0 + n for n in range(50)]
     after_outage = values[values.index(20.0) :]
     assert after_outage == [10.0 + n for n in range(10, 50)]
+
+
+def test_a_batch_cut_after_its_first_acknowledgement_resends_the_rest_in_order(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """Five readings go out in one write; the broker takes the first and acknowledges it, then
+    the connection is lost with the other four unsent. Only the first leaves the outbox: the
+    four are sent again, in order, once the gateway reconnects."""
+
+    async def scenario() -> dict[str, object]:
+        async with PubackCut(mosquitto.host, mosquitto.port) as proxy:
+            settings = PublisherConfig.model_validate(
+                {"broker": broker_config(mosquitto, port=proxy.port), "stats_interval_s": 3600}
+            )
+            async with Publisher(settings, gateway_id="gw12", state_dir=tmp_path) as publisher:
+                await asyncio.wait_for(_connected(publisher), 10)
+                cut = proxy.arm("tesla/gw12/s1/pm10")
+                publisher.submit([reading(n) for n in range(5)])
+                await asyncio.wait_for(cut.wait(), 10)
+                await asyncio.wait_for(publisher.wait_idle(), 20)
+                return publisher.stats()
+
+    with collecting(mosquitto, ["tesla/gw12/s1/#"]) as live:
+        with capture_logs() as logs:
+            stats = asyncio.run(scenario())
+        live.wait_for(lambda m: len(m) >= 5, timeout_s=20)
+        values = [json.loads(p)["raw"] for p in live.on("tesla/gw12/s1/pm10")]
+    assert values == [10.0 + n for n in range(5)]  # the broker never had 2..5 before the cut
+    assert stats["published"] == 5 and stats["queued"] == 0
+    assert "publisher_waiting_for_broker" in [log["event"] for log in logs]
 
 
 def test_bound_drops_the_oldest_and_counts_them(mosquitto: Mosquitto, tmp_path: Path) -> None:
