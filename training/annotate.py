@@ -1,10 +1,12 @@
-"""Give an already exported model directory the trust fields of issue 17 without retraining.
+"""Give an already exported model directory the trust fields of issues 17 and 26 without
+retraining.
 
-The committed default models were exported before manifests carried prediction intervals and
-the validation comparison. Both depend only on the model's outputs on the validation sensor, so
-they are recomputed here from the directory's own float graph (run by the gateway's calibrator,
-which matches Keras to 1e-4 of the output scale) on the data the model was trained with. The
-FlatBuffers are untouched; only ``manifest.json`` is rewritten.
+The committed default models were exported before manifests carried prediction intervals, the
+validation comparison and the training target range. The first two depend only on the model's
+outputs on the validation sensor, so they are recomputed here from the directory's own float
+graph (run by the gateway's calibrator, which matches Keras to 1e-4 of the output scale) on the
+data the model was trained with; the target range is the training windows' reference values.
+The FlatBuffers are untouched; only ``manifest.json`` is rewritten.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from training.conformal import DEFAULT_LEVEL, fit_intervals
 from training.errors import DataError
 from training.harm import compare_on
 from training.metrics import LinearCalibration
-from training.train import TrainConfig, prepare_data
+from training.train import TrainConfig, prepare_data, target_range
 
 __all__ = ["annotate_model_dir"]
 
@@ -63,7 +65,11 @@ def annotate_model_dir(
         predicted, windows.targets(), sensor=prepared.summary.validation_sensor, level=level
     )
     updated = manifest.model_copy(
-        update={"intervals": intervals, "validation_baselines": baselines}
+        update={
+            "intervals": intervals,
+            "validation_baselines": baselines,
+            "target_range": target_range(prepared.train),
+        }
     )
     write_manifest(model_dir, Manifest.model_validate(updated.model_dump()))
     verify_model_files(model_dir, load_manifest(model_dir))

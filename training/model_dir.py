@@ -32,7 +32,7 @@ from training.errors import DataError
 from training.export import ExportTargets, ExportVerification, export_flatbuffers
 from training.harm import check_not_harmful, compare_on
 from training.metrics import LinearCalibration
-from training.train import load_run, predict_windows, prepare_data
+from training.train import load_run, predict_windows, prepare_data, target_range
 
 __all__ = [
     "CHANNEL_UNITS",
@@ -182,6 +182,7 @@ def export_run(
         created_at=datetime.now(UTC),
         intervals=intervals,
         validation_baselines=baselines,
+        target_range=target_range(prepared.train),
         device_graph_absent=exported.device_graph_absent,
     )
     write_manifest(model_dir, manifest)

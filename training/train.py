@@ -21,7 +21,13 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tesla_gateway.contract.manifest import DataSummary, ErrorMetrics, InputRange, TestMetrics
+from tesla_gateway.contract.manifest import (
+    DataSummary,
+    ErrorMetrics,
+    InputRange,
+    TargetRange,
+    TestMetrics,
+)
 from tesla_gateway.contract.series import GapPolicy
 from training.data import (
     CoLocationData,
@@ -49,6 +55,7 @@ __all__ = [
     "load_run",
     "predict_windows",
     "prepare_data",
+    "target_range",
     "train",
     "write_run",
 ]
@@ -136,6 +143,14 @@ def input_range(windows: WindowSet) -> InputRange:
     raw = np.asarray(windows.current_raw(), dtype=np.float64)
     p = np.percentile(raw, [0, 1, 50, 99, 100])
     return InputRange(min=p[0], p01=p[1], p50=p[2], p99=p[3], max=p[4])
+
+
+def target_range(windows: WindowSet) -> TargetRange:
+    """Percentiles of the windows' reference values: the outputs the model learned, which bound
+    what the gateway publishes as calibrated (tesla_gateway/models/plausibility.py)."""
+    targets = np.asarray(windows.targets(), dtype=np.float64)
+    p = np.percentile(targets, [0, 1, 50, 99, 100])
+    return TargetRange(min=p[0], p01=p[1], p50=p[2], p99=p[3], max=p[4])
 
 
 def prepare_data(config: TrainConfig) -> PreparedData:

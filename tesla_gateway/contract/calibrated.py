@@ -17,6 +17,9 @@ class Quality(enum.StrEnum):
     MISSING_CHANNEL = "missing_channel"  # the sensor does not supply an input the model needs
     NO_MODEL = "no_model"  # no valid model is loaded for this feature
     OUT_OF_DOMAIN = "out_of_domain"  # inputs far outside the training data's range
+    # the model's output is no concentration: its whole interval below zero, or far beyond what
+    # it was trained on (tesla_gateway/models/plausibility.py); published without a value
+    IMPLAUSIBLE = "implausible"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +36,8 @@ class CalibratedReading:
     """One closed period of one sensor and feature.
 
     ``calibrated`` is None unless ``quality`` contains only ``Quality.OK`` (or the advisory
-    ``OUT_OF_DOMAIN``): the gateway never publishes a made-up calibration.
+    ``OUT_OF_DOMAIN``): the gateway never publishes a made-up calibration, nor one the model
+    computed but no concentration could be (``IMPLAUSIBLE``).
     """
 
     sensor_id: str

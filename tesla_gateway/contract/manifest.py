@@ -41,6 +41,7 @@ __all__ = [
     "Manifest",
     "ModelFile",
     "PredictionIntervals",
+    "TargetRange",
     "TestMetrics",
     "load_manifest",
     "sha256_file",
@@ -122,6 +123,12 @@ class InputRange(_Strict):
     p50: float
     p99: float
     max: float
+
+
+class TargetRange(InputRange):
+    """Where the training windows' reference values lay: what the model learned to output.
+
+    The gateway bounds every output by it (tesla_gateway/models/plausibility.py)."""
 
 
 class PredictionIntervals(_Strict):
@@ -216,6 +223,13 @@ class Manifest(_Strict):
     validation_baselines: TestMetrics | None = Field(
         default=None,
         description="Raw, linear and model scores on the validation sensor (export's harm check).",
+    )
+    target_range: TargetRange | None = Field(
+        default=None,
+        description=(
+            "Percentiles of the training windows' reference values; absent in manifests written "
+            "before it existed (the gateway then bounds outputs by input_range)."
+        ),
     )
     device_graph_absent: str | None = Field(
         default=None,

@@ -5,13 +5,13 @@ or by the wall-clock fallback at most ``grace_s`` after the period's end (or aft
 reading, for replayed data). A tick gathers every closed period of every model, runs each model
 once over all its valid windows, and returns one :class:`CalibratedReading` per (sensor, period,
 feature). A window that is not valid is published with its raw value and the reason, never with a
-made-up calibration.
+made-up calibration; nor is an output no concentration could be (``implausible``, bounded by the
+model's manifest: tesla_gateway/models/plausibility.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -258,6 +258,13 @@ class Ticker:
             self.counters.total_inference_s += elapsed
             self.counters.last_batch[batch.slot] = int(valid.sum())
         domain = _outside_domain(calibrator, ready)
+        implausible = (
+            np.zeros(len(ready), dtype=np.bool_)
+            if calibrator is None or failed
+            else calibrator.plausible.implausible(values, ready.raw) & valid
+        )
+        if implausible.any() and calibrator is not None:
+            _log_implausible(batch, calibrator, implausible, values)
         period_seconds = (
             calibrator.geometry.period_seconds
             if calibrator is not None
@@ -271,12 +278,10 @@ class Ticker:
             if calibrator is None or failed:
                 quality = (*quality, Quality.NO_MODEL)
             elif not quality:
-                value = float(values[row])
-                if math.isfinite(value):
-                    calibrated = value
-                    quality = (Quality.OK, Quality.OUT_OF_DOMAIN) if domain[row] else (Quality.OK,)
-                else:
-                    quality = (Quality.OUT_OF_DOMAIN,)
+                verdict = Quality.IMPLAUSIBLE if implausible[row] else Quality.OK
+                if verdict is Quality.OK:
+                    calibrated = float(values[row])
+                quality = (verdict, Quality.OUT_OF_DOMAIN) if domain[row] else (verdict,)
             out.append(
                 CalibratedReading(
                     sensor_id=sensor_id,
@@ -295,6 +300,27 @@ class Ticker:
                 )
             )
         return out
+
+
+def _log_implausible(
+    batch: TickBatch, calibrator: Calibrator, implausible: np.ndarray, values: np.ndarray
+) -> None:
+    """One warning per model and tick (not per sensor): how many, and the first one's numbers
+    (the published message carries no value, so this is where an operator sees it)."""
+    row = int(np.flatnonzero(implausible)[0])
+    raw = float(batch.ready.raw[row])
+    _log.warning(
+        "implausible_outputs",
+        feature=batch.feature,
+        slot_id=batch.slot,
+        model=calibrator.name,
+        version=calibrator.version,
+        count=int(implausible.sum()),
+        sensor=batch.ready.sensor_ids[row],
+        raw=raw,
+        output=float(values[row]),
+        reason=calibrator.plausible.reason(float(values[row]), raw),
+    )
 
 
 def _outside_domain(calibrator: Calibrator | None, ready: ReadyWindows) -> np.ndarray:

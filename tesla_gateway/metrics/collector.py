@@ -154,6 +154,16 @@ class StatsCollector(Collector):
             None if last_ms is None else last_ms / 1000,
         )
         yield _counter("inference_errors", "Invokes that failed.", _num(ticker, "inference_errors"))
+        flagged = CounterMetricFamily(
+            f"{PREFIX}_readings_flagged",
+            "Readings out of the ticks carrying each quality flag other than ok "
+            "(e.g. implausible: a model output withheld).",
+            labels=["quality"],
+        )
+        for quality, count in sorted(_map(ticker, "flagged").items()):
+            if isinstance(count, int):
+                flagged.add_metric([quality], count)
+        yield flagged
         ready = GaugeMetricFamily(
             f"{PREFIX}_sensors_ready",
             "Sensors whose window is full enough to calibrate, per feature.",

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.manifest import Manifest, load_manifest, verify_model_files
 from tesla_gateway.errors import GatewayError, ModelIntegrityError, ModelLoadError
+from tesla_gateway.models.plausibility import PlausibleRange
 from tesla_gateway.models.runtime import (
     DEFAULT_RUNTIME_PREFERENCE,
     BatchedInterpreter,
@@ -57,6 +58,7 @@ class Calibrator:
         self.sha256 = sha256
         self.trust = trust  # how the directory was vouched for (tesla_gateway/models/trust.py)
         self.geometry = WindowGeometry.from_manifest(manifest)
+        self.plausible = PlausibleRange.of(manifest)  # what its outputs may be published as
         self._interpreter = interpreter
 
     @property

@@ -15,6 +15,9 @@ in O(1) per period, with no per-reading work:
   their p01 (from the manifest's :class:`InputRange`), and the normalised distance of the recent
   (exponentially weighted) mean from ``[p01, p99]``;
 * **missing channel**: the latest window lacked an input channel the model needs;
+* **implausible**: share of recent periods whose calibrated value the ticker withheld as
+  implausible (tesla_gateway/models/plausibility.py); one such period in the window raises the
+  flag, since it means the model computes nonsense for this sensor's inputs;
 * **offline**: no closed period for ``offline_after_s`` seconds (wall clock, judged at report
   time, so replayed old data does not count as offline).
 
@@ -44,7 +47,8 @@ _GAP = 2
 _ABOVE_P99 = 3
 _ABOVE_MAX = 4
 _BELOW_P01 = 5
-_BITS = 6
+_IMPLAUSIBLE = 6
+_BITS = 7
 
 
 class HealthConfig(BaseModel):
@@ -133,6 +137,7 @@ class HealthFlag(enum.StrEnum):
     GAP_REJECTS = "gap_rejects"
     OUT_OF_DOMAIN = "out_of_domain"  # the sensor left the model's training domain
     MISSING_CHANNEL = "missing_channel"  # the sensor lacks an input channel of the model
+    IMPLAUSIBLE = "implausible"  # the model's output for it was withheld in the recent window
     OFFLINE = "offline"
     # set from the reference comparison (tesla_gateway.monitor.drift), never by this module
     DRIFT = "drift"
@@ -154,6 +159,7 @@ class HealthReport:
     above_p99_fraction: float
     above_max_fraction: float
     below_p01_fraction: float
+    implausible_fraction: float
     range_distance: float | None
     recent_mean: float | None
     spike_bound: float | None
@@ -171,6 +177,7 @@ class HealthReport:
             "above_p99_fraction": _rounded(self.above_p99_fraction),
             "above_max_fraction": _rounded(self.above_max_fraction),
             "below_p01_fraction": _rounded(self.below_p01_fraction),
+            "implausible_fraction": _rounded(self.implausible_fraction),
             "range_distance": _rounded(self.range_distance),
             "recent_mean": _rounded(self.recent_mean),
             "spike_bound": _rounded(self.spike_bound),
@@ -239,6 +246,8 @@ class SensorHealth:
             bits |= 1 << _SPIKE
         if Quality.GAP in quality:
             bits |= 1 << _GAP
+        if Quality.IMPLAUSIBLE in quality:
+            bits |= 1 << _IMPLAUSIBLE
         if input_range is not None:
             if raw > input_range.p99:
                 bits |= 1 << _ABOVE_P99
@@ -331,6 +340,8 @@ class SensorHealth:
             flags.append(HealthFlag.OUT_OF_DOMAIN)
         if self._missing_channel:
             flags.append(HealthFlag.MISSING_CHANNEL)
+        if counts[_IMPLAUSIBLE]:  # no min_periods: one nonsense value is enough to say so
+            flags.append(HealthFlag.IMPLAUSIBLE)
         if since is not None and since > config.offline_after_s:
             flags.append(HealthFlag.OFFLINE)
         bound = (
@@ -350,6 +361,7 @@ class SensorHealth:
             above_p99_fraction=share(_ABOVE_P99),
             above_max_fraction=share(_ABOVE_MAX),
             below_p01_fraction=share(_BELOW_P01),
+            implausible_fraction=share(_IMPLAUSIBLE),
             range_distance=_range_distance(self._mean, input_range),
             recent_mean=self._mean,
             spike_bound=bound,

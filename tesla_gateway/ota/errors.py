@@ -15,6 +15,7 @@ __all__ = [
     "BadSignatureError",
     "DowngradeError",
     "GoldenMismatchError",
+    "ImplausibleReleaseError",
     "IncompatibleReleaseError",
     "MalformedReleaseError",
     "OtaError",
@@ -98,6 +99,13 @@ class GoldenMismatchError(ReleaseRejectedError):
     """The staged model does not reproduce the golden windows signed into its release."""
 
     reason = "golden mismatch"
+
+
+class ImplausibleReleaseError(ReleaseRejectedError):
+    """The staged model's outputs on its reference windows are no concentration (below zero
+    beyond their interval, or far above the training range): signed, loadable, and wrong."""
+
+    reason = "implausible"
 
 
 class ReleaseInstallError(OtaError):

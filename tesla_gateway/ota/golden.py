@@ -7,17 +7,32 @@ Calibrator (one batched invoke) and requires every output to agree within
 ``GOLDEN_ABS_TOLERANCE + GOLDEN_REL_TOLERANCE * |expected|``: a FlatBuffer that loads but
 computes something else (the wrong weights under a valid signature) is refused. Releases made
 before golden windows existed carry none and are checked by load and test invoke only.
+
+Agreeing with its own golden windows proves the graph is the one released, not that it is
+sane: a release tool signs whatever the graph computes. :func:`check_plausible` therefore also
+holds the outputs on those windows (or, without golden windows, on constant windows at the
+training inputs' p01, p50 and p99) to the bound every published value meets at run time
+(tesla_gateway/models/plausibility.py): a model that answers raw 20 ug/m3 with -10,770 is
+refused before it serves.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tesla_gateway.ota.errors import GoldenMismatchError, MalformedReleaseError
+from tesla_gateway.ota.errors import (
+    GoldenMismatchError,
+    ImplausibleReleaseError,
+    MalformedReleaseError,
+)
+
+if TYPE_CHECKING:
+    from tesla_gateway.contract.manifest import Manifest
+    from tesla_gateway.models.plausibility import PlausibleRange
 
 __all__ = [
     "GOLDEN_ABS_TOLERANCE",
@@ -25,6 +40,7 @@ __all__ = [
     "GOLDEN_REL_TOLERANCE",
     "GoldenWindows",
     "check_golden",
+    "check_plausible",
     "parse_golden",
 ]
 
@@ -43,6 +59,16 @@ class _Runs(Protocol):
     def input_shape(self) -> tuple[int, ...]: ...
 
     def calibrate(self, windows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]: ...
+
+
+class _Bounded(_Runs, Protocol):
+    """What :func:`check_plausible` needs of a Calibrator."""
+
+    @property
+    def manifest(self) -> Manifest: ...
+
+    @property
+    def plausible(self) -> PlausibleRange: ...
 
 
 class GoldenWindows(BaseModel):
@@ -94,3 +120,37 @@ def check_golden(calibrator: _Runs, golden: GoldenWindows) -> float:
             "released; re-create the release from the right model directory"
         )
     return float(deviation.max())
+
+
+def check_plausible(calibrator: _Bounded, golden: GoldenWindows | None) -> None:
+    """Run the reference windows; raise ImplausibleReleaseError if any output is out of bounds.
+
+    The windows are the golden ones when the release has them, else constant windows at the
+    training inputs' p01, p50 and p99 (every channel at that value, as the load's test invoke).
+    """
+    if golden is not None:
+        windows = np.asarray(golden.windows, dtype=np.float32)
+        what = "golden window"
+    else:
+        span = calibrator.manifest.input_range
+        levels = np.asarray([span.p01, span.p50, span.p99], dtype=np.float32)
+        shape = calibrator.input_shape
+        windows = np.broadcast_to(levels.reshape(-1, *([1] * len(shape))), (3, *shape)).copy()
+        what = "constant window (training input p01, p50, p99)"
+    if windows.shape[1:] != calibrator.input_shape:
+        raise ImplausibleReleaseError(  # check_golden reports this first when golden is given
+            f"reference windows of shape {list(windows.shape[1:])} for a model taking "
+            f"{list(calibrator.input_shape)}"
+        )
+    last = windows[:, -1] if windows.ndim == 2 else windows[:, -1, 0]  # [B] the newest raw
+    outputs = calibrator.calibrate(windows).astype(np.float64)
+    bad = calibrator.plausible.implausible(outputs, last)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise ImplausibleReleaseError(
+            f"the model's output for {what} {row} (newest raw {float(last[row]):.4g} ug/m3) is "
+            f"implausible: {calibrator.plausible.reason(float(outputs[row]), float(last[row]))}"
+            f" ({int(bad.sum())} of {len(outputs)} reference windows); the manifest's own "
+            "training range and intervals say no concentration could be that: check the "
+            "training run and the export before releasing it again"
+        )

@@ -3,12 +3,14 @@
 1. **Stage**: every file of the release (and its signed ``release.json``) is written and fsynced
    into a new slot beside the serving model (tesla_gateway/models/slots.py); nothing points to it.
 2. **Check**: the real Calibrator loads the slot (sha256, the trust rule, the graph's shape
-   against the manifest, a test invoke) and runs the release's golden windows.
+   against the manifest, a test invoke), runs the release's golden windows and holds their
+   outputs to the run-time plausibility bound (tesla_gateway/ota/golden.py).
 3. **Switch**: one rename makes the slot ``current``; the serving slot becomes ``previous``.
 
-A release that fails step 2 is refused (``rejected: unloadable`` / ``golden mismatch``) and its
-slot removed; the model directory is as it was. A process killed at any step leaves the old
-model or the new one current, never a mix: the next start serves one of them.
+A release that fails step 2 is refused (``rejected: unloadable`` / ``golden mismatch`` /
+``implausible``) and its slot removed; the model directory is as it was. A process killed at any
+step leaves the old model or the new one current, never a mix: the next start serves one of
+them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from tesla_gateway.ota.errors import (
     UnloadableReleaseError,
     WrongTargetError,
 )
-from tesla_gateway.ota.golden import GOLDEN_FILENAME, check_golden, parse_golden
+from tesla_gateway.ota.golden import GOLDEN_FILENAME, check_golden, check_plausible, parse_golden
 from tesla_gateway.ota.release import RELEASE_FILENAME, VerifiedRelease
 
 __all__ = ["InstalledRelease", "install_release"]
@@ -84,6 +86,7 @@ def install_release(
         except GatewayError as exc:
             raise UnloadableReleaseError(f"{what} does not load: {exc}") from exc
         deviation = None if parsed is None else check_golden(calibrator, parsed)
+        check_plausible(calibrator, parsed)
         slots.commit(slot, keep=keep)
     except OSError as exc:
         slots.discard(slot)

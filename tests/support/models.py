@@ -5,6 +5,12 @@ float32 FlatBuffer with a dynamic batch dimension (input ``[batch, N]`` raw ug/m
 output ``[batch, 1]``) and a manifest written with
 :func:`tesla_gateway.contract.manifest.write_manifest`, with
 the real sha256 and size. Tests may import TensorFlow; the gateway never does.
+
+The untrained network's output is made non-negative (``abs``) so that it stays a plausible
+concentration (the gateway withholds the ones no concentration could be:
+tesla_gateway/models/plausibility.py); ``affine=(slope, intercept)`` replaces it with
+``slope * newest raw + intercept``, a graph whose output a test chooses exactly (e.g. one that
+answers raw 20 with -10,000).
 """
 
 from __future__ import annotations
@@ -67,20 +73,43 @@ def _input_shape(window_length: int, channels: int) -> tuple[int, ...]:
     return (window_length,) if channels == 1 else (window_length, channels)
 
 
-def _build_keras(window_length: int, channels: int, seed: int, nan_output: bool) -> Any:
+def _build_keras(
+    window_length: int,
+    channels: int,
+    seed: int,
+    nan_output: bool,
+    affine: tuple[float, float] | None = None,
+) -> Any:
     import keras
 
     keras.utils.set_random_seed(seed)
     inputs = keras.Input(shape=_input_shape(window_length, channels), dtype="float32")
+    if affine is not None:
+        return keras.Model(inputs, _affine_output(keras, inputs, window_length, channels, affine))
     scaled = keras.layers.Rescaling(1.0 / 300.0)(inputs)
     if channels > 1:
         scaled = keras.layers.Flatten()(scaled)
     hidden = keras.layers.Dense(6, activation="tanh")(scaled)
     out = keras.layers.Dense(1)(hidden)
     out = keras.layers.Rescaling(300.0)(out)
+    out = keras.layers.Lambda(keras.ops.abs)(out)  # a concentration, if a made-up one
     if nan_output:
         out = keras.layers.Lambda(lambda x: keras.ops.log(-1.0 - keras.ops.abs(x)))(out)
     return keras.Model(inputs, out)
+
+
+def _affine_output(
+    keras: Any, inputs: Any, window_length: int, channels: int, affine: tuple[float, float]
+) -> Any:
+    """``slope * x[:, -1, 0] + intercept`` as one dense layer with fixed weights [N*C, 1]."""
+    slope, intercept = affine
+    flat = keras.layers.Flatten()(inputs) if channels > 1 else inputs
+    dense = keras.layers.Dense(1)
+    out = dense(flat)
+    kernel = np.zeros((window_length * channels, 1), dtype=np.float32)
+    kernel[(window_length - 1) * channels, 0] = slope  # the newest period's own channel
+    dense.set_weights([kernel, np.asarray([intercept], dtype=np.float32)])
+    return out
 
 
 def _export_dynamic_batch(model: Any, window_length: int, channels: int) -> bytes:
@@ -114,13 +143,15 @@ def build_model_dir(
     nan_output: bool = False,
     median_input: float = 20.0,
     extra_channels: tuple[str, ...] = (),
+    affine: tuple[float, float] | None = None,
 ) -> TestModel:
     """Export a tiny model with a valid manifest into ``path`` (created).
 
-    ``extra_channels`` (e.g. ``("rh",)``) makes a multi-channel model taking ``[batch, N, C]``.
+    ``extra_channels`` (e.g. ``("rh",)``) makes a multi-channel model taking ``[batch, N, C]``;
+    ``affine=(slope, intercept)`` one that outputs ``slope * newest raw + intercept``.
     """
     channels = 1 + len(extra_channels)
-    keras_model = _build_keras(window_length, channels, seed, nan_output)
+    keras_model = _build_keras(window_length, channels, seed, nan_output, affine)
     path.mkdir(parents=True, exist_ok=True)
     model_file = path / MODEL_FILENAME
     model_file.write_bytes(_export_dynamic_batch(keras_model, window_length, channels))
@@ -145,7 +176,7 @@ def build_model_dir(
                 size_bytes=model_file.stat().st_size,
                 precision="float32",
                 batch="dynamic",
-                ops=["FULLY_CONNECTED", "MUL", "TANH"],
+                ops=["FULLY_CONNECTED"] if affine else ["ABS", "FULLY_CONNECTED", "MUL", "TANH"],
             )
         },
         parameter_count=int(keras_model.count_params()),

@@ -23,7 +23,7 @@ from training.export import INT8_FILENAME, export_flatbuffers
 from training.model_dir import export_run
 from training.models import TeslaConfig
 from training.release import keygen
-from training.train import TrainConfig, train
+from training.train import TrainConfig, prepare_data, train
 
 pytestmark = pytest.mark.slow
 
@@ -175,8 +175,14 @@ def test_export_of_a_damaged_run_names_the_file_and_what_to_do(
     assert not (tmp_path / "out").exists()  # nothing half-written
 
 
-def test_manifest_carries_intervals_and_the_validation_comparison(model_dir: Path) -> None:
+def test_manifest_carries_intervals_and_the_validation_comparison(model_dir: Path, run) -> None:
     manifest = load_manifest(model_dir)
+    # The training windows' reference values: what bounds the gateway's published outputs.
+    config = TrainConfig.model_validate_json((run.run_dir / "config.json").read_text())
+    targets = prepare_data(config).train.targets()
+    assert manifest.target_range is not None
+    assert manifest.target_range.max == pytest.approx(float(np.max(targets)))
+    assert manifest.target_range.p50 == pytest.approx(float(np.median(targets)))
     assert manifest.intervals is not None and manifest.intervals.level == 0.9
     assert sum(manifest.intervals.counts) == manifest.data.windows["validation"]
     assert manifest.intervals.calibration_sensor == manifest.data.validation_sensor
@@ -268,7 +274,10 @@ def test_annotate_recomputes_the_trust_fields_without_retraining(
     shutil.copytree(model_dir, copy)
     exported = load_manifest(copy)
     write_manifest(
-        copy, exported.model_copy(update={"intervals": None, "validation_baselines": None})
+        copy,
+        exported.model_copy(
+            update={"intervals": None, "validation_baselines": None, "target_range": None}
+        ),
     )
     config = TrainConfig.model_validate_json((run.run_dir / "config.json").read_text())
     annotated = annotate_model_dir(copy, config)
@@ -278,6 +287,8 @@ def test_annotate_recomputes_the_trust_fields_without_retraining(
     np.testing.assert_allclose(
         annotated.intervals.half_widths, exported.intervals.half_widths, rtol=1e-2, atol=1e-3
     )
+    assert exported.target_range is not None
+    assert annotated.target_range == exported.target_range
     assert annotated.validation_baselines is not None
     assert exported.validation_baselines is not None
     assert annotated.validation_baselines.linear.rmse == pytest.approx(

@@ -148,6 +148,8 @@ def test_accepts_a_better_challenger_signs_and_pushes_it(
     assert set(manifest.files) == {"float32", "int8"}
     # The challenger's own comparison and intervals, on its validation period.
     assert manifest.validation_baselines is not None and manifest.intervals is not None
+    assert manifest.target_range is not None  # its training pairs' reference values
+    assert manifest.target_range.min <= manifest.target_range.p50 <= manifest.target_range.max
     assert manifest.validation_baselines.model.rmse == pytest.approx(manifest.validation.rmse)
     assert manifest.device_graph_absent is None
 

@@ -33,7 +33,13 @@ from training.models import ModelConfig, build_model
 from training.retrain.config import RetrainConfig
 from training.retrain.data import TrainingSets
 from training.retrain.inputs import Inputs
-from training.train import WindowBatches, input_range, load_run, predict_windows
+from training.train import (
+    WindowBatches,
+    input_range,
+    load_run,
+    predict_windows,
+    target_range,
+)
 
 __all__ = [
     "Challenger",
@@ -272,6 +278,7 @@ def challenger_manifest(config: RetrainConfig, inputs: Inputs, challenger: Chall
         },
         validation=challenger.validation.model_dump(),
         input_range=input_range(inputs.sets.train).model_dump(),
+        target_range=target_range(inputs.sets.train).model_dump(),
         data=_summary(inputs).model_dump(mode="json"),
         created_at=datetime.now(UTC).isoformat(),
         **_trust_fields(inputs, challenger),

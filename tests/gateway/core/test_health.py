@@ -126,6 +126,25 @@ def test_missing_channel_and_offline() -> None:
     assert health.report(RANGE, now=1102.0).flags == (HealthFlag.OFFLINE,)
 
 
+def test_one_implausible_output_raises_the_flag_until_it_leaves_the_window() -> None:
+    """A withheld (implausible) calibration flags the sensor at once, before ``min_periods``,
+    and the flag clears once a whole window has passed without one."""
+    config = HealthConfig(window_periods=10, min_periods=5)
+    health = SensorHealth(config)
+    health.update(0, 20.0, (Quality.IMPLAUSIBLE,), RANGE, now=0.0)
+    report = health.report(RANGE, now=0.0)
+    assert report.flags == (HealthFlag.IMPLAUSIBLE,)
+    assert report.implausible_fraction == 1.0
+    assert report.figures()["implausible_fraction"] == 1.0
+    feed(health, noisy(9), start=1)
+    report = health.report(RANGE, now=9.0)
+    assert HealthFlag.IMPLAUSIBLE in report.flags
+    assert report.implausible_fraction == pytest.approx(1 / 10)
+    feed(health, noisy(1, seed=5), start=10)  # period 0 leaves the 10-period window
+    report = health.report(RANGE, now=10.0)
+    assert HealthFlag.IMPLAUSIBLE not in report.flags and report.implausible_fraction == 0.0
+
+
 def test_older_periods_and_non_finite_values_are_ignored() -> None:
     health = SensorHealth(HealthConfig())
     health.update(10, 20.0, OK, RANGE, 0.0)

@@ -100,3 +100,11 @@ def test_lost_and_taken_over_sessions_are_counted_per_connection() -> None:
     assert samples[(lost, (("connection", "publisher"),))] == 8
     assert samples[(taken, (("connection", "publisher"),))] == 8
     assert samples[(taken, (("connection", "mqtt-source-0"),))] == 0
+
+
+def test_quality_flags_are_counted_per_flag() -> None:
+    ticker = {**SNAPSHOT["ticker"], "flagged": {"warming_up": 7, "implausible": 2}}  # type: ignore[dict-item]
+    samples = scrape(StatsCollector(lambda: {**SNAPSHOT, "ticker": ticker}))
+    flagged = "tesla_gateway_readings_flagged_total"
+    assert samples[(flagged, (("quality", "implausible"),))] == 2
+    assert samples[(flagged, (("quality", "warming_up"),))] == 7
