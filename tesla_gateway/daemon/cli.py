@@ -133,7 +133,7 @@ def _check_config(config: GatewayConfig, *, check_models: bool) -> int:
 
 
 def _status(config: GatewayConfig, *, as_json: bool) -> int:
-    from tesla_gateway.daemon.service import read_pid_file
+    from tesla_gateway.daemon.instance_lock import read_pid_file
 
     path = config.status_file
     try:
@@ -247,7 +247,7 @@ def _session_lines(status: dict[str, object]) -> list[str]:
 
 
 def _reload(config: GatewayConfig) -> int:
-    from tesla_gateway.daemon.service import read_pid_file
+    from tesla_gateway.daemon.instance_lock import read_pid_file
 
     pid = read_pid_file(config.pid_file)
     if pid is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import os
 from pathlib import Path
 
@@ -19,13 +20,41 @@ import structlog
 
 from tesla_gateway.errors import GatewayError
 
-__all__ = ["AlreadyRunningError", "InstanceLock"]
+__all__ = ["AlreadyRunningError", "InstanceLock", "read_pid_file"]
 
 _log = structlog.get_logger(__name__)
 
 
 class AlreadyRunningError(GatewayError):
     """Another gateway process holds the pid file of this state directory."""
+
+
+def read_pid_file(path: Path) -> int | None:
+    """The pid recorded in ``path`` if that process is alive, else None."""
+    try:
+        pid = int(path.read_text(encoding="ascii").strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid  # alive, owned by someone else
+    try:  # after a crash and a reboot the pid may belong to an unrelated process
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return pid  # no /proc: trust the pid
+    return pid if _is_gateway_command(args) else None
+
+
+def _is_gateway_command(args: list[str]) -> bool:
+    """``tesla-gateway run ...`` or ``python -m tesla_gateway run ...``."""
+    if "run" not in args:
+        return False
+    if any(Path(arg).name == "tesla-gateway" for arg in args[:3]):
+        return True
+    return any(a == "-m" and b == "tesla_gateway" for a, b in itertools.pairwise(args))
 
 
 class InstanceLock:

@@ -28,10 +28,10 @@ def test_status_line_and_stats_name_set_aside_files_and_an_unwritable_pid_file(
     damaged.write_bytes(b"damaged")
     service.set_aside.set_aside(damaged, kind="window snapshot pm10", reason="test")
     try:
-        line = service._status_line(service._stats())
+        line = service.reporter.status_line(service.reporter.stats())
         assert line.startswith("starting: 0 readings")
         assert "pid file" in line and "1 state file(s) set aside" in line
-        stats = service._stats()["state"]
+        stats = service.reporter.stats()["state"]
         assert isinstance(stats, dict)
         assert stats["set_aside"]["count"] == 1
         assert stats["problems"] and "pid file" in stats["problems"][0]
