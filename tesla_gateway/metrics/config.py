@@ -39,6 +39,24 @@ class MetricsConfig(BaseModel):
         default="127.0.0.1:9108",
         description="host:port of the /metrics endpoint ('0.0.0.0:9108' for every interface).",
     )
+    max_connections: int = Field(
+        default=64,
+        ge=1,
+        le=1024,
+        description=(
+            "Most connections open at once; more are closed as soon as they are accepted "
+            "(each costs a file descriptor)."
+        ),
+    )
+    max_connections_per_host: int = Field(
+        default=8,
+        ge=1,
+        le=1024,
+        description=(
+            "Most connections open at once from one address, so that one host cannot keep "
+            "the scrapers out."
+        ),
+    )
     per_sensor: bool = Field(
         default=False,
         description=(

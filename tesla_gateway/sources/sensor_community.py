@@ -10,8 +10,9 @@ a reading is stamped when it is received. docs/sources.md gives the mapping.
 
 The listener is an aiohttp application on one catch-all route, run by an ``AppRunner`` inside
 the source's task: one request per connection, head and body bounded, a deadline for each,
-optional Basic credentials; a bad request is answered with its HTTP status and counted, never
-raised.
+connections bounded in total, per peer host and in idle time
+(:mod:`tesla_gateway.connection_limits`), optional Basic credentials; a bad request is answered
+with its HTTP status and counted, never raised.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import structlog
 from aiohttp import web
 from pydantic import Field, SecretStr, model_validator
 
+from tesla_gateway.connection_limits import ConnectionLimiter, ConnectionLimits, serve_limited
 from tesla_gateway.contract.readings import Reading, ReadingRejectedError, RejectReason
 from tesla_gateway.ingest.ingest_log import commit_queued
 from tesla_gateway.ingest.rejects import RejectCounter
@@ -62,6 +64,12 @@ _MAX_VALUES = 64
 _MAX_HEAD_LINE_BYTES = 8_192
 _MAX_HEADERS = 32
 _MAX_LISTEN_RETRY_S = 30.0
+# Connections open at once, per max_connections: those being handled, and as many again waiting
+# for a slot or being answered 503.
+_OPEN_PER_REQUEST_SLOT = 2
+# A connection without a byte either way for this many request_timeout_s is cut: past both the
+# head's and the body's deadline, e.g. a client that stopped reading its answer.
+_IDLE_TIMEOUTS = 2
 # How long cancellation waits for requests already being answered before cutting them.
 _SHUTDOWN_GRACE_S = 1.0
 
@@ -105,7 +113,22 @@ class SensorCommunitySourceConfig(FleetLimits):
         description="Deadline for the request head from connecting, then again for the body.",
     )
     max_connections: int = Field(
-        default=32, ge=1, le=1024, description="Most requests handled at once; more are refused."
+        default=32,
+        ge=1,
+        le=1024,
+        description=(
+            "Most requests handled at once; more are answered 503. Connections beyond twice "
+            "this many are closed as soon as they are accepted."
+        ),
+    )
+    max_connections_per_host: int = Field(
+        default=4,
+        ge=1,
+        le=1024,
+        description=(
+            "Most connections open at once from one address (a station sends one request per "
+            "interval), so that one host cannot keep the stations out."
+        ),
     )
 
     @model_validator(mode="after")
@@ -178,6 +201,14 @@ class SensorCommunitySource:
         self._accepted = 0
         self._refused: dict[int, int] = {}
         self._slots = asyncio.Semaphore(config.max_connections)
+        self._limiter = ConnectionLimiter(
+            SOURCE_NAME,
+            ConnectionLimits(
+                max_total=_OPEN_PER_REQUEST_SLOT * config.max_connections,
+                max_per_host=config.max_connections_per_host,
+                idle_timeout_s=_IDLE_TIMEOUTS * config.request_timeout_s,
+            ),
+        )
 
     def stats(self) -> dict[str, object]:
         return {
@@ -185,6 +216,7 @@ class SensorCommunitySource:
             "connected": self._listening.is_set(),
             "accepted": self._accepted,
             "http_refused": {str(code): n for code, n in sorted(self._refused.items())},
+            "connections": self._limiter.stats(),
         }
 
     async def wait_listening(self) -> None:
@@ -218,25 +250,27 @@ class SensorCommunitySource:
             max_headers=_MAX_HEADERS,
         )
         await runner.setup()
+        server: asyncio.Server | None = None
         try:
-            await self._listen(runner)
+            server = await self._listen(runner)
             self._listening.set()
             self._log.info("sensor_community_listening", host=config.host, port=config.port)
             await asyncio.Event().wait()
         finally:
             self._listening.clear()
+            if server is not None:
+                server.close()  # no new connections; the cleanup closes the open ones
             await runner.cleanup()
 
-    async def _listen(self, runner: web.AppRunner) -> None:
+    async def _listen(self, runner: web.AppRunner) -> asyncio.Server:
         """Bind, retrying with backoff: a taken port must not take the other sources down."""
         delay = 1.0
         while True:
-            site = web.TCPSite(runner, self._config.host, self._config.port)
             try:
-                await site.start()
-                return
+                return await serve_limited(
+                    runner, self._config.host, self._config.port, self._limiter
+                )
             except OSError as exc:
-                await site.stop()  # unregisters the site that did not bind
                 self._log.error(
                     "sensor_community_listen_failed",
                     host=self._config.host,
