@@ -51,6 +51,8 @@ def test_unit_has_the_required_settings() -> None:
     assert s["SystemCallFilter"][0] == "@system-service"
     assert s["RestrictAddressFamilies"] == ["AF_UNIX AF_INET AF_INET6"]
     assert s["CapabilityBoundingSet"] == [""]
+    # Above systemd's default soft limit of 1024 open files (issue 26 item 12).
+    assert s["LimitNOFILE"] == ["8192"]
 
 
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
