@@ -121,7 +121,7 @@ def snapshot_trial(directory: Path, geometry: WindowGeometry) -> Callable[[bytes
         path.parent.mkdir(parents=True)
         path.write_bytes(mutated)
         before = saver.set_aside.count
-        restored = saver.restore("pm10", geometry)  # what GatewayService._sync_windows calls
+        restored = saver.restore("pm10", geometry)  # what WindowKeeper.sync_windows calls
         if restored is None:
             # unreadable: set aside (moved, counted), never left in place to fail again
             assert saver.set_aside.count == before + 1, "unrestorable snapshot not set aside"
