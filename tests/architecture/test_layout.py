@@ -59,3 +59,33 @@ def test_every_folder_says_its_job_in_one_line() -> None:
 def test_nothing_is_named_gateway_at_the_top() -> None:
     """The import package is the distribution's name; a top-level ``gateway`` collides."""
     assert not (PACKAGE_DIR.parent / "gateway").exists()
+
+
+def _folder(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 else ""
+
+
+def test_only_the_entry_point_imports_the_daemon() -> None:
+    """``daemon/`` composes the stages; a stage that imported it would reach back into the root."""
+    offenders = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph().items()
+        for target in targets
+        if _folder(target) == "daemon"
+        and _folder(module) != "daemon"
+        and module not in {"tesla_gateway.__main__", "tesla_gateway.daemon"}
+    )
+    assert not offenders, f"imports of daemon/ from the stages: {offenders}"
+
+
+def test_the_contract_stands_alone() -> None:
+    """training/ imports contract/: it may need nothing of the daemon's but the root primitives."""
+    offenders = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph().items()
+        if _folder(module) == "contract"
+        for target in targets
+        if _folder(target) not in {"", "contract"}
+    )
+    assert not offenders, f"contract/ imports other folders: {offenders}"
