@@ -191,7 +191,9 @@ def _check_sensor_id_levels(config: GatewayConfig) -> Iterator[Finding]:
 
 def _check_models(config: GatewayConfig) -> Iterator[Finding]:
     """Load every model by the daemon's own rule: the current slot, else the previous one, else
-    the directory's files; refused when the manifest's feature is not the configured one."""
+    the directory's files; refused when the manifest's feature is not the configured one, or
+    when its version is below the one the slot served last (the daemon's record)."""
+    from tesla_gateway.models.served import SERVED_FILENAME, ServedVersions
     from tesla_gateway.models.watch import ModelSet
 
     try:
@@ -204,6 +206,9 @@ def _check_models(config: GatewayConfig) -> Iterator[Finding]:
         num_threads=config.runtime.num_threads,
         trust=trust,
         features=config.model_features,
+        # The daemon's floor, read only: check-config writes and moves nothing.
+        served=ServedVersions(config.state_dir / SERVED_FILENAME, read_only=True),
+        allow_downgrade=config.ota is not None and config.ota.allow_downgrade,
     )
     results = {result.slot: result for result in models.refresh(force=True)}
     stats = models.stats()

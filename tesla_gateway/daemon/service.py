@@ -36,6 +36,7 @@ from tesla_gateway.ingest.admission import SensorAdmission
 from tesla_gateway.ingest.clock_sanity import ClockSanity
 from tesla_gateway.ingest.ingest_log import IngestLog, JournaledQueue
 from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.models.served import SERVED_FILENAME, ServedVersions
 from tesla_gateway.models.watch import ModelSet, ReloadOutcome
 from tesla_gateway.monitor.monitor import ModelInfo, Monitor, SensorDocument
 from tesla_gateway.ota.config import OtaConfig
@@ -67,14 +68,17 @@ class GatewayService:
         self.notifier = notifier if notifier is not None else SdNotifier()
         self._clock = clock
         self.rejects = RejectCounter()
+        self.set_aside = SetAsideLog(clock=clock)  # state files that could not be read
         self.models = ModelSet(
             config.model_dirs,
             config.runtime.preference,
             num_threads=config.runtime.num_threads,
             trust=config.model_trust(),
             features=config.model_features,
+            # Each slot's floor across restarts (read at the first load, after the pid claim).
+            served=ServedVersions(config.state_dir / SERVED_FILENAME, set_aside=self.set_aside),
+            allow_downgrade=config.ota is not None and config.ota.allow_downgrade,
         )
-        self.set_aside = SetAsideLog(clock=clock)  # state files that could not be read
         self.state = StateStore(config.state_dir, clock=clock, set_aside=self.set_aside)
         self._instance = InstanceLock(config.state_dir, config.pid_file)
         self.ticker = Ticker(

@@ -12,6 +12,13 @@ A model directory may hold slots (tesla_gateway/models/slots.py): ``current`` is
 ``previous``, then the directory's own files. With nothing serving (at start), the first that
 loads serves, and a fallback is logged (``model_fallback``) and shown in :meth:`ModelSet.stats`;
 when none loads the feature has no model (the gateway runs degraded until one arrives).
+
+Nothing older than what serves replaces it, and, with a record of served versions
+(tesla_gateway/models/served.py), nothing older than the version a slot last switched to is
+served by a later start either, unless downgrades are allowed (``[ota] allow_downgrade``). The
+floor binds directories the daemon can write, where copies come from; a directory it cannot
+write changes only by its owner's hand (a package rolled back), as trusted as the daemon's own
+files (tesla_gateway/models/trust.py).
 """
 
 from __future__ import annotations
@@ -27,8 +34,9 @@ import structlog
 from tesla_gateway.errors import GatewayError
 from tesla_gateway.models.calibrator import Calibrator
 from tesla_gateway.models.runtime import DEFAULT_RUNTIME_PREFERENCE, RuntimeName
+from tesla_gateway.models.served import ServedVersions
 from tesla_gateway.models.slots import Candidate, CandidateLabel, candidates
-from tesla_gateway.models.trust import ModelTrust
+from tesla_gateway.models.trust import ModelTrust, writable_by_daemon
 
 __all__ = ["ModelRefusedError", "ModelSet", "ReloadOutcome", "ReloadResult"]
 
@@ -106,9 +114,13 @@ class ModelSet:
         num_threads: int | None = None,
         trust: Mapping[str, ModelTrust] | None = None,
         features: Mapping[str, str] | None = None,
+        served: ServedVersions | None = None,
+        allow_downgrade: bool = False,
     ) -> None:
         """``model_dirs`` and ``trust`` are keyed by slot id; ``features`` gives each slot's
-        feature (default: the slot id is the feature, one model per feature)."""
+        feature (default: the slot id is the feature, one model per feature); ``served`` keeps
+        each slot's floor across restarts (default: none, only what serves now counts);
+        ``allow_downgrade`` lets an older model replace a newer one (a deliberate rollback)."""
         named = dict(features or {})
         self._slots = {
             slot: _Slot(feature=named.get(slot, slot), model_dir=path)
@@ -120,6 +132,8 @@ class ModelSet:
         self._trust = dict(trust or {})
         self._preference = tuple(runtime_preference)
         self._num_threads = num_threads
+        self._served = served if served is not None else ServedVersions(None)
+        self._allow_downgrade = allow_downgrade
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
 
@@ -238,6 +252,7 @@ class ModelSet:
             with self._lock:
                 slot.calibrator = calibrator
             slot.loads += 1
+            self._served.record(slot_id, slot.model_dir, calibrator.version)
         self._log_loaded(slot_id, slot, calibrator, current, source="release")
         return True
 
@@ -250,6 +265,7 @@ class ModelSet:
             try:
                 candidate = self.load_candidate(slot_id, place.path)
                 self._check_candidate(feature, current, candidate)
+                self._check_floor(slot_id, candidate)
             except GatewayError as exc:
                 failures.append((place, exc))
                 _log.error(
@@ -301,6 +317,7 @@ class ModelSet:
             slot.fallback = None
         slot.loads += 1
         slot.last_error = None
+        self._served.record(slot_id, slot.model_dir, candidate.version)
         self._log_loaded(slot_id, slot, candidate, current, source=place.label)
         return ReloadResult(slot_id, feature, ReloadOutcome.LOADED, version=candidate.version)
 
@@ -323,8 +340,31 @@ class ModelSet:
             trust=candidate.trust,
         )
 
-    @staticmethod
-    def _check_candidate(feature: str, current: Calibrator | None, candidate: Calibrator) -> None:
+    def downgrade_floor(self, slot_id: str) -> int | None:
+        """The lowest version a release may bring to ``slot_id`` (None: any), whatever serves
+        now: the version the slot last switched to, unless downgrades are allowed."""
+        slot = self._slots.get(slot_id)
+        if self._allow_downgrade or slot is None:
+            return None
+        return self._served.floor(slot_id, slot.model_dir)
+
+    def _check_floor(self, slot_id: str, candidate: Calibrator) -> None:
+        """Refuse a candidate below the version the slot last switched to (module docstring)."""
+        floor = self.downgrade_floor(slot_id)
+        if floor is None or candidate.version >= floor:
+            return
+        if not writable_by_daemon(candidate.model_dir):
+            return  # its owner's hand, not a copy: see the module docstring
+        raise ModelRefusedError(
+            f"{candidate.model_dir} holds version {candidate.version}, older than v{floor} which "
+            f"slot {slot_id} has served (recorded in {self._served.path or 'memory'}); a start "
+            "never goes back: install a higher version, or set [ota] allow_downgrade = true "
+            "for a deliberate rollback"
+        )
+
+    def _check_candidate(
+        self, feature: str, current: Calibrator | None, candidate: Calibrator
+    ) -> None:
         if candidate.feature != feature:
             raise ModelRefusedError(
                 f"{candidate.model_dir} holds a {candidate.feature} model but is configured "
@@ -332,7 +372,7 @@ class ModelSet:
             )
         if current is None:
             return
-        if candidate.version < current.version:
+        if candidate.version < current.version and not self._allow_downgrade:
             raise ModelRefusedError(
                 f"{candidate.model_dir} holds version {candidate.version}, older than the "
                 f"serving version {current.version}; a release must carry a larger version"

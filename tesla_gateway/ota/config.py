@@ -38,8 +38,9 @@ class OtaConfig(BaseModel):
     )
     allow_downgrade: bool = Field(
         default=False,
-        description="Install gateway releases that are not newer than the running model. "
-        "For an operator's deliberate rollback only.",
+        description="Install gateway releases that are not newer than the running model, and "
+        "serve at start or reload a model older than the one its slot served last "
+        "(<state_dir>/served-versions.json). For an operator's deliberate rollback only.",
     )
     groups: list[str] = Field(
         default_factory=list,

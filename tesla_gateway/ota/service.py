@@ -29,6 +29,7 @@ from tesla_gateway.mqtt.errors import MqttError
 from tesla_gateway.mqtt.inbox import InboundMessage
 from tesla_gateway.ota.config import OtaConfig
 from tesla_gateway.ota.errors import (
+    DowngradeError,
     IncompatibleReleaseError,
     OtaError,
     ReleaseRejectedError,
@@ -66,6 +67,8 @@ class ServingModels(Protocol):
     def model_dir(self, slot_id: str) -> Path | None: ...
 
     def get(self, slot_id: str) -> Calibrator | None: ...
+
+    def downgrade_floor(self, slot_id: str) -> int | None: ...
 
     def load_candidate(self, slot_id: str, directory: Path) -> Calibrator: ...
 
@@ -234,6 +237,13 @@ class OtaService:
         release = verify_release(  # the one downgrade rule, now with the running version
             payload, self._public_key, running, self._config.allow_downgrade, target="gateway"
         )
+        floor = self._models.downgrade_floor(slot)
+        if floor is not None and release.version < floor:  # e.g. degraded, nothing running
+            raise DowngradeError(
+                f"release {release.metadata.model} v{release.version} is older than v{floor}, "
+                f"which slot {slot} has served; publish a higher version or allow the "
+                "downgrade explicitly"
+            )
         installed = await asyncio.to_thread(self._install, release, model_dir, slot)
         self._on_installed()  # windows for the new model, before its first tick
         _log.info(

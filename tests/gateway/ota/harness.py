@@ -19,6 +19,7 @@ from devkit.pty import PtySerial
 from tesla_gateway.contract.manifest import load_manifest
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.models.served import ServedVersions
 from tesla_gateway.models.watch import ModelSet
 from tesla_gateway.mqtt.config import MqttBrokerConfig
 from tesla_gateway.ota.config import OtaConfig
@@ -108,6 +109,7 @@ async def gateway(
     model_dirs: dict[str, Path] | None = None,
     features: dict[str, str] | None = None,
     gateway_id: str = GATEWAY_ID,
+    served: ServedVersions | None = None,
 ) -> AsyncIterator[Gateway]:
     """The OTA service over a real ModelSet loaded from ``model_dirs`` (as the daemon's)."""
     ports = []
@@ -124,7 +126,7 @@ async def gateway(
         )
     serial = SerialSource(ports)
     reloads: list[int] = []
-    models = ModelSet(model_dirs or {}, features=features)
+    models = ModelSet(model_dirs or {}, features=features, served=served)
     await asyncio.to_thread(models.refresh, force=True)
     service = OtaService(
         config,

@@ -9,7 +9,10 @@ the sd_notify socket protocol.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
+import signal
 from functools import partial
 from pathlib import Path
 
@@ -32,7 +35,14 @@ GATEWAY_ID = "gw-slots"
 OTHER_GRAPH = DEFAULT_NODE_MODEL.parent / "pm2_5-antwerp-1h"  # N = 168 under an N = 360 manifest
 
 
-def write_config(tmp_path: Path, broker: Mosquitto, model_dir: Path, key: Path) -> Path:
+def write_config(
+    tmp_path: Path,
+    broker: Mosquitto,
+    model_dir: Path,
+    key: Path,
+    *,
+    allow_downgrade: bool = False,
+) -> Path:
     path = tmp_path / "gateway.toml"
     path.write_text(
         f"""
@@ -51,6 +61,7 @@ format = "json"
 port = {broker.port}
 [ota]
 public_key_file = "{key}"
+allow_downgrade = {str(allow_downgrade).lower()}
 """,
         encoding="utf-8",
     )
@@ -98,6 +109,68 @@ def test_a_release_that_cannot_load_is_rejected_and_every_restart_still_serves(
         # "installed" is published once the new model serves: it may arrive a moment later.
         wait_for(lambda: statuses(collector)[-1:] == ["installed"], "the 'installed' answer")
         assert daemons[-1].stop() == 0
+
+
+def pm10(daemon: Daemon) -> dict[str, object]:
+    entry = daemon.status().get("models", {}).get("pm10", {})
+    return entry if isinstance(entry, dict) else {}
+
+
+def test_an_older_signed_release_copied_in_is_never_served_without_allow_downgrade(
+    release_kit: ReleaseKit,
+    mosquitto: Mosquitto,
+    tmp_path: Path,
+    daemons: list[Daemon],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Refused on reload, and by every later start too (the served version is recorded in
+    the state directory); the operator's allow_downgrade serves it, and that rollback sticks."""
+    base = release_kit.base_version
+    key = release_kit.keys.public_path
+    model_dir = tmp_path / "pm10"
+    state = tmp_path / "state"
+    install_release(
+        verify_release(release_kit.release(base, "gateway"), release_kit.public_key, None),
+        model_dir,
+        "pm10",
+    )
+    config = write_config(tmp_path, mosquitto, model_dir, key)
+    daemons.append(Daemon(config, state))
+    assert serving_version(daemons[-1]) == base
+    record = json.loads((state / "served-versions.json").read_text())
+    assert record["slots"]["pm10"] == {"model_dir": str(model_dir), "version": base}
+
+    # An older, validly signed release put into the model directory by hand (the installer
+    # makes it current; the serving one becomes previous), then SIGHUP: refused.
+    older = release_kit.release(base - 5, "gateway")
+    install_release(verify_release(older, release_kit.public_key, None), model_dir, "pm10")
+    os.kill(daemons[-1].pid, signal.SIGHUP)
+    status = daemons[-1].wait_status(lambda s: s["models"]["pm10"]["rejected"] >= 1)
+    assert "older than the serving version" in str(status["models"]["pm10"]["last_error"])
+    assert serving_version(daemons[-1]) == base
+    assert daemons[-1].stop() == 0
+
+    # A restart has nothing serving to compare with, but the record: still refused.
+    daemons.append(Daemon(config, state))
+    assert serving_version(daemons[-1]) == base
+    assert pm10(daemons[-1])["slot"] == "previous"
+    assert f"older than v{base} which slot pm10 has served" in str(pm10(daemons[-1])["fallback"])
+    assert daemons[-1].stop() == 0
+    assert main(["check-config", "--config", str(config)]) == 0  # says what the daemon does
+    out = capsys.readouterr().out
+    assert f"v{base} " in out and "FALLBACK to previous" in out
+
+    # The operator allows the downgrade: the older model serves, and keeps serving after the
+    # permission is withdrawn (the record follows a deliberate rollback).
+    config = write_config(tmp_path, mosquitto, model_dir, key, allow_downgrade=True)
+    daemons.append(Daemon(config, state))
+    assert serving_version(daemons[-1]) == base - 5
+    assert pm10(daemons[-1])["slot"] == "current"
+    assert daemons[-1].stop() == 0
+    config = write_config(tmp_path, mosquitto, model_dir, key)
+    daemons.append(Daemon(config, state))
+    assert serving_version(daemons[-1]) == base - 5
+    assert daemons[-1].stop() == 0
 
 
 def test_no_loadable_model_starts_degraded_and_a_release_repairs_it(
