@@ -194,3 +194,76 @@ def test_isolated_fast_readings_never_change_what_true_readings_give(
     for period, window in got.items():
         np.testing.assert_array_equal(window, expected[period])
     assert rejects.count(RejectReason.CLOCK_OUTLIER) == dropped == rejects.count()
+
+
+def test_an_outlier_reject_names_its_source_its_sensor_and_how_far_ahead_it_was() -> None:
+    store, rejects = daemon_store()
+    now = T0 + 7.0
+    store.add(Reading("s", now, {"pm10": 20.0}, source="serial"), now)
+    store.add(Reading("s", now + 300, {"pm10": 99.0}, source="serial"), now)
+    with capture_logs() as logs:
+        store.add(Reading("s", now + 15, {"pm10": 21.0}, source="serial"), now + 15)
+    assert rejects.count(RejectReason.CLOCK_OUTLIER, source="serial") == 1
+    (logged,) = [e for e in logs if e["event"] == "reading_rejected"]
+    assert logged["sensor"] == "s"
+    assert "was 300 s ahead of the gateway clock" in logged["detail"]
+    assert logged["detail"].endswith("dropped from its pm10 window")  # one window: singular
+
+
+def test_a_late_reading_names_its_sensor_and_only_the_windows_that_closed_its_period() -> None:
+    rejects = RejectCounter()
+    store = WindowStore(clock_sanity=ClockSanity(rejects))
+    for feature in ("pm10", "pm10-b", "pm10-hourly"):
+        period = 3600 if feature == "pm10-hourly" else P
+        store.ensure(
+            feature,
+            WindowGeometry(12, period, ("pm10",), GapPolicy(max_interpolated_periods=10)),
+        )
+    now = T0 + 3 * P + 5
+    store.add(Reading("s", T0 + 2 * P + 1, {"pm10": 1.0}, source="mqtt"), now)
+    store.add(Reading("s", T0 + 3 * P + 1, {"pm10": 2.0}, source="mqtt"), now)
+    with capture_logs() as logs:
+        outcome = store.add(Reading("s", T0 + 2 * P + 30, {"pm10": 3.0}, source="mqtt"), now)
+    assert outcome["pm10"] is AddOutcome.LATE and outcome["pm10-b"] is AddOutcome.LATE
+    assert outcome["pm10-hourly"] is not AddOutcome.LATE  # its hour is still open
+    assert rejects.count(RejectReason.LATE, source="mqtt") == 1
+    (logged,) = [e for e in logs if e["event"] == "reading_rejected"]
+    assert logged["sensor"] == "s"
+    assert logged["detail"].endswith("period already closed in its pm10, pm10-b window")
+
+
+def test_held_readings_go_with_their_window_or_their_sensor_and_no_other() -> None:
+    rejects = RejectCounter()
+    store = WindowStore(clock_sanity=ClockSanity(rejects))
+    store.ensure("pm10", GEOMETRY)
+    store.ensure("pm10-b", GEOMETRY)
+    now = T0 + 7.0
+    for sensor in ("a", "b"):
+        store.add(Reading(sensor, now + 300, {"pm10": 1.0}), now)
+    sanity = store._sanity
+    assert isinstance(sanity, ClockSanity) and sanity.held == 4
+    store.drop("pm10-b")
+    assert sanity.held == 2  # pm10's two remain
+    store.remove_sensors(["a"])
+    assert sanity.held == 1  # b's pm10 reading remains
+    # When the gateway clock reaches its period, b's reading goes in and only it.
+    assert sanity.release_due(store._models, now + 300) == 1
+    assert store["pm10"].sensor_ids == ("b",)
+
+
+def test_release_due_counts_what_it_adds_and_waits_for_the_held_period() -> None:
+    sanity = ClockSanity(RejectCounter())
+    store = WindowStore(clock_sanity=sanity)
+    store.ensure("pm10", GEOMETRY)
+    store.ensure("pm10-b", GEOMETRY)
+    assert sanity.release_due(store._models, T0) == 0  # nothing held
+    ahead = T0 + 5 * P + 1  # in period T0/P + 5
+    for sensor in ("a", "b"):  # held as (pm10, a), (pm10-b, a), (pm10, b), (pm10-b, b)
+        store.add(Reading(sensor, ahead, {"pm10": 1.0}), T0 + 1.0)
+    assert sanity.held == 4
+    assert sanity.release_due(store._models, T0 + 5 * P - 0.5) == 0  # a moment before
+    # Its period has begun; pm10-b's windows are gone meanwhile: theirs are forgotten, and
+    # pm10's after them still go in.
+    assert sanity.release_due({"pm10": store["pm10"]}, T0 + 5 * P) == 2
+    assert sanity.held == 0
+    assert set(store["pm10"].sensor_ids) == {"a", "b"}
