@@ -85,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(config: GatewayConfig) -> int:
     from tesla_gateway.daemon.logging import configure_logging
+    from tesla_gateway.daemon.loop_errors import reporting_loop_errors
     from tesla_gateway.daemon.memory import pin_mmap_threshold
     from tesla_gateway.daemon.service import GatewayService
 
@@ -100,7 +101,8 @@ def _run(config: GatewayConfig) -> int:
     service = GatewayService(config)
     code = EXIT_FAILURE
     try:
-        code = asyncio.run(service.run())
+        # Out of file descriptors: one warning a minute, not a traceback per failed accept.
+        code = asyncio.run(reporting_loop_errors(service.run()))
     except* GatewayError as group:
         for error in group.exceptions:
             print(f"tesla-gateway: {error}", file=sys.stderr)

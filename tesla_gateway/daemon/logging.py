@@ -19,7 +19,9 @@ def configure_logging(
 ) -> None:
     """Route structlog (and the stdlib loggers of libraries) to ``stream`` (stderr).
 
-    ``auto`` picks console output on a TTY and JSON otherwise (systemd's journal, files).
+    ``auto`` picks console output on a TTY and JSON otherwise (systemd's journal, files). A
+    library's stdlib record is rendered by the same processors, so in JSON mode it is one JSON
+    line too (a traceback becomes its ``exception`` field), never raw text in the journal.
     """
     out = stream if stream is not None else sys.stderr
     use_console = log_format == "console" or (log_format == "auto" and out.isatty())
@@ -42,7 +44,12 @@ def configure_logging(
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(out)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(max(numeric, logging.WARNING))

@@ -48,14 +48,24 @@ class Flood:
     port: int
     host: str = "127.0.0.1"
     connections: list[IdleConnection] = field(default_factory=list)
+    not_connected: int = 0
 
-    async def open(self, count: int, sources: Sequence[str]) -> None:
-        """``count`` connections, spread round-robin over the ``sources`` addresses."""
+    async def open(
+        self, count: int, sources: Sequence[str], *, connect_timeout_s: float = 3.0
+    ) -> None:
+        """``count`` connections, spread round-robin over the ``sources`` addresses; a connect
+        that the kernel does not complete in time (a full accept backlog) is counted in
+        ``not_connected``."""
         for n in range(count):
             source = sources[n % len(sources)]
-            reader, writer = await asyncio.open_connection(
-                self.host, self.port, local_addr=(source, 0)
-            )
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.port, local_addr=(source, 0)),
+                    connect_timeout_s,
+                )
+            except (TimeoutError, ConnectionError):
+                self.not_connected += 1
+                continue
             connection = IdleConnection(source, time.monotonic(), writer)
             connection.watcher = asyncio.create_task(self._watch(reader, connection))
             self.connections.append(connection)

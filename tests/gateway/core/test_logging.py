@@ -44,3 +44,27 @@ def test_console_format_is_readable() -> None:
     assert "tick_done" in text and "published=3" in text
     with pytest.raises(json.JSONDecodeError):
         json.loads(text)
+
+
+def test_a_library_record_is_one_json_line_with_its_traceback() -> None:
+    """asyncio's and aiohttp's stdlib records reach the journal as JSON too (issue 26 item 12)."""
+    stream = io.StringIO()
+    configure_logging("json", "info", stream=stream)
+    try:
+        raise OSError(24, "Too many open files")
+    except OSError:
+        logging.getLogger("asyncio").exception("socket.accept() out of system resource")
+    logging.getLogger("aiohttp.server").warning("%d connections", 3)
+    first, second = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert (first["event"], first["level"], first["logger"]) == (
+        "socket.accept() out of system resource",
+        "error",
+        "asyncio",
+    )
+    assert first["exception"].startswith("Traceback (most recent call last):")
+    assert "Too many open files" in first["exception"]
+    assert (second["event"], second["level"], second["logger"]) == (
+        "3 connections",
+        "warning",
+        "aiohttp.server",
+    )
