@@ -305,7 +305,9 @@ class GatewayService:
             lambda: {**self.reporter.stats(), "publisher": publisher.stats()},
             sensor_idle=self.admission.idle_seconds if self.config.metrics.per_sensor else None,
         )
-        await MetricsServer(self.config.metrics, collector).serve()
+        await MetricsServer(
+            self.config.metrics, collector, listeners=self.sources.listener_stats
+        ).serve()
 
     def _model_info(self, feature: str) -> ModelInfo | None:
         calibrator = self.models.primary(feature)

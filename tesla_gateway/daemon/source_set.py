@@ -106,6 +106,15 @@ class SourceSet:
             "references_rejected": self.reference_rejects.snapshot(),
         }
 
+    def listener_stats(self) -> dict[str, Mapping[str, int]]:
+        """The connection counters of the sources that listen (sensor.community), by name."""
+        listeners: dict[str, Mapping[str, int]] = {}
+        for name, source in self._fleet_sources.items():
+            connections = source.stats().get("connections")
+            if isinstance(connections, Mapping):
+                listeners[name] = connections
+        return listeners
+
 
 def _reference_source_config(reference: ReferenceConfig, gateway_id: str) -> MqttSourceConfig:
     """The reference's subscription, with a client id of its own (never the sensors' one)."""

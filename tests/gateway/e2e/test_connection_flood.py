@@ -1,10 +1,13 @@
 """The real daemon under a low descriptor limit, flooded with idle /metrics connections (issue 26
 item 12: 1,100 idle connections against systemd's default soft limit of 1,024 made it exit).
 
-The daemon runs under ``prlimit --nofile=256`` with ``[metrics]``; 1,100 idle connections come
-from one host (127.0.0.2), then 600 more from 60 others, while a sensor keeps sending. The daemon
-keeps running, admits and calibrates the readings, answers a scrape from 127.0.0.1 while the
-one-host flood is open, holds fewer than 128 descriptors, and every line it writes is JSON.
+The daemon runs under ``prlimit --nofile=256`` with ``[metrics]`` and a sensor.community
+listener; 1,100 idle connections come to /metrics from one host (127.0.0.2), then 600 more from
+60 others, and 200 to the sensor.community listener from 127.0.0.2, while a sensor keeps sending
+over MQTT and a station POSTs from 127.0.0.1. The daemon keeps running, admits and calibrates the
+readings, answers a scrape from 127.0.0.1 while the one-host flood is open, holds fewer than 128
+descriptors, counts the refusals of both listeners in /metrics, and every line it writes is
+JSON.
 
 Why 256 and not lower: asyncio's accept loop takes up to 100 connections at a time before the
 limiter closes the excess, so a refused connection costs a descriptor for an instant. Under 128
@@ -23,6 +26,7 @@ from pathlib import Path
 from devkit.broker import Mosquitto, free_port
 from devkit.daemon import GatewayDaemon
 from tests.gateway.e2e.harness import MODEL, WAIT_S, MqttNodes, P, grid_base, write_config
+from tests.gateway.io.test_fleet_http import STATION_BODY, post
 from tests.support.flood import Flood, raise_fd_limit
 from tests.support.models import ModelFactory
 
@@ -50,13 +54,18 @@ async def settled(floods: list[Flood], expected: int) -> tuple[int, float]:
         await asyncio.sleep(0.1)
 
 
-async def scrape(port: int) -> bytes:
+async def exchange(port: int, request: bytes) -> bytes:
+    """Send one request from 127.0.0.1, return the whole answer."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+        writer.write(request)
         return await asyncio.wait_for(reader.read(), 10)
     finally:
         writer.close()
+
+
+async def scrape(port: int) -> bytes:
+    return await exchange(port, b"GET /metrics HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
 
 
 def test_a_flood_of_idle_metrics_connections_under_a_low_fd_limit(
@@ -65,9 +74,11 @@ def test_a_flood_of_idle_metrics_connections_under_a_low_fd_limit(
     raise_fd_limit(4096)  # this process holds the flood's client sockets
     model = model_factory.copy(tmp_path / "model", **MODEL)
     config = write_config(tmp_path, mosquitto, model.path)
-    port = free_port()
+    port, station_port = free_port(), free_port()
     config.write_text(
-        config.read_text(encoding="utf-8") + f'[metrics]\nlisten = "127.0.0.1:{port}"\n',
+        config.read_text(encoding="utf-8")
+        + f'[metrics]\nlisten = "127.0.0.1:{port}"\n'
+        + f'[[sources]]\nkind = "sensor_community"\nhost = "127.0.0.1"\nport = {station_port}\n',
         encoding="utf-8",
     )
     daemon = GatewayDaemon(
@@ -95,16 +106,24 @@ def test_a_flood_of_idle_metrics_connections_under_a_low_fd_limit(
             )
             figures["fds_peak"] = open_fds(daemon.pid)
 
+            stations = Flood(station_port)
+            await stations.open(200, ["127.0.0.2"])
+            figures["stations_flood_kept"], _ = await settled([stations], 4)
+            answer = await exchange(station_port, post(STATION_BODY))
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+            await stations.close()
+
             base = grid_base(5)
             for period in range(3):
                 await asyncio.to_thread(mqtt.send, "m-1", base + period * P + 1, 20.0 + period)
             deadline = time.monotonic() + WAIT_S
             while True:
                 status = daemon.status()
-                if status.get("readings_in") == 3 and status["ticker"]["published"] >= 2:
+                if status.get("readings_in") == 4 and status["ticker"]["published"] >= 2:
                     break
                 assert time.monotonic() < deadline, f"no calibration during the flood: {status}"
                 await asyncio.sleep(0.1)
+            figures["fleet"] = status["fleet_sources"]
 
             await one_host.wait_all_closed(REQUEST_TIMEOUT_S + SLACK_S)
             await many_hosts.wait_all_closed(REQUEST_TIMEOUT_S + SLACK_S)
@@ -146,5 +165,6 @@ def test_a_flood_of_idle_metrics_connections_under_a_low_fd_limit(
     lines = (tmp_path / "daemon.log").read_text(encoding="utf-8").splitlines()
     events = [json.loads(line) for line in lines]  # every line JSON, or this raises
     warnings = [e for e in events if e["event"] == "listener_connections_refused"]
-    assert len(warnings) == 1, "one warning a minute, not one per refused connection"
+    listeners = sorted(e["listener"] for e in warnings)
+    assert listeners == ["metrics", "sensor_community"], "one a minute per listener, not one each"
     assert not [e for e in events if e["level"] == "error"]
