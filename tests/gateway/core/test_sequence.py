@@ -182,3 +182,116 @@ def test_arguments_are_checked() -> None:
         SensorSequence(window=1)
     with pytest.raises(ValueError, match="max_gap"):
         SensorSequence(window=100, max_gap=10)
+
+
+def test_the_smallest_window_and_a_max_gap_equal_to_it_are_accepted() -> None:
+    SensorSequence(window=2, max_gap=2)
+    with pytest.raises(ValueError, match="window"):
+        SequenceTracker(window=1)  # the tracker checks its arguments at once, not per sensor
+    with pytest.raises(ValueError, match="max_gap"):
+        SequenceTracker(window=100, max_gap=10)
+
+
+def test_a_restart_is_a_new_run_its_next_number_follows() -> None:
+    counted = feed([0, 1, 2, 20_000, 20_001])  # max_gap 10,000: a jump ahead restarts
+    assert counted.counts[SequenceOutcome.FIRST] == 1
+    assert counted.counts[SequenceOutcome.RESET] == 1
+    assert counted.counts[SequenceOutcome.NEXT] == 3 and counted.readings_missing == 0
+    restarted = feed([*range(200), 3, 4])  # far behind and small: restarted from 0
+    assert restarted.counts[SequenceOutcome.FIRST] == 1
+    assert restarted.counts[SequenceOutcome.RESET] == 1 and restarted.readings_missing == 0
+
+
+def test_the_jump_ahead_that_is_a_restart_is_more_than_max_gap_missing() -> None:
+    loss = feed([0, 10_001])  # 10,000 missing: a loss of max_gap readings
+    assert loss.readings_missing == 10_000 and loss.counts[SequenceOutcome.RESET] == 0
+    restart = feed([0, 10_002])  # 10,001 missing would be more than max_gap: a restart
+    assert restart.readings_missing == 0 and restart.counts[SequenceOutcome.RESET] == 1
+
+
+def test_far_behind_is_a_restart_only_below_the_window_or_beyond_max_gap() -> None:
+    stale = feed([*range(200), WINDOW])  # behind by 135, not small: delayed, stale
+    assert stale.counts[SequenceOutcome.STALE] == 1 and stale.counts[SequenceOutcome.RESET] == 0
+    at_gap = feed([0, 10_000, 20_000, 10_000])  # exactly max_gap behind: still stale
+    assert at_gap.counts[SequenceOutcome.STALE] == 1
+    assert at_gap.counts[SequenceOutcome.RESET] == 0
+    beyond = feed([0, 10_000, 20_000, 9_999])  # one more behind than max_gap: a restart
+    assert beyond.counts[SequenceOutcome.RESET] == 1
+
+
+def test_half_the_number_space_ahead_counts_as_behind() -> None:
+    sequence = SensorSequence(window=WINDOW, max_gap=2**32)
+    sequence.observe(1_000)
+    assert sequence.observe(1_000 + 2**31) == (SequenceOutcome.STALE, 0)
+
+
+def test_a_late_reading_at_the_edge_of_the_window_fills_its_gap() -> None:
+    counted = feed([0, 100])  # 99 missing; the window remembers the 63 numbers behind 100
+    assert counted.readings_missing == 99
+    counted.observe("s1", 100 - (WINDOW - 1))
+    assert counted.readings_missing == 98 and counted.counts[SequenceOutcome.LATE] == 1
+
+
+def test_resets_are_logged_per_sensor_and_the_log_shows_the_top_ten() -> None:
+    now = [0.0]
+    counted = SequenceTracker(window=WINDOW, max_gap=10_000, clock=lambda: now[0])
+    with capture_logs() as logs:
+        for sensor in [f"s{i:02}" for i in range(12)]:
+            for seq in (0, 2 + int(sensor[1:])):  # s00 misses 1, s11 misses 12
+                counted.observe(sensor, seq)
+        for seq in (20_000, 40_000):  # two restarts of s00
+            counted.observe("s00", seq)
+        now[0] = 10.0  # exactly one interval after the first line
+        counted.log_pending()
+    first, second = [entry for entry in logs if entry["event"] == "readings_missing"]
+    assert first["sensors"] == {"s00": 1} and first["resets"] == {}
+    assert len(second["sensors"]) == 10 and "s01" not in second["sensors"]
+    assert second["sensors"]["s11"] == 12
+    assert second["resets"] == {"s00": 2}
+
+
+def test_a_quiet_check_does_not_delay_the_next_line() -> None:
+    now = [0.0]
+    counted = SequenceTracker(window=WINDOW, log_interval_s=10.0, clock=lambda: now[0])
+    with capture_logs() as logs:
+        counted.observe("s1", 0)
+        now[0] = 11.0
+        counted.log_pending()  # nothing to log
+        now[0] = 12.0
+        counted.observe("s1", 2)  # the first loss: logged at once
+    assert [entry["missing"] for entry in logs if entry["event"] == "readings_missing"] == [1]
+
+
+def test_stats_name_the_sensors_missing_readings_and_the_top_ten() -> None:
+    counted = tracker()
+    counted.observe("clean", 0)
+    counted.observe("clean", 1)
+    for i in range(12):
+        counted.observe(f"lossy{i:02}", 0)
+        counted.observe(f"lossy{i:02}", 2 + i)
+    stats = counted.stats()
+    top: dict[str, int] = stats["readings_missing_top"]  # type: ignore[assignment]
+    assert len(top) == 10 and "clean" not in top and top["lossy11"] == 12
+    sequence: dict[str, int] = stats["sequence"]  # type: ignore[assignment]
+    assert sequence["sensors"] == 13 and sequence["sensors_missing"] == 12
+
+
+def test_a_forgotten_sensor_keeps_its_loss_in_the_total_and_starts_afresh() -> None:
+    counted = feed([0, 5])
+    counted.forget(["s1", "never-seen"])
+    assert counted.readings_missing == 4 and counted.missing_for("s1") is None
+    counted.observe("s1", 100)  # a new first number, not a jump
+    assert counted.readings_missing == 4 and counted.stats()["readings_missing_top"] == {}
+
+
+def test_a_forgotten_sensor_leaves_nothing_to_log() -> None:
+    now = [0.0]
+    counted = SequenceTracker(window=WINDOW, max_gap=10_000, clock=lambda: now[0])
+    with capture_logs() as logs:
+        for seq in (0, 2, 4, 50_000):  # one loss logged at once; one more and a restart wait
+            counted.observe("s1", seq)
+        counted.forget(["s1"])
+        now[0] = 11.0
+        counted.log_pending()
+    assert len([entry for entry in logs if entry["event"] == "readings_missing"]) == 1
+    assert counted.readings_missing == 2
