@@ -14,9 +14,11 @@ from tesla_gateway.contract import manifest as manifest_schema
 from tesla_gateway.contract.manifest import ErrorMetrics, Manifest, PredictionIntervals
 from training.cli import build_parser, train_config
 from training.conformal import MIN_PER_BIN, conformal_rank, fit_intervals, score_intervals
+from training.data import WindowSet
 from training.equivalence import daily_means, equivalence, expanded_relative_uncertainty
 from training.errors import DataError, HarmfulModelError
-from training.harm import check_not_harmful
+from training.harm import check_not_harmful, compare_on
+from training.metrics import LinearCalibration
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "pm10-ispra-1min"
 
@@ -134,6 +136,36 @@ def test_the_guard_names_the_numbers_and_yields_to_force() -> None:
         check_not_harmful(_scores(15.7, 3.13, 3.5), "v1", force=False)
     check_not_harmful(_scores(15.7, 3.13, 3.5), "v1", force=True)
     check_not_harmful(_scores(15.7, 3.13, 2.19), "v1", force=False)
+
+
+def test_ties_are_not_harm_and_the_message_names_every_yardstick_lost_to() -> None:
+    check_not_harmful(_scores(4.0, 3.0, 3.0), "v1", force=False)  # as good as linear: allowed
+    with pytest.raises(HarmfulModelError) as caught:
+        check_not_harmful(_scores(4.0, 6.0, 7.0), "v1", force=False)
+    assert "worse than the raw readings and a linear fit" in str(caught.value)
+    assert "(raw 4, linear 6, model 7 µg/m³ RMSE over 100 windows)" in str(caught.value)
+
+
+def test_the_baselines_are_scored_on_the_validation_windows() -> None:
+    targets = np.array([10.0, 20.0, 30.0, 40.0], dtype=np.float32)
+    current = np.array([12.0, 18.0, 33.0, 41.0], dtype=np.float32)
+    windows = WindowSet(
+        window_length=1,
+        channels=("raw",),
+        sensor_ids=("v",),
+        period_seconds=(60,),
+        first_periods=(0,),
+        filled=(current[None, :].astype(np.float64),),
+        sensor=np.zeros(4, dtype=np.int32),
+        end=np.arange(4, dtype=np.int64),
+        targets=targets,
+        current_raw=current,
+    )
+    scores = compare_on(windows, targets + 0.5, LinearCalibration(slope=1.0, intercept=-1.0))
+    assert scores.raw.rmse == pytest.approx(np.sqrt((4 + 4 + 9 + 1) / 4))
+    assert scores.linear.rmse == pytest.approx(np.sqrt((1 + 9 + 4 + 0) / 4))  # raw - 1
+    assert scores.model.rmse == pytest.approx(0.5)
+    assert scores.raw.n == scores.linear.n == scores.model.n == 4
 
 
 def test_train_flags_choose_channels_feature_and_period(tmp_path: Path) -> None:
