@@ -15,10 +15,12 @@ records from ``covered`` on, which the service feeds through its normal ingest p
 reading that a snapshot already holds is a duplicate (its open period remembers its timestamp)
 or late (its period is closed) in the windows: never counted twice in a mean.
 
-The parts: :mod:`~tesla_gateway.ingest.log_record` (one record's bytes),
+The parts: :mod:`~tesla_gateway.ingest.log_record` (one record's bytes and frame),
 :mod:`~tesla_gateway.ingest.log_segments` (the files, rotation, the size bound, fsync),
-:mod:`~tesla_gateway.ingest.log_checkpoint` (the ``covered`` file) and
-:mod:`~tesla_gateway.ingest.log_replay` (reading it all back at start).
+:mod:`~tesla_gateway.ingest.log_checkpoint` (the ``covered`` file),
+:mod:`~tesla_gateway.ingest.log_replay` (reading it all back at start: what damage costs),
+:mod:`~tesla_gateway.ingest.log_scan` (the records in a segment's bytes) and
+:mod:`~tesla_gateway.ingest.log_directory` (what else the directory holds: set aside).
 """
 
 from __future__ import annotations
@@ -131,13 +133,11 @@ class IngestLog:
         pending = self._pending
         if not pending:
             return
+        files = self._files
+        data = self._encoder.encode(pending, files.next_index)
         records = len(pending)
-        buffer = bytearray()
-        encode_into = self._encoder.encode_into
-        for reading in pending:
-            encode_into(buffer, reading)
         pending.clear()
-        self._files.append(bytes(buffer), records)
+        files.append(data, records)
 
     # -- checkpoints ----------------------------------------------------------------------------
 

@@ -13,14 +13,18 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tesla_gateway.ingest.log_segments import MAX_SEQ
+
 __all__ = [
     "CHECKPOINT_NAME",
+    "CHECKPOINT_TEMP_NAME",
     "IngestLogCheckpoint",
     "parse_checkpoint",
     "write_checkpoint_file",
 ]
 
 CHECKPOINT_NAME = "covered"
+CHECKPOINT_TEMP_NAME = f".{CHECKPOINT_NAME}.tmp"  # replaces it atomically
 _CHECKPOINT_MAGIC = b"TGIC"
 _VERSION = 1
 _CHECKPOINT = struct.Struct("<4sBQI")  # magic, version, covered sequence number, crc32
@@ -43,6 +47,7 @@ def parse_checkpoint(data: bytes) -> int | None:
         magic != _CHECKPOINT_MAGIC
         or version != _VERSION
         or crc != zlib.crc32(data[: _CHECKPOINT.size - 4])
+        or covered > MAX_SEQ
     ):
         return None
     return int(covered)
@@ -53,7 +58,7 @@ def write_checkpoint_file(directory: Path, covered_seq: int) -> None:
     path = directory / CHECKPOINT_NAME
     data = _CHECKPOINT.pack(_CHECKPOINT_MAGIC, _VERSION, covered_seq, 0)
     data = data[:-4] + struct.pack("<I", zlib.crc32(data[:-4]))
-    temp = path.with_name(f".{path.name}.tmp")
+    temp = directory / CHECKPOINT_TEMP_NAME
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, data)

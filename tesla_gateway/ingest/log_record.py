@@ -1,15 +1,26 @@
-"""One ingest log record: a reading encoded as bytes, decoded back, and framed in a segment.
+"""One ingest log record: a reading encoded as bytes, framed so that replay can find it.
 
-A record is ``crc32 (u32) | length (u16) | body``; the body is the reading: sensor id and source
-(each a length byte and UTF-8), the field count and codes (:data:`FIELD_CODES`; the count's
-high bit flags a node sequence number), then the timestamp (float64), the sequence number
-(uint32, if flagged) and the values (float64).
+The body is the reading: sensor id and source (each a length byte and UTF-8), the field count
+and codes (:data:`FIELD_CODES`; the count's high bit flags a node sequence number), then the
+timestamp (float64), the sequence number (uint32, if flagged) and the values (float64).
+
+A frame (segment format 2) is ``magic (2) | length (u16) | check (u16) | body | index (u32) |
+crc32 (u32)``: ``check`` guards the magic and the length, so a damaged length is never
+followed; ``index`` is the record's place in its segment (its sequence number minus the
+segment's first), so replay knows how many records a damaged stretch held; the crc32 covers
+the body and the index. ``length`` counts the body and the index. Replay finds the next good
+frame past a damaged one by its magic (:mod:`~tesla_gateway.ingest.log_scan`).
+
+Segment format 1 framed a record as ``crc32 (u32) | length (u16) | body``: still read, never
+written.
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
+from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any
 
@@ -17,12 +28,15 @@ from tesla_gateway.contract.readings import Reading
 
 __all__ = [
     "FIELD_CODES",
+    "FRAME_CRC",
+    "FRAME_HEAD",
+    "FRAME_INDEX",
+    "FRAME_MAGIC",
     "IngestLogCorruptError",
     "RecordEncoder",
-    "declared_end",
     "decode_record",
     "encode_record",
-    "scan_records",
+    "length_check",
 ]
 
 # Field codes of the record body: append only, never reorder (records on disk name fields by
@@ -30,57 +44,70 @@ __all__ = [
 FIELD_CODES: tuple[str, ...] = ("pm1", "pm2_5", "pm10", "rh", "temp_c")
 _CODE_OF = {name: code for code, name in enumerate(FIELD_CODES)}
 
-_RECORD_HEADER = struct.Struct("<IH")  # crc32 of the body, body length
+FRAME_MAGIC = b"\xfe\x5a"  # 0xfe is never in UTF-8 text, nor in zeros left by a power cut
+FRAME_HEAD = struct.Struct("<2sHH")  # magic, length of body and index, check of the two
+FRAME_INDEX = struct.Struct("<I")  # the record's index in its segment
+FRAME_CRC = struct.Struct("<I")  # crc32 of body and index
 _TIMESTAMP = struct.Struct("<d")
 _SEQ = struct.Struct("<I")  # a node's uint32 sequence number
 _HAS_SEQ = 0x80  # flag in the field-count byte
 _ENCODE_CACHE_BOUND = 65_536  # sensor ids whose encoded prefix is kept
 
-# Readings carry a node's sequence number where the contract has one (looked up once: getattr
-# with a default on a slotted class without the field costs an exception per call).
-_READING_HAS_SEQ = "seq" in Reading.__dataclass_fields__
-_Head = tuple[bytes, int, struct.Struct, int]  # constant body part, its crc32, tail, length
+# constant frame part (head, check, body prefix), crc32 of the body prefix, the packer of the rest
+_Head = tuple[bytes, int, struct.Struct]
 
 
 class IngestLogCorruptError(ValueError):
     """A segment or checkpoint holds bytes that are not a valid record (decoding only)."""
 
 
-class RecordEncoder:
-    """Encodes records, keeping per (sensor, source, fields) the constant part of the body.
+@functools.lru_cache(maxsize=4096)  # replay checks every frame; records have few lengths
+def length_check(length: int) -> int:
+    """The check a frame head carries for its magic and ``length``."""
+    return zlib.crc32(FRAME_MAGIC + length.to_bytes(2, "little")) & 0xFFFF
 
-    Called once per reading on the event loop, so it does little: one dict lookup, one
-    ``struct.pack`` of the timestamp and values, one crc32 continued from the cached part's.
+
+class RecordEncoder:
+    """Encodes frames, keeping per (sensor, source, fields) the constant part of the frame.
+
+    Runs on the event loop for every reading, so a record costs little: one dict lookup, one
+    ``struct.pack`` of the timestamp, values and index, one crc32 continued from the cached
+    part's, one pack of the crc.
     """
 
     def __init__(self) -> None:
         self._heads: dict[tuple[str, ...], _Head] = {}  # (sensor, source, *fields)
         self._heads_with_seq: dict[tuple[str, ...], _Head] = {}
 
-    def encode_into(self, buffer: bytearray, reading: Reading) -> None:
-        values = reading.values
-        seq: int | None = getattr(reading, "seq") if _READING_HAS_SEQ else None  # noqa: B009
-        heads = self._heads if seq is None else self._heads_with_seq
-        key = (reading.sensor_id, reading.source, *values)
-        cached = heads.get(key)
-        if cached is None:
-            cached = self._head(heads, key, has_seq=seq is not None)
-        head, head_crc, tail, length = cached
-        if seq is None:
-            packed = tail.pack(reading.timestamp, *values.values())
-        else:
-            packed = tail.pack(reading.timestamp, seq, *values.values())
-        buffer += _RECORD_HEADER.pack(zlib.crc32(packed, head_crc), length)
-        buffer += head
-        buffer += packed
+    def encode(self, readings: Iterable[Reading], first_index: int) -> bytes:
+        """The frames of ``readings``, indexed from ``first_index`` on."""
+        buffer = bytearray()
+        heads, heads_with_seq = self._heads, self._heads_with_seq
+        crc32, pack_crc = zlib.crc32, FRAME_CRC.pack
+        index = first_index
+        for reading in readings:
+            values = reading.values
+            seq = reading.seq
+            key = (reading.sensor_id, reading.source, *values)
+            cached = (heads if seq is None else heads_with_seq).get(key)
+            if cached is None:
+                cached = self._head(key, has_seq=seq is not None)
+            head, head_crc, tail = cached
+            if seq is None:
+                packed = tail.pack(reading.timestamp, *values.values(), index)
+            else:
+                packed = tail.pack(reading.timestamp, seq, *values.values(), index)
+            buffer += head
+            buffer += packed
+            buffer += pack_crc(crc32(packed, head_crc))
+            index += 1
+        return bytes(buffer)
 
-    def _head(
-        self, heads: dict[tuple[str, ...], _Head], key: tuple[str, ...], *, has_seq: bool
-    ) -> _Head:
+    def _head(self, key: tuple[str, ...], *, has_seq: bool) -> _Head:
         sensor_id, source, *fields = key
         sensor = sensor_id.encode("utf-8")
         source_bytes = source.encode("utf-8")[:255]
-        head = b"".join(
+        prefix = b"".join(
             (
                 bytes((len(sensor),)),
                 sensor,
@@ -94,19 +121,20 @@ class RecordEncoder:
                 ),
             )
         )
-        tail = struct.Struct(f"<d{'I' if has_seq else ''}{len(fields)}d")
-        cached = (head, zlib.crc32(head), tail, len(head) + tail.size)
+        tail = struct.Struct(f"<d{'I' if has_seq else ''}{len(fields)}dI")  # ..., index
+        length = len(prefix) + tail.size
+        frame_head = FRAME_HEAD.pack(FRAME_MAGIC, length, length_check(length))
+        cached = (frame_head + prefix, zlib.crc32(prefix), tail)
+        heads = self._heads_with_seq if has_seq else self._heads
         if len(heads) >= _ENCODE_CACHE_BOUND:
             heads.clear()
         heads[key] = cached
         return cached
 
 
-def encode_record(reading: Reading) -> bytes:
-    """One record: header (crc32, length) and body."""
-    buffer = bytearray()
-    RecordEncoder().encode_into(buffer, reading)
-    return bytes(buffer)
+def encode_record(reading: Reading, index: int = 0) -> bytes:
+    """One framed record."""
+    return RecordEncoder().encode((reading,), index)
 
 
 def decode_record(body: bytes | memoryview) -> Reading:
@@ -141,32 +169,5 @@ def decode_record(body: bytes | memoryview) -> Reading:
         "source": source,
     }
     if seq is not None:
-        fields["seq"] = seq  # readings carry a node's seq where the contract has it
+        fields["seq"] = seq
     return Reading(**fields)
-
-
-def scan_records(data: bytes, start: int) -> tuple[list[memoryview], int]:
-    """The bodies of the valid records from ``start`` on, and where the first bad one begins
-    (``len(data)`` if none is bad)."""
-    view = memoryview(data)
-    bodies: list[memoryview] = []
-    position = start
-    size = len(data)
-    while position < size:
-        if size - position < _RECORD_HEADER.size:
-            break
-        crc, length = _RECORD_HEADER.unpack_from(data, position)
-        body = view[position + _RECORD_HEADER.size : position + _RECORD_HEADER.size + length]
-        if position + _RECORD_HEADER.size + length > size or zlib.crc32(body) != crc:
-            break
-        bodies.append(body)
-        position += _RECORD_HEADER.size + length
-    return bodies, position
-
-
-def declared_end(data: bytes, position: int) -> int:
-    """Where the record starting at ``position`` says it ends (its header may be damaged)."""
-    end = position + _RECORD_HEADER.size
-    if len(data) - position >= _RECORD_HEADER.size:
-        end += _RECORD_HEADER.unpack_from(data, position)[1]
-    return end

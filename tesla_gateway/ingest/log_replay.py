@@ -1,9 +1,14 @@
 """Replay at start: the logged readings no checkpoint covers, oldest first.
 
-A bad record at the end of a segment is a torn write (kill or power cut mid-write): skipped
-and counted. A bad record with data after it means a corrupt segment: its valid records are
-replayed, the file is set aside (``*.corrupt-<time>``) and counted; so is a checkpoint that
-cannot be read. Nothing read from the log can stop the daemon from starting.
+Damage costs what it hit (:mod:`~tesla_gateway.ingest.log_scan`): a torn end (kill or power
+cut mid-write, zeros left by a power cut) is skipped and counted once per segment; a damaged
+record is skipped and counted, the records after it are replayed, and the segment stays in
+the log until a checkpoint covers it. A segment that cannot be read as a whole (a header that
+does not match its name, no frame found past a damaged header, a format 1 segment damaged
+before its end, whose valid records before the damage are replayed) is set aside
+(``*.corrupt-<time>``) and counted; so is a checkpoint that cannot be read, and anything in
+the directory the log did not write (:mod:`~tesla_gateway.ingest.log_directory`). Nothing
+read from the log can stop the daemon from starting.
 """
 
 from __future__ import annotations
@@ -16,18 +21,16 @@ import structlog
 
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.ingest.log_checkpoint import CHECKPOINT_NAME, parse_checkpoint
-from tesla_gateway.ingest.log_record import (
-    IngestLogCorruptError,
-    declared_end,
-    decode_record,
-    scan_records,
-)
+from tesla_gateway.ingest.log_directory import open_directory
+from tesla_gateway.ingest.log_record import IngestLogCorruptError, decode_record
+from tesla_gateway.ingest.log_scan import SegmentScan, scan_framed, scan_unframed
 from tesla_gateway.ingest.log_segments import (
+    FORMAT_FRAMED,
+    FORMAT_UNFRAMED,
     HEADER_SIZE,
-    SUFFIX,
     Segment,
     SegmentFiles,
-    header_matches,
+    read_header,
 )
 from tesla_gateway.ingest.log_stats import IngestLogStats, report_failure
 from tesla_gateway.set_aside import SetAsideLog
@@ -41,21 +44,13 @@ def replay_segments(files: SegmentFiles, aside: SetAsideLog) -> Iterator[Reading
     """Yield the readings logged under ``files.directory`` from the checkpoint on.
 
     Sets ``files.covered``, ``files.next_seq`` and the segments kept (those holding readings
-    no checkpoint covers yet); deletes the others, sets the corrupt ones aside.
+    no checkpoint covers yet); deletes the others, sets the unreadable ones aside.
     """
     directory, stats = files.directory, files.stats
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        names = sorted(directory.iterdir())
-    except OSError as exc:
-        report_failure(stats, directory, "open", exc)
+    segments = open_directory(directory, stats, aside)
+    if segments is None:
         return  # nothing to replay; appends retry the directory
     covered = files.covered = _read_checkpoint(directory, stats, aside)
-    segments: list[tuple[int, Path]] = []
-    for path in names:
-        if path.suffix == SUFFIX and path.stem.isdigit():
-            segments.append((int(path.stem), path))
-    segments.sort()
     end = covered
     for first_seq, path in segments:
         try:
@@ -64,16 +59,15 @@ def replay_segments(files: SegmentFiles, aside: SetAsideLog) -> Iterator[Reading
             report_failure(stats, directory, f"read {path.name}", exc)
             end = max(end, first_seq + 1)  # never reuse its name for the new segment
             continue
-        bodies, corrupt = _scan(path, first_seq, data, stats)
-        end = max(end, first_seq + len(bodies))
-        if corrupt:
-            _set_aside(path, corrupt, stats, aside)
-        elif first_seq + len(bodies) <= covered or not bodies:
+        scan = _scan(path, first_seq, data, stats, aside)
+        end = max(end, first_seq + scan.end)
+        if scan.corrupt is None and scan.records and first_seq + scan.end > covered:
+            files.segments.append(Segment(path, first_seq, scan.end, len(data)))
+        elif scan.corrupt is None:
             with contextlib.suppress(OSError):
                 path.unlink()  # covered, or nothing in it: the checkpoint makes it redundant
-        else:
-            files.segments.append(Segment(path, first_seq, len(bodies), len(data)))
-        for seq, body in enumerate(bodies, start=first_seq):
+        for index, body in scan.records:
+            seq = first_seq + index
             if seq < covered:
                 continue
             try:
@@ -85,38 +79,58 @@ def replay_segments(files: SegmentFiles, aside: SetAsideLog) -> Iterator[Reading
             stats.replayed += 1
             yield reading
     files.next_seq = end
-    if stats.replayed or stats.torn_records or stats.corrupt_segments:
+    if stats.replayed or stats.torn_records or stats.damaged_records or stats.corrupt_segments:
         _log.info(
             "ingest_log_replayed",
             replayed=stats.replayed,
             covered_seq=covered,
             torn_records=stats.torn_records,
+            damaged_records=stats.damaged_records,
             corrupt_segments=stats.corrupt_segments,
         )
 
 
 def _scan(
-    path: Path, first_seq: int, data: bytes, stats: IngestLogStats
-) -> tuple[list[memoryview], str | None]:
-    """The segment's valid record bodies and, if it is corrupt (not just torn), why."""
+    path: Path, first_seq: int, data: bytes, stats: IngestLogStats, aside: SetAsideLog
+) -> SegmentScan:
+    """The segment's records, with what it lost counted and logged; set aside if unreadable."""
     if len(data) < HEADER_SIZE:
         if data:
             stats.torn_records += 1  # killed while creating it
-        return [], None
-    if not header_matches(data, first_seq):
-        return [], "bad segment header"
-    bodies, position = scan_records(data, HEADER_SIZE)
-    size = len(data)
-    if position < size:
-        rest = data[position:]
-        if declared_end(data, position) >= size or not rest.strip(b"\0"):
-            stats.torn_records += 1
-            _log.warning(
-                "ingest_log_torn_record", segment=path.name, offset=position, bytes=len(rest)
-            )
-        else:
-            return bodies, f"bad record at offset {position} with data after it"
-    return bodies, None
+        return SegmentScan()
+    header = read_header(data)
+    if header is None:
+        scan = scan_framed(data, HEADER_SIZE)  # frames carry their own checks
+        scan.corrupt = None if scan.records else "bad segment header"
+        stats.last_error = f"damaged header in {path.name}"
+        _log.error("ingest_log_damaged_header", segment=path.name, records=len(scan.records))
+    elif header == (FORMAT_FRAMED, first_seq):
+        scan = scan_framed(data, HEADER_SIZE)
+    elif header == (FORMAT_UNFRAMED, first_seq):
+        scan = scan_unframed(data, HEADER_SIZE)
+    else:
+        scan = SegmentScan(corrupt=f"header (format, first seq) {header} does not match its name")
+    if scan.torn_at is not None:
+        stats.torn_records += 1
+        _log.warning(
+            "ingest_log_torn_record",
+            segment=path.name,
+            offset=scan.torn_at,
+            bytes=len(data) - scan.torn_at,
+        )
+    if scan.damaged_at is not None:
+        stats.damaged_records += scan.damaged_records
+        stats.last_error = f"damaged records in {path.name}"
+        _log.error(
+            "ingest_log_damaged_records",
+            segment=path.name,
+            records=scan.damaged_records,
+            bytes=scan.damaged_bytes,
+            offset=scan.damaged_at,
+        )
+    if scan.corrupt is not None:
+        _set_aside(path, scan.corrupt, stats, aside)
+    return scan
 
 
 def _read_checkpoint(directory: Path, stats: IngestLogStats, aside: SetAsideLog) -> int:

@@ -1,12 +1,12 @@
 """The ingest log's segment files: naming, header, appends, rotation, the size bound, fsync.
 
 The log is a directory of segments named by the sequence number of their first record
-(``<20 digits>.seg``), each a header (``magic | version | first sequence number | crc32``)
-and records. Appends go to the newest (active) segment, one ``write()`` per commit; it is
-sealed and a new one opened once it holds ``segment_bytes``, at every snapshot, and after a
-failed write (a partly written record would hide everything after it). Beyond ``max_bytes``
-the oldest segment is dropped, its readings counted and logged. Sealed segments are fsynced
-and closed by the fsync loop, in a worker thread.
+(``<20 digits>.seg``), each a header (``magic | format | first sequence number | crc32``)
+and records (:mod:`~tesla_gateway.ingest.log_record`). Appends go to the newest (active)
+segment, one ``write()`` per commit; it is sealed and a new one opened once it holds
+``segment_bytes``, at every snapshot, and after a failed write (a new segment starts clean).
+Beyond ``max_bytes`` the oldest segment is dropped, its readings counted and logged. Sealed
+segments are fsynced and closed by the fsync loop, in a worker thread.
 """
 
 from __future__ import annotations
@@ -25,45 +25,54 @@ import structlog
 from tesla_gateway.ingest.log_stats import IngestLogStats, report_failure
 
 __all__ = [
+    "FORMAT_FRAMED",
+    "FORMAT_UNFRAMED",
     "HEADER_SIZE",
+    "MAX_SEQ",
     "SUFFIX",
     "Segment",
     "SegmentFiles",
-    "header_matches",
+    "read_header",
+    "segment_name",
 ]
 
 _log = structlog.get_logger(__name__)
 
 SUFFIX = ".seg"
+# Beyond any count a gateway reaches (a million readings a second for 285 years), exact as a
+# float in JSON, and far enough below 2**64 that no sum of a segment's records overflows.
+MAX_SEQ = 1 << 53
+FORMAT_UNFRAMED = 1  # records before framing: still replayed, never written
+FORMAT_FRAMED = 2  # what is written
 _SEGMENT_MAGIC = b"TGIL"
-_VERSION = 1
-_SEGMENT_HEADER = struct.Struct("<4sBQI")  # magic, version, first sequence number, crc32
+_SEGMENT_HEADER = struct.Struct("<4sBQI")  # magic, format, first sequence number, crc32
 HEADER_SIZE = _SEGMENT_HEADER.size
 
 
+def segment_name(first_seq: int) -> str:
+    return f"{first_seq:020d}{SUFFIX}"
+
+
 def _segment_header(first_seq: int) -> bytes:
-    header = _SEGMENT_HEADER.pack(_SEGMENT_MAGIC, _VERSION, first_seq, 0)
+    header = _SEGMENT_HEADER.pack(_SEGMENT_MAGIC, FORMAT_FRAMED, first_seq, 0)
     return header[:-4] + struct.pack("<I", zlib.crc32(header[:-4]))
 
 
-def header_matches(data: bytes, first_seq: int) -> bool:
-    """Whether ``data`` starts with a valid header for a segment named ``first_seq``."""
-    magic, version, header_seq, crc = _SEGMENT_HEADER.unpack_from(data)
-    return bool(
-        magic == _SEGMENT_MAGIC
-        and version == _VERSION
-        and crc == zlib.crc32(data[: HEADER_SIZE - 4])
-        and header_seq == first_seq
-    )
+def read_header(data: bytes) -> tuple[int, int] | None:
+    """The format and first sequence number in a segment's header; None if it is damaged."""
+    magic, version, first_seq, crc = _SEGMENT_HEADER.unpack_from(data)
+    if magic != _SEGMENT_MAGIC or crc != zlib.crc32(data[: HEADER_SIZE - 4]):
+        return None
+    return int(version), int(first_seq)
 
 
 @dataclass(slots=True)
 class Segment:
-    """One segment file kept in the log, and the records it holds."""
+    """One segment file kept in the log; ``first_seq + records`` is where its records end."""
 
     path: Path
     first_seq: int
-    records: int
+    records: int  # one past the index of its last record
     size: int
 
 
@@ -90,6 +99,7 @@ class SegmentFiles:
         self.fsync_interval_s = fsync_interval_s
         self.segments: list[Segment] = []  # oldest first; the last is the active one once open
         self.next_seq = 0
+        self.next_index = 0  # the index of the next record in the active segment
         self.covered = 0
         self._fd: int | None = None
         self._unsynced: list[int] = []  # sealed segments' descriptors waiting for an fsync
@@ -103,6 +113,7 @@ class SegmentFiles:
     def append(self, data: bytes, records: int) -> None:
         """Append encoded records (one ``write()``); a failed write is counted, never raised."""
         self.next_seq += records
+        self.next_index += records
         if self._fd is None:
             self.stats.write_failures += records
             return
@@ -127,13 +138,13 @@ class SegmentFiles:
             self.rotate()
 
     def _reopen_after_failure(self) -> None:
-        """A partly written record would hide everything after it: start a new segment."""
+        """Whatever part of the records reached the file, the next ones start a new segment."""
         self._close_active(sync=False)
         self.open()
 
     def open(self) -> None:
         """Open a new active segment starting at ``next_seq``."""
-        path = self.directory / f"{self.next_seq:020d}{SUFFIX}"
+        path = self.directory / segment_name(self.next_seq)
         header = _segment_header(self.next_seq)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
@@ -151,6 +162,7 @@ class SegmentFiles:
             self._fd = None
             return
         self._fd = fd
+        self.next_index = 0
         self.segments.append(Segment(path, self.next_seq, 0, len(header)))
         self._dirty = True
         self.update_stats()

@@ -20,11 +20,13 @@ class IngestLogStats:
     bytes: int = 0
     segments: int = 0
     replayed: int = 0
-    torn_records: int = 0
-    corrupt_segments: int = 0
-    corrupt_records: int = 0
+    torn_records: int = 0  # a segment's last record cut short (a kill or power cut mid-write)
+    damaged_records: int = 0  # lost to damage inside a segment; the records after it replay
+    corrupt_segments: int = 0  # set aside whole: a bad header, or format 1 damaged inside
+    corrupt_records: int = 0  # intact (crc32) but not a reading
     dropped_segments: int = 0
     dropped_records: int = 0
+    unexpected_files: int = 0  # found in the directory, not written by the log: set aside
     write_failures: int = 0
     fsyncs: int = 0
     covered_seq: int = 0
@@ -37,10 +39,12 @@ class IngestLogStats:
             "segments": self.segments,
             "replayed": self.replayed,
             "torn_records": self.torn_records,
+            "damaged_records": self.damaged_records,
             "corrupt_segments": self.corrupt_segments,
             "corrupt_records": self.corrupt_records,
             "dropped_segments": self.dropped_segments,
             "dropped_records": self.dropped_records,
+            "unexpected_files": self.unexpected_files,
             "write_failures": self.write_failures,
             "fsyncs": self.fsyncs,
             "covered_seq": self.covered_seq,
