@@ -125,3 +125,99 @@ def test_removing_a_sensor_leaves_the_others_windows_intact() -> None:
     assert not windows.remove("s1")
     assert sorted(windows.sensor_ids) == ["s0", "s2", "s3"]
     assert windows.pending_count == kept.pending_count
+
+
+def test_an_id_outside_the_known_list_is_refused_and_counted_with_its_sensor() -> None:
+    rejects = RejectCounter()
+    admission = SensorAdmission(
+        SensorPolicy(allow_unknown=False, known=["a"]), store_with([], range(0)), rejects
+    )
+    with capture_logs() as logs:
+        assert admission.admit(reading("a", 0))
+        assert not admission.admit(reading("b", 0))
+    assert rejects.count(RejectReason.UNKNOWN_SENSOR, source="mqtt") == 1
+    (logged,) = [entry for entry in logs if entry["event"] == "reading_rejected"]
+    assert logged["sensor"] == "b" and logged["detail"] == "sensor b is not in sensors.known"
+    assert admission.sensors == 1 and admission.snapshot()["admitted"] == 1
+
+
+def test_the_snapshot_counts_every_way_a_sensor_came_and_went() -> None:
+    store = store_with(["r1", "r2"], range(2))
+    mono = Clock(1_000.0)
+    evicted: list[list[str]] = []
+    admission = SensorAdmission(
+        SensorPolicy(max_sensors=5, evict_idle_s=600),
+        store,
+        RejectCounter(),
+        clock=Clock(T0 + 2 * P),
+        monotonic=mono,
+        on_evicted=evicted.append,
+    )
+    with capture_logs() as logs:
+        assert admission.adopt_windows() == 2
+        store.add(reading("r3", 1), 0.0)
+        assert admission.adopt_windows() == 1  # one more restored, the two known kept
+        assert all(admission.admit(reading(s, 2)) for s in ("n1", "n2"))
+        assert admission.admit(reading("n1", 2))  # known by now: not admitted twice
+        mono.now += 601
+        assert sorted(admission.evict_idle()) == ["n1", "n2", "r1", "r2", "r3"]
+    assert admission.snapshot() == {
+        "sensors": 0,
+        "max_sensors": 5,
+        "evict_idle_s": 600,
+        "restored": 3,
+        "admitted": 2,
+        "rejected_full": 0,
+        "evicted": 5,
+    }
+    assert [sorted(ids) for ids in evicted] == [["n1", "n2", "r1", "r2", "r3"]]
+    (line,) = [entry for entry in logs if entry["event"] == "sensors_evicted"]
+    assert (line["count"], line["windows"], line["idle_for_s"], line["remaining"]) == (5, 3, 600, 0)
+
+
+def test_idle_time_counts_from_the_newest_restored_period_or_the_last_reading() -> None:
+    store = store_with(["r"], range(3))  # its newest period ends at T0 + 3 P: now
+    wall, mono = Clock(T0 + 3 * P), Clock(1_000.0)
+    admission, _ = make(store, wall, mono, evict_idle_s=600)
+    with capture_logs():
+        admission.adopt_windows()
+        assert admission.idle_seconds() == {"r": 0.0}
+        mono.now += 30
+        assert admission.admit(reading("n", 3))
+        mono.now += 10
+        assert admission.idle_seconds() == {"r": 40.0, "n": 10.0}
+        mono.now += 600 - 40
+        assert admission.evict_idle() == []  # idle exactly evict_idle_s: not yet
+        mono.now += 0.5
+        assert admission.evict_idle() == ["r"]
+
+
+def test_when_full_the_idle_sweep_runs_at_most_every_quarter_of_the_idle_age() -> None:
+    store = store_with(["a", "b"], range(2))
+    wall, mono = Clock(T0 + 2 * P), Clock(1_000.0)
+    admission, _ = make(store, wall, mono, max_sensors=2, evict_idle_s=100)  # sweep every 25 s
+    with capture_logs():
+        admission.adopt_windows()  # a sweep at 1,000
+        mono.now = 1_090.0
+        assert admission.admit(reading("a", 2))  # "b" stays silent
+        assert not admission.admit(reading("c", 2))  # full: a sweep at 1,090, nobody idle
+        mono.now = 1_110.0  # "b" idle 110 s, but the last sweep was 20 s ago
+        assert not admission.admit(reading("d", 2))
+        mono.now = 1_115.0  # 25 s after the last sweep: another one makes room
+        assert admission.admit(reading("d", 2))
+    assert admission.snapshot()["rejected_full"] == 2
+
+
+def test_when_full_before_any_sweep_the_first_new_id_sweeps() -> None:
+    mono = Clock(1_000.0)
+    admission = SensorAdmission(
+        SensorPolicy(max_sensors=1, evict_idle_s=100),
+        store_with([], range(0)),
+        RejectCounter(),
+        monotonic=mono,
+    )
+    with capture_logs():
+        assert admission.admit(reading("a", 0))
+        mono.now = 1_200.0
+        assert admission.admit(reading("b", 0))  # "a" idle 200 s: evicted by the first sweep
+    assert admission.snapshot()["evicted"] == 1
