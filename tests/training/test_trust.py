@@ -62,6 +62,62 @@ def test_too_few_validation_pairs_give_no_intervals() -> None:
         fit_intervals(np.ones(20), np.ones(20), sensor="v")
 
 
+def test_ties_that_starve_a_bin_step_down_one_bin_at_a_time() -> None:
+    # 200 equal predictions in the middle: 5, 4 and 3 bins leave one with fewer than 100 pairs,
+    # 2 bins do not (trying 5, 3 and 1 only would end with one bin).
+    predicted = np.concatenate([np.linspace(1, 50, 150), np.full(200, 100.0),
+                                np.linspace(150, 200, 150)])  # fmt: skip
+    reference = predicted + np.random.default_rng(0).normal(0, 1, 500)
+    intervals = fit_intervals(predicted, reference, sensor="v")
+    assert intervals.edges == [100.0] and intervals.counts == [150, 350]  # 100.0 goes up
+
+
+def test_exactly_min_per_bin_pairs_fill_a_bin() -> None:
+    predicted = np.arange(200, dtype=float)
+    intervals = fit_intervals(predicted, predicted + 1.0, sensor="v")
+    assert intervals.counts == [100, 100]
+    one_bin = fit_intervals(predicted[:150], predicted[:150] + 1.0, sensor="v")
+    assert one_bin.counts == [150] and one_bin.edges == []
+    # The largest score is the quantile when ceil((n + 1) * level) is n itself.
+    top = fit_intervals(predicted[:100], predicted[:100] + np.arange(100.0), sensor="v",
+                        level=0.99)  # fmt: skip
+    assert top.half_widths == [99.0]
+
+
+def test_pairs_without_a_finite_value_are_left_out_and_any_shape_or_precision_fits() -> None:
+    predicted, reference = _heteroscedastic(400, seed=4)
+    clean = fit_intervals(predicted, reference, sensor="v")
+    damaged_p = np.concatenate([predicted, [np.nan, 5.0, np.inf]])
+    damaged_r = np.concatenate([reference, [5.0, np.nan, 5.0]])
+    assert fit_intervals(damaged_p, damaged_r, sensor="v") == clean
+    as_columns = fit_intervals(predicted[:, None], reference[:, None], sensor="v")
+    assert as_columns == clean
+    single = fit_intervals(predicted.astype(np.float32), reference.astype(np.float32),
+                           sensor="v")  # fmt: skip
+    exact = fit_intervals(predicted.astype(np.float32).astype(np.float64),
+                          reference.astype(np.float32).astype(np.float64), sensor="v")  # fmt: skip
+    assert single.half_widths == exact.half_widths  # residuals in float64 either way
+
+
+def test_scores_count_the_interval_ends_as_inside_and_clip_at_zero() -> None:
+    intervals = PredictionIntervals(level=0.9, edges=[10.0], half_widths=[2.0, 5.0],
+                                    counts=[100, 100], calibration_sensor="v")  # fmt: skip
+    predicted = np.array([1.0, 8.0, 8.0, 10.0, 10.0])
+    reference = np.array([0.5, 6.0, 10.0, 15.0, 16.0])  # clipped low, both ends, upper bin
+    scores = score_intervals(intervals, predicted, reference)
+    assert scores.n == 5 and scores.level == 0.9
+    assert scores.coverage == pytest.approx(4 / 5)  # 10 + 5 = 15 inside, 16 not
+    # widths: [0, 3] (clipped), [6, 10] twice, [5, 15] twice
+    assert scores.mean_width == pytest.approx((3 + 4 + 4 + 10 + 10) / 5)
+    assert scores.as_dict() == {"level": 0.9, "coverage": scores.coverage,
+                                "mean_width": scores.mean_width, "n": 5}  # fmt: skip
+    one = score_intervals(intervals, np.array([8.0]), np.array([9.0]))
+    assert (one.coverage, one.n) == (1.0, 1)
+    empty = score_intervals(intervals, np.array([np.nan]), np.array([1.0]))
+    assert empty.n == 0 and empty.level == 0.9
+    assert np.isnan(empty.coverage) and np.isnan(empty.mean_width)
+
+
 def test_manifests_without_the_new_fields_stay_valid() -> None:
     document = json.loads((DEFAULT_MODEL / "manifest.json").read_text())
     for key in ("intervals", "validation_baselines", "device_graph_absent"):
