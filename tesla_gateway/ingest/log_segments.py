@@ -223,10 +223,14 @@ class SegmentFiles:
         """fsync every segment written since the last sync, in a worker thread."""
         if not self._dirty and not self._unsynced:
             return
-        closing, self._unsynced = self._unsynced, []
-        descriptors = list(closing)
+        active: list[int] = []
         if self._fd is not None:
-            descriptors.append(os.dup(self._fd))  # rotation may close the original meanwhile
+            try:  # a copy: rotation may close the original while the worker syncs
+                active.append(os.dup(self._fd))
+            except OSError as exc:  # out of descriptors (EMFILE): try again at the next sync
+                self._failed("fsync", exc)
+                return
+        descriptors, self._unsynced = [*self._unsynced, *active], []
         self._dirty = False
         try:
             # The worker closes them too: a cancelled wait must not close what it still syncs.

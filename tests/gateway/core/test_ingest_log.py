@@ -329,3 +329,36 @@ def test_a_log_never_started_is_left_as_it_was(tmp_path: Path) -> None:
     unstarted.close()
     _, replayed = started(tmp_path)
     assert replayed == [reading(index) for index in range(5)]
+
+
+def test_a_sync_out_of_file_descriptors_is_retried_not_fatal(tmp_path: Path) -> None:
+    """EMFILE (idle connections used up the process's descriptors) once reached the unguarded
+    ``os.dup`` in sync and the daemon exited; now that sync is reported and the next one syncs.
+    The shortage is real: the soft limit is lowered and every free descriptor is taken."""
+    import resource
+
+    log, _ = started(tmp_path)
+    for index in range(5):
+        log.append(reading(index))
+        log.commit()
+    loop = asyncio.new_event_loop()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hog: list[int] = []
+    try:
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE, (len(list(Path("/proc/self/fd").iterdir())) + 8, hard)
+        )
+        with pytest.raises(OSError):  # fill until the kernel refuses
+            while True:
+                hog.append(os.open(os.devnull, os.O_RDONLY))
+        loop.run_until_complete(log.sync())  # must not raise
+        assert log.stats.last_error is not None and "fsync" in log.stats.last_error
+        assert log.stats.fsyncs == 0
+    finally:
+        for fd in hog:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    loop.run_until_complete(log.sync())
+    loop.close()
+    assert log.stats.fsyncs == 1
+    assert replayed_by_a_restart(tmp_path) == [reading(index) for index in range(5)]
