@@ -8,7 +8,7 @@ SYSTEM_STAMP := $(VENV)/.system-deps
 LEGACY_VENV := .venv-legacy
 LEGACY_STAMP := $(LEGACY_VENV)/.installed
 
-.PHONY: setup demo test lint typecheck pytest bench reliability models wheel clean
+.PHONY: setup demo test lint typecheck pytest bench reliability mutation models wheel clean
 
 setup: $(STAMP) $(SYSTEM_STAMP) $(LEGACY_STAMP)
 
@@ -55,6 +55,12 @@ bench: setup
 
 reliability: setup
 	$(PY) -m pytest -m reliability --reliability-long
+
+# Mutation testing (mutmut) of the modules that hold the gateway's promises, each mutant against
+# its module's own tests, in a scratch copy of HEAD; writes docs/mutation.md. Not part of `test`:
+# about 15 minutes on one core (devkit/mutation/targets.py; --only TARGET reruns one).
+mutation: setup
+	nice -n 10 $(PY) -m devkit.mutation
 
 # The gateway's wheel (tesla_gateway/ with the default models and the example config; no training,
 # devkit or demo) into dist/, for `pip install dist/tesla_gateway-*.whl` on the Pi (README

@@ -1,0 +1,100 @@
+"""Run mutmut over each target in a scratch copy of HEAD and write the report.
+
+Results are kept per target in ``devkit/mutation/results.json``; ``--only`` reruns some
+targets and keeps the others' last figures, so the report always covers every target run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from importlib.metadata import version
+from pathlib import Path
+
+from devkit.mutation.report import load_verdicts, render
+from devkit.mutation.session import archive_head, run_target
+from devkit.mutation.targets import TARGETS, target_named
+
+__all__ = ["main"]
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS_PATH = Path(__file__).with_name("results.json")
+REPORT_PATH = ROOT / "docs" / "mutation.md"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m devkit.mutation", description=__doc__)
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="TARGET",
+        help=f"run only this target (repeatable); one of {[t.name for t in TARGETS]}",
+    )
+    parser.add_argument("--max-children", type=int, default=1, help="mutants run in parallel")
+    parser.add_argument(
+        "--report-only", action="store_true", help="rewrite the report from the recorded results"
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the scratch tree (its path is printed)"
+    )
+    return parser
+
+
+def _recorded() -> list[dict[str, object]]:
+    if not RESULTS_PATH.exists():
+        return []
+    recorded: list[dict[str, object]] = json.loads(RESULTS_PATH.read_text(encoding="utf-8"))
+    return recorded
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    targets = [target_named(name) for name in args.only] if args.only else list(TARGETS)
+    by_name = {str(entry["name"]): entry for entry in _recorded()}
+    if not args.report_only:
+        mutmut = Path(sys.executable).with_name("mutmut")
+        if not mutmut.exists():
+            print("mutmut is not installed: make setup (it is in the dev extra)", file=sys.stderr)
+            return 2
+        os.environ.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        tree = Path(tempfile.mkdtemp(prefix="tesla-mutation-"))
+        try:
+            commit = archive_head(ROOT, tree)
+            for target in targets:
+                log = tree / f"mutmut-{target.name.replace(' ', '-')}.log"
+                result = run_target(
+                    tree,
+                    target,
+                    commit=commit,
+                    mutmut=mutmut,
+                    max_children=args.max_children,
+                    log=log,
+                )
+                survived = len(result.mutants) - result.count("killed", "timeout")
+                print(
+                    f"{target.name}: {len(result.mutants)} mutants, {survived} not detected, "
+                    f"{result.seconds:.0f} s",
+                    flush=True,
+                )
+                by_name[target.name] = result.as_dict()
+                RESULTS_PATH.write_text(
+                    json.dumps(_in_target_order(by_name), indent=1) + "\n", encoding="utf-8"
+                )
+        finally:
+            if args.keep:
+                print(f"scratch tree kept at {tree}")
+            else:
+                shutil.rmtree(tree, ignore_errors=True)
+    report = render(_in_target_order(by_name), load_verdicts(), mutmut_version=version("mutmut"))
+    REPORT_PATH.write_text(report, encoding="utf-8")
+    print(f"wrote {REPORT_PATH.relative_to(ROOT)}")
+    return 0
+
+
+def _in_target_order(by_name: dict[str, dict[str, object]]) -> list[dict[str, object]]:
+    return [by_name[t.name] for t in TARGETS if t.name in by_name]

@@ -1,0 +1,169 @@
+"""One mutmut session per target, in a scratch copy of the checkout (never in the checkout).
+
+mutmut copies the target's package into ``mutants/`` and runs the tests from there; doing that
+in a scratch tree keeps mutated code away from anyone else's test run in the working checkout.
+The tree is the committed ``HEAD`` (``git archive``), so a run measures what is committed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass
+from io import BytesIO
+from pathlib import Path
+
+from devkit.mutation.targets import Target
+
+__all__ = ["DETECTED", "UNMUTATED_LINES", "Mutant", "TargetResult", "archive_head", "run_target"]
+
+# mutmut's exit codes per mutant, as its results name them (timeouts count as detected).
+_STATUS = {
+    0: "survived",
+    1: "killed",
+    3: "killed",
+    5: "no tests",
+    33: "no tests",
+    34: "skipped",
+    36: "timeout",
+    24: "timeout",
+    -24: "timeout",
+    152: "timeout",
+    255: "timeout",
+    37: "caught by type check",
+}
+DETECTED = frozenset({"killed", "timeout", "caught by type check"})
+# Statements starting on these lines are not mutated: an exception's message is prose for the
+# operator, not a promise (its type and the condition that raises it are mutated).
+UNMUTATED_LINES = (r"^\s*raise \w+\(",)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One mutant: its mutmut name, what became of it, and (unless killed) the lines it changed."""
+
+    name: str
+    status: str
+    change: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    target: Target
+    mutants: tuple[Mutant, ...]
+    seconds: float
+    commit: str
+
+    def count(self, *statuses: str) -> int:
+        return sum(mutant.status in statuses for mutant in self.mutants)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "name": self.target.name,
+            "modules": list(self.target.modules),
+            "tests": list(self.target.tests),
+            "seconds": round(self.seconds, 1),
+            "commit": self.commit,
+            "mutants": [
+                {"name": m.name, "status": m.status, "change": list(m.change)}
+                if m.change
+                else {"name": m.name, "status": m.status}
+                for m in self.mutants
+            ],
+        }
+
+
+def archive_head(checkout: Path, into: Path) -> str:
+    """Unpack the checkout's committed HEAD into ``into``; returns the commit id."""
+    commit = _git(checkout, "rev-parse", "HEAD").strip()
+    archive = subprocess.run(  # noqa: S603 - git with fixed arguments
+        ["git", "-C", str(checkout), "archive", "--format=tar", commit],  # noqa: S607
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return commit
+
+
+def run_target(
+    tree: Path, target: Target, *, commit: str, mutmut: Path, max_children: int, log: Path
+) -> TargetResult:
+    """Run mutmut over ``target`` in ``tree`` (prepared by :func:`archive_head`)."""
+    _configure(tree, target)
+    shutil.rmtree(tree / "mutants", ignore_errors=True)
+    started = time.monotonic()
+    with log.open("ab") as out:
+        subprocess.run(  # noqa: S603 - the venv's own mutmut
+            [str(mutmut), "run", "--max-children", str(max_children)],
+            cwd=tree,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    seconds = time.monotonic() - started
+    mutants = []
+    for module in target.modules:
+        meta = tree / "mutants" / (module + ".meta")
+        if not meta.exists():  # nothing mutable in it (e.g. only constants and imports)
+            continue
+        codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
+        for name, code in sorted(codes.items(), key=lambda item: _natural(item[0])):
+            status = "not checked" if code is None else _STATUS.get(code, f"exit {code}")
+            change = () if status in DETECTED else _change(tree, mutmut, name)
+            mutants.append(Mutant(name, status, change))
+    return TargetResult(target, tuple(mutants), seconds, commit)
+
+
+def _configure(tree: Path, target: Target) -> None:
+    """Point mutmut at the target: its package, its modules, its tests, everything else copied."""
+    pyproject = tree / "pyproject.toml"
+    original = tree / "pyproject.toml.orig"
+    if not original.exists():
+        shutil.copyfile(pyproject, original)
+    also_copy = sorted(
+        p.name
+        for p in tree.iterdir()
+        if p.name not in {target.package, "mutants", "pyproject.toml.orig", "pyproject.toml"}
+    )
+    section = {
+        "source_paths": [target.package],
+        "only_mutate": list(target.modules),
+        "pytest_add_cli_args_test_selection": list(target.tests),
+        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-q", "--durations=0"],
+        "also_copy": also_copy,
+        "use_git_change_detection": False,
+        "do_not_mutate_patterns": list(UNMUTATED_LINES),
+    }
+    lines = [f"{key} = {json.dumps(value)}" for key, value in section.items()]
+    text = original.read_text(encoding="utf-8") + "\n[tool.mutmut]\n" + "\n".join(lines) + "\n"
+    pyproject.write_text(text, encoding="utf-8")
+
+
+def _change(tree: Path, mutmut: Path, name: str) -> tuple[str, ...]:
+    """The removed and added lines of one mutant's diff (``mutmut show``)."""
+    shown = subprocess.run(  # noqa: S603 - the venv's own mutmut
+        [str(mutmut), "show", name], cwd=tree, capture_output=True, text=True, check=False
+    ).stdout
+    return tuple(
+        line[0] + " " + line[1:].strip()
+        for line in shown.splitlines()
+        if line[:1] in {"-", "+"} and not line.startswith(("---", "+++"))
+    )
+
+
+def _natural(name: str) -> tuple[str, int]:
+    stem, _, number = name.rpartition("_")
+    return (stem, int(number)) if number.isdigit() else (name, 0)
+
+
+def _git(checkout: Path, *args: str) -> str:
+    return subprocess.run(  # noqa: S603 - git with fixed arguments
+        ["git", "-C", str(checkout), *args],  # noqa: S607
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
