@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import json
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from tesla_gateway.ota.errors import (
     DowngradeError,
     IncompatibleReleaseError,
     MalformedReleaseError,
+    OtaError,
     ReleaseRejectedError,
     ShaMismatchError,
     SizeMismatchError,
@@ -29,7 +32,10 @@ from tesla_gateway.ota.errors import (
 from tesla_gateway.ota.install import install_release
 from tesla_gateway.ota.release import (
     RELEASE_FILENAME,
+    Rollout,
+    decode_bundle,
     encode_bundle,
+    load_public_key,
     read_release_dir,
     signed_bytes,
     verify_release,
@@ -203,3 +209,82 @@ def test_descriptor_round_trips(  # noqa: PLR0917 - one argument per descriptor 
 def test_descriptor_decode_never_crashes(data: bytes) -> None:
     with contextlib.suppress(MalformedReleaseError):
         ImageDescriptor.decode(data)
+
+
+def _descriptor_bytes(**fields: object) -> bytes:
+    values: dict[str, object] = {
+        "magic": b"TMDL", "fmt": 1, "target": 1, "flags": 0, "version": 2, "size": 100,
+        "sha": bytes(32), "name": b"pm10".ljust(32, b"\0"), "window": 360, "arena": 1000,
+    }  # fmt: skip
+    values.update(fields)
+    return struct.pack("<4sBBHII32s32sII", *values.values())
+
+
+def test_a_descriptor_is_refused_for_any_one_wrong_header_field() -> None:
+    assert ImageDescriptor.decode(_descriptor_bytes()).model_name == "pm10"
+    for wrong in ({"magic": b"XMDL"}, {"fmt": 2}, {"target": 2}, {"flags": 1}):
+        with pytest.raises(MalformedReleaseError):
+            ImageDescriptor.decode(_descriptor_bytes(**wrong))
+    with pytest.raises(MalformedReleaseError, match="NUL"):
+        ImageDescriptor.decode(_descriptor_bytes(name=b"pm\0" + b"10".ljust(29, b"\0")))
+
+
+def test_descriptor_fields_must_fit_32_bits() -> None:
+    sha = bytes(32)
+    ImageDescriptor("m", 2**32 - 1, 2**32 - 1, sha, 2**32 - 1, 2**32 - 1)
+    labels = ("model version", "image size", "window length", "arena bytes")
+    for field, label in enumerate(labels):
+        values = [1, 1, 1, 1]
+        values[field] = 2**32
+        with pytest.raises(MalformedReleaseError, match=f"^{label} 4294967296 does not fit"):
+            ImageDescriptor("m", values[0], values[1], sha, values[2], values[3])
+
+
+def test_bundles_and_signatures_must_be_strict_base64(
+    release_kit: ReleaseKit, tmp_path: Path
+) -> None:
+    path = release_kit.release(release_kit.base_version + 1)
+    release_json = (path / RELEASE_FILENAME).read_bytes()
+    bundle = json.loads(encode_bundle(release_json, read_release_dir(path)[1]))
+    name = next(iter(bundle["files"]))
+    bundle["files"][name] = "!" + bundle["files"][name]  # a character base64 does not have
+    with pytest.raises(MalformedReleaseError, match="not a release bundle"):
+        verify_release(json.dumps(bundle).encode(), release_kit.public_key, None)
+    broken: dict[str, object]
+    for broken in ({"release": [], "files": {}}, {"release": {}, "files": []}):
+        with pytest.raises(MalformedReleaseError, match="must be objects"):
+            decode_bundle(json.dumps(broken).encode())
+    copy = _copy(path, tmp_path)
+    document = json.loads((copy / RELEASE_FILENAME).read_text())
+    document["signature"] = "!" + document["signature"]
+    (copy / RELEASE_FILENAME).write_text(json.dumps(document))
+    with pytest.raises(MalformedReleaseError, match="release signature is not base64"):
+        verify_release(copy, release_kit.public_key, None)
+
+
+def test_a_public_key_file_holds_32_bytes_in_hex(release_kit: ReleaseKit, tmp_path: Path) -> None:
+    assert load_public_key(release_kit.keys.public_path) == release_kit.public_key
+    short = tmp_path / "short.pub"
+    short.write_text("ab" * 33 + "\n", encoding="ascii")
+    with pytest.raises(OtaError, match="holds 33 bytes"):
+        load_public_key(short)
+
+
+def test_a_rollout_names_gateways_or_groups() -> None:
+    rollout = Rollout(gateways=["gw-b", "gw-a"], groups=["north"])
+    assert rollout.includes("gw-a", []) and rollout.includes("gw-z", ["south", "north"])
+    assert not rollout.includes("gw-z", ["south"])
+    assert rollout.describe() == "gateways ['gw-a', 'gw-b'] and groups ['north']"
+    assert Rollout(groups=["north"]).describe() == "groups ['north']"
+    assert Rollout().describe() == "no gateway"
+
+
+def test_a_verified_release_says_which_gateways_it_is_for(release_kit: ReleaseKit) -> None:
+    path = release_kit.release(release_kit.base_version + 1)
+    release = verify_release(path, release_kit.public_key, None)
+    assert release.is_for("any", [])  # no rollout: every gateway
+    limited = dataclasses.replace(
+        release,
+        metadata=release.metadata.model_copy(update={"rollout": Rollout(groups=["north"])}),
+    )
+    assert limited.is_for("gw", ["north"]) and not limited.is_for("gw", ["south"])
