@@ -21,7 +21,7 @@ def test_status_line_and_stats_name_set_aside_files_and_an_unwritable_pid_file(
     )
     service = GatewayService(load_config(config_file))
     service.models.refresh(force=True)  # the model serves: only the state problems remain
-    state.mkdir()
+    state.mkdir(exist_ok=True)  # the served-version record may have made it
     (state / "gateway.pid").mkdir()  # the pid file cannot be written (as on a refusing disk)
     service._claim_pid_file()  # not fatal
     damaged = state / "pm10.npz"
