@@ -37,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-children", type=int, default=1, help="mutants run in parallel")
     parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="stop each target after this long (its unreached mutants: not checked)",
+    )
+    parser.add_argument(
         "--report-only", action="store_true", help="rewrite the report from the recorded results"
     )
     parser.add_argument(
@@ -74,11 +80,13 @@ def main(argv: list[str]) -> int:
                     mutmut=mutmut,
                     max_children=args.max_children,
                     log=log,
+                    budget_s=args.budget_s,
                 )
-                survived = len(result.mutants) - result.count("killed", "timeout")
+                unchecked = result.count("not checked")
+                survived = len(result.mutants) - result.count("killed", "timeout") - unchecked
                 print(
                     f"{target.name}: {len(result.mutants)} mutants, {survived} not detected, "
-                    f"{result.seconds:.0f} s",
+                    f"{unchecked} not checked, {result.seconds:.0f} s",
                     flush=True,
                 )
                 by_name[target.name] = result.as_dict()

@@ -64,7 +64,9 @@ def render(
     killed_since: list[str] = []
     totals = {"mutants": 0, "detected": 0, "equivalent": 0}
     for result in results:
-        mutants: list[dict[str, object]] = result["mutants"]  # type: ignore[assignment]
+        every: list[dict[str, object]] = result["mutants"]  # type: ignore[assignment]
+        mutants = [m for m in every if m["status"] != "not checked"]
+        unchecked = len(every) - len(mutants)
         total = len(mutants)
         detected = sum(m["status"] in DETECTED for m in mutants)
         equivalent = 0
@@ -92,7 +94,7 @@ def render(
         rows.append(
             f"| {result['name']} | {modules} | {total} | {detected} | {total - detected} | "
             f"{equivalent} | {_rate(detected, total)} | {_rate(detected, total - equivalent)} | "
-            f"{result['seconds']:.0f} s |"
+            f"{result['seconds']:.0f} s |" + (f" {unchecked} not reached" if unchecked else "")
         )
         if lines:
             survivor_sections.append(f"### {result['name']}\n\n" + "\n".join(lines))
@@ -109,7 +111,11 @@ def render(
         "files' tests that execute the function it changes (test files per target: "
         "`devkit/mutation/targets.py`). *Detected* counts killed mutants and timeouts. The rate "
         "without equivalents leaves out the survivors explained below as equivalent (no test "
-        "can tell them from the original). Verdicts: `devkit/mutation/verdicts.toml`.",
+        "can tell them from the original). Verdicts: `devkit/mutation/verdicts.toml`. "
+        "Statements raising an exception are not mutated (its message is prose, not a "
+        "promise; its type and the condition that raises it are). A target run with a time "
+        "budget (`--budget-s`) counts only the mutants it reached; the rest are noted after "
+        "its time.",
         "",
         f"**Overall: {totals['detected']} of {totals['mutants']} detected ({overall}); "
         f"{overall_net} without the {totals['equivalent']} equivalent mutants.**",

@@ -8,7 +8,9 @@ The tree is the committed ``HEAD`` (``git archive``), so a run measures what is 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tarfile
 import time
@@ -90,20 +92,36 @@ def archive_head(checkout: Path, into: Path) -> str:
 
 
 def run_target(
-    tree: Path, target: Target, *, commit: str, mutmut: Path, max_children: int, log: Path
+    tree: Path,
+    target: Target,
+    *,
+    commit: str,
+    mutmut: Path,
+    max_children: int,
+    log: Path,
+    budget_s: float | None = None,
 ) -> TargetResult:
-    """Run mutmut over ``target`` in ``tree`` (prepared by :func:`archive_head`)."""
+    """Run mutmut over ``target`` in ``tree`` (prepared by :func:`archive_head`).
+
+    With ``budget_s`` the session is stopped after that long; the mutants it did not reach are
+    recorded as ``not checked`` (the report counts them apart).
+    """
     _configure(tree, target)
     shutil.rmtree(tree / "mutants", ignore_errors=True)
     started = time.monotonic()
     with log.open("ab") as out:
-        subprocess.run(  # noqa: S603 - the venv's own mutmut
+        session = subprocess.Popen(  # noqa: S603 - the venv's own mutmut
             [str(mutmut), "run", "--max-children", str(max_children)],
             cwd=tree,
             stdout=out,
             stderr=subprocess.STDOUT,
-            check=False,
+            start_new_session=True,  # its forked workers go with it when the budget runs out
         )
+        try:
+            session.wait(timeout=budget_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(session.pid, signal.SIGTERM)
+            session.wait()
     seconds = time.monotonic() - started
     mutants = []
     for module in target.modules:
