@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
@@ -28,6 +28,7 @@ __all__ = [
     "Reading",
     "ReadingRejectedError",
     "RejectReason",
+    "covariate_fault",
     "validate_reading",
 ]
 
@@ -40,6 +41,7 @@ Feature = Literal["pm10", "pm2_5", "pm1"]
 Covariate = Literal["rh", "temp_c"]
 COVARIATES: tuple[Covariate, ...] = ("rh", "temp_c")
 SEQ_MAX = 2**32 - 1  # a node's per-reading sequence number is a uint32 (wraps)
+_KEPT = ", the reading kept"
 
 # Physically possible values per field; outside them a reading is a fault, not weather.
 # PMS5003: effective range 0-500 ug/m3, maximum 1000 (datasheet); RH in %; temperature in degC.
@@ -76,6 +78,9 @@ class RejectReason(enum.StrEnum):
     LATE = "late"  # its period was already closed in a window (out of order, or after a restart)
     CLOCK_OUTLIER = "clock_outlier"  # ahead of the gateway clock, contradicted by the next one
     CHANNEL_DISAGREEMENT = "channel_disagreement"  # a dual-laser unit's A and B disagree
+    # a covariate (rh, temp_c) out of range, not finite or not a number: it is dropped and the
+    # reading kept (its PM still calibrates, by a model that does not need the covariate)
+    BAD_COVARIATE = "bad_covariate"
 
 
 class ReadingRejectedError(GatewayError):
@@ -99,6 +104,14 @@ class Reading:
     seq: int | None = (
         None  # the node's sequence number, if it sends one (tesla_gateway.ingest.sequence)
     )
+    # Covariates refused while the reading was kept (reason bad_covariate): the source counts
+    # each as a reject, so a dropped humidity is seen by the operator, never silent.
+    dropped: tuple[ReadingRejectedError, ...] = field(default=(), hash=False, compare=False)
+
+
+def covariate_fault(name: str, detail: str) -> ReadingRejectedError:
+    """The reject of one covariate whose reading is kept (``detail``: what was wrong)."""
+    return ReadingRejectedError(RejectReason.BAD_COVARIATE, f"{detail}; {name} dropped{_KEPT}")
 
 
 def validate_reading(
@@ -111,9 +124,15 @@ def validate_reading(
     max_future_s: float = 300.0,
     max_age_s: float | None = None,
     seq: int | None = None,
+    dropped: Sequence[ReadingRejectedError] = (),
 ) -> Reading:
     """Apply the acceptance rules shared by every source; raise :class:`ReadingRejectedError`
-    (naming the sensor, so the reject log can say whose reading it was)."""
+    (naming the sensor, so the reject log can say whose reading it was).
+
+    A bad covariate (rh, temp_c) does not cost the reading: it is left out and its reject
+    carried on :attr:`Reading.dropped`, with those the decoder found (``dropped``: a covariate
+    that was not a number). A bad PM value, or nothing left, rejects the whole reading.
+    """
     try:
         return _validated(
             sensor_id,
@@ -124,6 +143,7 @@ def validate_reading(
             max_future_s=max_future_s,
             max_age_s=max_age_s,
             seq=seq,
+            dropped=list(dropped),
         )
     except ReadingRejectedError as exc:
         if exc.sensor_id is None and exc.reason is not RejectReason.BAD_SENSOR_ID:
@@ -141,6 +161,7 @@ def _validated(
     max_future_s: float,
     max_age_s: float | None,
     seq: int | None,
+    dropped: list[ReadingRejectedError],
 ) -> Reading:
     if not SENSOR_ID_PATTERN.fullmatch(sensor_id):
         raise ReadingRejectedError(
@@ -164,7 +185,7 @@ def _validated(
         )
     if seq is not None and not 0 <= seq <= SEQ_MAX:
         raise ReadingRejectedError(RejectReason.SCHEMA, f"seq {seq} is not a uint32")
-    if not values:
+    if not values and not dropped:
         raise ReadingRejectedError(RejectReason.NO_VALUES, "reading carries no measurement")
     accepted: dict[str, float] = {}
     for name, raw_value in values.items():
@@ -174,21 +195,44 @@ def _validated(
                 RejectReason.UNKNOWN_FIELD,
                 f"field {name[:40]!r} is not one of {sorted(FIELD_LIMITS)}",
             )
-        value = float(raw_value)
-        if not math.isfinite(value):
-            raise ReadingRejectedError(RejectReason.NOT_FINITE, f"{name} is {value}")
-        low, high = limits
-        if value < 0 <= low:
-            raise ReadingRejectedError(RejectReason.NEGATIVE, f"{name} is negative ({value})")
-        if not low <= value <= high:
-            raise ReadingRejectedError(
-                RejectReason.OUT_OF_RANGE, f"{name}={value} outside [{low}, {high}]"
-            )
-        accepted[name] = value
+        try:
+            accepted[name] = _checked(name, raw_value, limits)
+        except ReadingRejectedError as exc:
+            if name not in COVARIATES:
+                raise
+            dropped.append(covariate_fault(name, exc.detail))
+    if not accepted:  # only bad covariates: the reading goes, counted once for the first
+        raise ReadingRejectedError(
+            RejectReason.BAD_COVARIATE,
+            dropped[0].detail.replace(_KEPT, " and with it the reading (no other value)"),
+        )
+    for fault in dropped:
+        fault.sensor_id = sensor_id
     return Reading(
         sensor_id=sensor_id,
         timestamp=float(timestamp),
         values=MappingProxyType(accepted),
         source=source,
         seq=seq,
+        dropped=tuple(dropped),
     )
+
+
+def _checked(name: str, raw_value: float, limits: tuple[float, float]) -> float:
+    """The value as a float inside its physical limits; raise the reason it is not."""
+    try:
+        value = float(raw_value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ReadingRejectedError(
+            RejectReason.SCHEMA, f"{name} is not a number: {str(raw_value)[:32]!r}"
+        ) from exc
+    if not math.isfinite(value):
+        raise ReadingRejectedError(RejectReason.NOT_FINITE, f"{name} is {value}")
+    low, high = limits
+    if value < 0 <= low:
+        raise ReadingRejectedError(RejectReason.NEGATIVE, f"{name} is negative ({value})")
+    if not low <= value <= high:
+        raise ReadingRejectedError(
+            RejectReason.OUT_OF_RANGE, f"{name}={value} outside [{low}, {high}]"
+        )
+    return value

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 
 import structlog
 
-from tesla_gateway.contract.readings import SENSOR_ID_PATTERN, ReadingRejectedError, RejectReason
+from tesla_gateway.contract.readings import (
+    SENSOR_ID_PATTERN,
+    Reading,
+    ReadingRejectedError,
+    RejectReason,
+)
 
 __all__ = ["RejectCounter"]
 
@@ -112,6 +117,11 @@ class RejectCounter:
             sensor=error.sensor_id if error.sensor_id is not None else sensor,
             where=where,
         )
+
+    def reject_dropped(self, reading: Reading, *, where: str | None = None) -> None:
+        """Count the covariates an accepted reading lost (``bad_covariate``), one reject each."""
+        for fault in reading.dropped:
+            self.reject_error(fault, source=reading.source, sensor=reading.sensor_id, where=where)
 
     def flush(self, *, final: bool = False) -> None:
         """Log what was suppressed for keys whose interval has passed (all of them if

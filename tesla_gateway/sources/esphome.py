@@ -220,6 +220,8 @@ class EsphomeSource:
         readings, refused = outcome
         for exc in refused:
             rejects.reject_error(exc, source=SOURCE_NAME)
+        for reading in readings:
+            rejects.reject_dropped(reading)
         self._accepted += len(readings)
         return readings
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,6 +21,7 @@ from tesla_gateway.contract.readings import (
     Reading,
     ReadingRejectedError,
     RejectReason,
+    covariate_fault,
     validate_reading,
 )
 from tesla_gateway.ingest.ingest_log import commit_queued
@@ -34,6 +35,7 @@ __all__ = [
     "FleetMqttConfig",
     "FleetSource",
     "PmKind",
+    "covariate_number",
     "enqueue",
     "fahrenheit_to_celsius",
     "json_object",
@@ -108,8 +110,10 @@ def validated(
     now: float,
     source: str,
     seq: int | None = None,
+    dropped: Sequence[ReadingRejectedError] = (),
 ) -> Reading:
-    """The one acceptance rule, with this source's prefix and time limits."""
+    """The one acceptance rule, with this source's prefix and time limits (``dropped``: the
+    covariates the decoder could not read, see :func:`covariate_number`)."""
     return validate_reading(
         f"{limits.sensor_id_prefix}{sensor_id}",
         timestamp,
@@ -119,6 +123,7 @@ def validated(
         max_future_s=limits.max_future_s,
         max_age_s=limits.max_age_s,
         seq=seq,
+        dropped=dropped,
     )
 
 
@@ -137,6 +142,18 @@ def number(value: object, where: str) -> float:
         except ValueError:
             pass
     raise ReadingRejectedError(RejectReason.SCHEMA, f"{where} is not a number: {str(value)[:32]!r}")
+
+
+def covariate_number(
+    value: object, where: str, channel: str, dropped: list[ReadingRejectedError]
+) -> float | None:
+    """A covariate's :func:`number`, or None with its fault appended to ``dropped``: a
+    humidity that is not a number costs the humidity, never the reading's PM."""
+    try:
+        return number(value, where)
+    except ReadingRejectedError as exc:
+        dropped.append(covariate_fault(channel, exc.detail))
+        return None
 
 
 def json_object(payload: bytes, *, max_bytes: int, what: str = "payload") -> dict[str, Any]:

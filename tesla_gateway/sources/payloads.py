@@ -18,10 +18,12 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from tesla_gateway.contract.readings import (
+    COVARIATES,
     SEQ_MAX,
     Reading,
     ReadingRejectedError,
     RejectReason,
+    covariate_fault,
     validate_reading,
 )
 from tesla_gateway.sources.payload_rules import MAX_ISO_LENGTH, PayloadRules, epoch_seconds
@@ -92,7 +94,8 @@ class ReadingPayload(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class DecodedPayload:
-    """Readings accepted from one payload, and the rejects among a batch's elements."""
+    """Readings accepted from one payload, and the rejects among a batch's elements (with the
+    covariates dropped from accepted readings: each reading's ``dropped``, listed here too)."""
 
     readings: tuple[Reading, ...]
     rejects: tuple[ReadingRejectedError, ...]
@@ -197,17 +200,18 @@ def decode_payload_fully(
     rejects: list[ReadingRejectedError] = []
     for element in elements:
         try:
-            readings.append(
-                _decode_element(
-                    element,
-                    topic_sensor_id=topic_sensor_id,
-                    received_at=received_at,
-                    source=source,
-                    rules=rules,
-                )
+            reading = _decode_element(
+                element,
+                topic_sensor_id=topic_sensor_id,
+                received_at=received_at,
+                source=source,
+                rules=rules,
             )
         except ReadingRejectedError as exc:
             rejects.append(exc)
+            continue
+        readings.append(reading)
+        rejects.extend(reading.dropped)
     return DecodedPayload(readings=tuple(readings), rejects=tuple(rejects))
 
 
@@ -224,10 +228,11 @@ def _decode_element(
             RejectReason.SCHEMA, f"a reading must be a JSON object, not {type(element).__name__}"
         )
     fields = _plain_fields(element)
+    dropped: list[ReadingRejectedError] = []
     if fields is not None:
         sensor, ts, values, seq = fields
     else:
-        parsed = _validated(element)
+        parsed = _validated(element, dropped)
         sensor, ts, values, seq = parsed.sensor, parsed.ts, parsed.values(), parsed.seq
     sensor_id = _sensor_id(sensor, topic_sensor_id)
     if rules.allowed_sensors is not None and sensor_id not in rules.allowed_sensors:
@@ -245,6 +250,7 @@ def _decode_element(
         max_future_s=rules.max_future_s,
         max_age_s=rules.max_age_s,
         seq=seq,
+        dropped=dropped,
     )
 
 
@@ -265,6 +271,7 @@ _FIELD_OF_KEY = {
     "temperature": "temp_c",
 }
 _VALUE_FIELDS = ("pm1", "pm2_5", "pm10", "rh", "temp_c")  # ReadingPayload.values() order
+_COVARIATE_KEYS = frozenset(key for key, name in _FIELD_OF_KEY.items() if name in COVARIATES)
 
 
 def _plain_fields(element: dict[str, Any]) -> _Fields | None:
@@ -311,11 +318,22 @@ def _plain_fields(element: dict[str, Any]) -> _Fields | None:
     return sensor, ts, values, seq
 
 
-def _validated(element: dict[str, Any]) -> ReadingPayload:
+def _validated(element: dict[str, Any], dropped: list[ReadingRejectedError]) -> ReadingPayload:
+    """The element as a :class:`ReadingPayload`; a covariate of the wrong type (``"rh": "55"``)
+    is left out and its fault appended to ``dropped``, so the reading keeps its PM."""
     try:
         return ReadingPayload.model_validate(element)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_input=False)
+        bad_covariates = _bad_covariates(errors)
+        if bad_covariates:
+            kept = {key: value for key, value in element.items() if key not in bad_covariates}
+            parsed = _validated(kept, [])
+            dropped.extend(
+                covariate_fault(_FIELD_OF_KEY[key], f"{key}: {message}")
+                for key, message in bad_covariates.items()
+            )
+            return parsed
         reason = (
             RejectReason.UNKNOWN_FIELD
             if any(error["type"] == "extra_forbidden" for error in errors)
@@ -324,6 +342,18 @@ def _validated(element: dict[str, Any]) -> ReadingPayload:
         first = errors[0]
         where = ".".join(str(part) for part in first["loc"])[:60]
         raise ReadingRejectedError(reason, f"{where}: {first['msg']}") from exc
+
+
+def _bad_covariates(errors: Sequence[Any]) -> dict[str, str]:
+    """Covariate key -> message, when every error is a covariate's value; else empty."""
+    found: dict[str, str] = {}
+    for error in errors:
+        location = error["loc"]
+        key = location[0] if location else None
+        if error["type"] == "extra_forbidden" or key not in _COVARIATE_KEYS:
+            return {}
+        found.setdefault(str(key), str(error["msg"]))
+    return found
 
 
 def _sensor_id(from_payload: str | None, from_topic: str | None) -> str:

@@ -30,6 +30,7 @@ from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.sources.fleet_common import (
     FleetLimits,
     PmKind,
+    covariate_number,
     enqueue,
     fahrenheit_to_celsius,
     json_object,
@@ -117,15 +118,26 @@ def decode_purpleair(
             values[name] = _combine(document, stem, config)
     if "pm2_5" not in values and "pm10" not in values:
         raise ReadingRejectedError(RejectReason.NO_VALUES, f"no {config.pm_kind} PM values")
+    dropped: list[ReadingRejectedError] = []
     if "current_humidity" in document:
-        values["rh"] = number(document["current_humidity"], "current_humidity")
+        rh = covariate_number(document["current_humidity"], "current_humidity", "rh", dropped)
+        if rh is not None:
+            values["rh"] = rh
     if "current_temp_f" in document:
-        values["temp_c"] = fahrenheit_to_celsius(
-            number(document["current_temp_f"], "current_temp_f")
+        fahrenheit = covariate_number(
+            document["current_temp_f"], "current_temp_f", "temp_c", dropped
         )
+        if fahrenheit is not None:
+            values["temp_c"] = fahrenheit_to_celsius(fahrenheit)
     timestamp = _timestamp(document.get("DateTime"), received_at)
     return validated(
-        sensor_id, timestamp, values, limits=config, now=received_at, source=SOURCE_NAME
+        sensor_id,
+        timestamp,
+        values,
+        limits=config,
+        now=received_at,
+        source=SOURCE_NAME,
+        dropped=dropped,
     )
 
 
@@ -230,5 +242,6 @@ class PurpleAirSource:
             self._unchanged += 1
             return []
         self._last[unit.url] = reading.timestamp
+        rejects.reject_dropped(reading, where=unit.url)
         self._accepted += 1
         return [reading]

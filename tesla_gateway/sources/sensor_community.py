@@ -30,7 +30,13 @@ from tesla_gateway.connection_limits import ConnectionLimiter, ConnectionLimits,
 from tesla_gateway.contract.readings import Reading, ReadingRejectedError, RejectReason
 from tesla_gateway.ingest.ingest_log import commit_queued
 from tesla_gateway.ingest.rejects import RejectCounter
-from tesla_gateway.sources.fleet_common import FleetLimits, json_object, number, validated
+from tesla_gateway.sources.fleet_common import (
+    FleetLimits,
+    covariate_number,
+    json_object,
+    number,
+    validated,
+)
 from tesla_gateway.sources.http_io import (
     HttpRequestError,
     basic_auth_matches,
@@ -150,12 +156,23 @@ def decode_sensor_community(
         raise ReadingRejectedError(RejectReason.BAD_SENSOR_ID, "no esp8266id")
     by_type = _values_by_type(document.get("sensordatavalues"))
     values = _pm_values(by_type, config.pm_sensor)
+    dropped: list[ReadingRejectedError] = []
     for name, candidates in (("rh", _HUMIDITY), ("temp_c", _TEMPERATURE)):
         for value_type in candidates:
             if value_type in by_type:
-                values[name] = number(by_type[value_type], value_type)
+                value = covariate_number(by_type[value_type], value_type, name, dropped)
+                if value is not None:
+                    values[name] = value
                 break
-    return validated(chip, received_at, values, limits=config, now=received_at, source=SOURCE_NAME)
+    return validated(
+        chip,
+        received_at,
+        values,
+        limits=config,
+        now=received_at,
+        source=SOURCE_NAME,
+        dropped=dropped,
+    )
 
 
 def _values_by_type(items: object) -> dict[str, Any]:
@@ -324,6 +341,7 @@ class SensorCommunitySource:
         except ReadingRejectedError as exc:
             rejects.reject_error(exc, source=SOURCE_NAME)
             return 400, exc.reason.value
+        rejects.reject_dropped(reading)
         await queue.put(reading)
         commit_queued(queue)  # in the ingest log before the station hears OK
         self._accepted += 1

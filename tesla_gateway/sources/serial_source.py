@@ -358,6 +358,7 @@ class _PortWorker:
                     )
                     continue
                 if reading is not None:
+                    rejects.reject_dropped(reading, where=str(config.port))
                     readings.append(reading)
             return readings
 

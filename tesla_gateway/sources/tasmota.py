@@ -35,6 +35,7 @@ from tesla_gateway.mqtt.topics import TopicFilter
 from tesla_gateway.sources.fleet_common import (
     FleetMqttConfig,
     PmKind,
+    covariate_number,
     fahrenheit_to_celsius,
     json_object,
     number,
@@ -135,17 +136,27 @@ def decode_tasmota(
             RejectReason.NO_VALUES, f"{config.block} block has no PM2.5 or PM10 value"
         )
     fahrenheit = document.get("TempUnit") == "F"
+    dropped: list[ReadingRejectedError] = []
     for name, key in (("temp_c", "Temperature"), ("rh", "Humidity")):
         for block_name in config.covariate_blocks:
             candidate = document.get(block_name)
             if isinstance(candidate, dict) and key in candidate:
-                value = number(candidate[key], f"{block_name}.{key}")
-                values[name] = (
-                    fahrenheit_to_celsius(value) if name == "temp_c" and fahrenheit else value
-                )
+                value = covariate_number(candidate[key], f"{block_name}.{key}", name, dropped)
+                if value is not None:
+                    values[name] = (
+                        fahrenheit_to_celsius(value) if name == "temp_c" and fahrenheit else value
+                    )
                 break
     timestamp = _timestamp(document, received_at, ZoneInfo(config.timezone))
-    return validated(device, timestamp, values, limits=config, now=received_at, source=SOURCE_NAME)
+    return validated(
+        device,
+        timestamp,
+        values,
+        limits=config,
+        now=received_at,
+        source=SOURCE_NAME,
+        dropped=dropped,
+    )
 
 
 def _timestamp(document: dict[str, Any], received_at: float, zone: ZoneInfo) -> float:
@@ -206,6 +217,7 @@ class TasmotaSource:
             except ReadingRejectedError as exc:
                 rejects.reject_error(exc, source=SOURCE_NAME)
                 return []
+            rejects.reject_dropped(reading, where=message.topic)
             self._accepted += 1
             return [reading]
 

@@ -2,7 +2,9 @@
 
 Each model has one :class:`ModelWindows`: a preallocated ``[sensors, channels, N]`` float32 array
 in which period ``t`` always lives at column ``t % N`` (a roll-free circular layout: no head index
-to move, no copying on push). Readings are averaged into the sensor's *open* period; the period
+to move, no copying on push). Readings are averaged into the sensor's *open* period channel by
+channel, so a period fills from every reading of the sensor in it (PM in one message, rh and
+temperature in another make one full period; :mod:`tesla_gateway.windows.seen`); the period
 closes when a reading for a later period arrives (event time) or when the ticker forces it
 (wall-clock fallback). Closing writes the mean and fills the gap since the previous observation
 with :func:`tesla_gateway.contract.series.gap_fill`, exactly as training's
@@ -15,9 +17,7 @@ the memory (10,000 sensors x N = 360: 14 MB); the published raw mean stays float
 
 from __future__ import annotations
 
-import bisect
 import math
-from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +28,7 @@ from tesla_gateway.contract.readings import Reading
 from tesla_gateway.contract.series import gap_fill, period_index
 from tesla_gateway.windows.outcome import AddOutcome
 from tesla_gateway.windows.readout import gather_windows, window_quality
+from tesla_gateway.windows.seen import ChannelValues, SeenReadings, all_channels, channel_mask
 from tesla_gateway.windows.state import (
     NO_PERIOD,
     BoolArray,
@@ -79,17 +80,17 @@ class ModelWindows:
         self._max_gap = geometry.gap_policy.max_interpolated_periods
         self._ids: list[str] = []
         self._index: dict[str, int] = {}
-        # Per sensor, the open period's timestamps, sorted: duplicates are found by bisection.
-        # array('d') holds 60 timestamps in 600 bytes where a set of floats took 3.7 KB (37 MB
-        # for 10,000 sensors at one reading per second and 60 s periods).
-        self._seen: list[array[float]] = []
+        self._seen = SeenReadings(self._channels)  # per row: what the open period holds
         self._overflow: list[_Snapshot] = []
         self._pending_rows = 0  # count of True in _pending: asked for after every reading
         self.counts: dict[AddOutcome, int] = dict.fromkeys(AddOutcome, 0)
         # Set by the ticker when the feature has a model with fewer channels: a sensor gets a
-        # window here only once a reading brings every channel, so PM-only sensors cost no
-        # covariate windows (10,000 sensors x 3 channels x N = 360 would be 43 MB).
+        # window here only once its readings have brought every channel, so PM-only sensors
+        # cost no covariate windows (10,000 sensors x 3 channels x N = 360 would be 43 MB).
+        # The channels a sensor without a window has sent so far (a mask), kept only once it
+        # sent one beyond the first: PM and rh/temp in separate messages add up here.
         self.admit_complete_only = False
+        self._partial: dict[str, int] = {}
         self._allocate(max(capacity, 1))
 
     # -- allocation -------------------------------------------------------------------------
@@ -125,11 +126,12 @@ class ModelWindows:
             self._grow()
         self._ids.append(sensor_id)
         self._index[sensor_id] = row
-        self._seen.append(array("d"))
+        self._seen.add_row()
         return row
 
     def remove(self, sensor_id: str) -> bool:
         """Forget a sensor's window (evicted); the last row moves into its place."""
+        self._partial.pop(sensor_id, None)
         row = self._index.pop(sensor_id, None)
         if row is None:
             return False
@@ -143,11 +145,10 @@ class ModelWindows:
                 values[row] = values[last]
             self._ids[row] = moved
             self._index[moved] = row
-            self._seen[row] = self._seen[last]
+        self._seen.move_last_to(row)
         for name, empty in _ROW_ARRAYS.items():
             getattr(self, name)[last] = empty
         self._ids.pop()
-        self._seen.pop()
         return True
 
     def last_seen(self) -> dict[str, float]:
@@ -186,7 +187,7 @@ class ModelWindows:
         period = period_index(timestamp, self.geometry.period_seconds)
         row = self._index.get(reading.sensor_id)
         if row is None:
-            if self.admit_complete_only and len(present) < self._channels:
+            if self.admit_complete_only and not self._completes(reading.sensor_id, present):
                 return self._count(AddOutcome.IRRELEVANT)
             row = self._row(reading.sensor_id)
         open_period = self._open_period.item(row)
@@ -199,20 +200,27 @@ class ModelWindows:
         elif period > open_period:
             self._close(row)
             self._open_period[row] = period
-        seen = self._seen[row]
-        if not seen or timestamp > seen[-1]:
-            seen.append(timestamp)  # the usual case: readings arrive in order
-        else:
-            position = bisect.bisect_left(seen, timestamp)
-            if position < len(seen) and seen[position] == timestamp:
-                return self._count(AddOutcome.DUPLICATE)
-            seen.insert(position, timestamp)
+        present = self._seen.unseen(row, timestamp, present)
+        if not present:
+            return self._count(AddOutcome.DUPLICATE)
         for channel, value in present:
             self._open_sum[row, channel] += value
             self._open_count[row, channel] += 1
         self._last_arrival[row] = arrival
         self.counts[AddOutcome.ACCEPTED] += 1
         return AddOutcome.ACCEPTED
+
+    def _completes(self, sensor_id: str, present: ChannelValues) -> bool:
+        """For a sensor without a window here: have its readings now brought every channel?"""
+        known = self._partial.get(sensor_id)
+        if known is None and all(channel == 0 for channel, _ in present):
+            return len(present) == self._channels  # PM alone: remembered nowhere
+        have = (known or 0) | channel_mask(present)
+        if have == all_channels(self._channels):
+            self._partial.pop(sensor_id, None)
+            return True
+        self._partial[sensor_id] = have
+        return False
 
     def _count(self, outcome: AddOutcome) -> AddOutcome:
         self.counts[outcome] += 1
@@ -295,7 +303,7 @@ class ModelWindows:
         self._open_period[row] = NO_PERIOD
         self._open_sum[row] = 0.0
         self._open_count[row] = 0
-        del self._seen[row][:]
+        self._seen.clear(row)
 
     def _write(self, row: int, channel: int, period: int, value: float) -> None:
         """Push one closed period's mean, first settling the periods since the last close."""
@@ -406,7 +414,7 @@ class ModelWindows:
             open_period=self._open_period[:live].copy(),
             open_sum=self._open_sum[:live].copy(),
             open_count=self._open_count[:live].copy(),
-            open_seen=[seen.tolist() for seen in self._seen],
+            open_seen=self._seen.export(),
             pending_period=np.where(
                 self._pending[:live], self._pending_period[:live], NO_PERIOD
             ).astype(np.int64),
@@ -437,5 +445,5 @@ class ModelWindows:
             value = windows._ring[row, 0, int(state.pending_period[row]) % n]
             windows._pending_raw[row] = float(str(value))
         for row, seen in enumerate(state.open_seen):
-            windows._seen[row].extend(sorted(set(seen)))
+            windows._seen.restore(row, seen)
         return windows

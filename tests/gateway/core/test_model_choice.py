@@ -130,6 +130,44 @@ def test_a_sensor_falls_back_when_humidity_stops_and_returns_when_it_is_back(
     assert {model_of[p] for p in range(20 + N - 1, periods - 1)} == {"pm10-rh-temp"}
 
 
+@pytest.mark.parametrize("climate_first", [False, True])
+def test_pm_and_covariates_in_separate_messages_reach_the_covariate_model(
+    model_factory: ModelFactory, climate_first: bool
+) -> None:
+    """A node that publishes PM and rh/temp apart (same timestamp) is calibrated by the
+    covariate model, with the windows the joined channels make."""
+    ticker = make_ticker(model_factory)
+    rng = np.random.default_rng(14)
+    periods = 16
+    channels = {
+        "pm10": rng.uniform(5, 80, periods),
+        "rh": rng.uniform(30, 90, periods),
+        "temp_c": rng.uniform(-2, 25, periods),
+    }
+    out: list[CalibratedReading] = []
+    for period in range(periods):
+        pm = reading("split", period, pm10=float(channels["pm10"][period]))
+        climate = reading(
+            "split",
+            period,
+            rh=float(channels["rh"][period]),
+            temp_c=float(channels["temp_c"][period]),
+        )
+        for part in (climate, pm) if climate_first else (pm, climate):
+            ticker.ingest(part)
+        out.extend(asyncio.run(ticker.tick()))
+    by_period = {round(r.period_start / P) - T0 // P: r for r in out}
+    assert len(by_period) == len(out) == periods - 1
+    # The window opens with the part that completes the channels: the first period lacks the
+    # part that came before it, so the covariate model serves from one period after warm-up.
+    first = N
+    assert {by_period[p].model_name for p in range(first, periods - 1)} == {"pm10-rh-temp"}
+    for period in range(first, periods - 1):
+        stacked = np.stack([window(channels[c], period) for c in ("pm10", "rh", "temp_c")], -1)
+        expected = covariate(model_factory).keras_predict(stacked[None])[0]
+        assert by_period[period].calibrated == pytest.approx(float(expected), rel=1e-4, abs=1e-3)
+
+
 @pytest.mark.parametrize("sharper_first", [True, False])
 def test_of_two_models_with_the_same_channels_the_lower_validation_rmse_serves(
     model_factory: ModelFactory, tmp_path: Path, sharper_first: bool

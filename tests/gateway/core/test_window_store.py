@@ -86,6 +86,49 @@ def test_duplicates_are_idempotent() -> None:
     assert windows.counts[AddOutcome.DUPLICATE] == 2
 
 
+def test_parts_of_one_reading_stamped_alike_fill_one_period() -> None:
+    """PM in one message and rh/temp in another, same timestamp: one reading, not a duplicate;
+    a redelivered part is still a duplicate, and an overlapping part adds only what is new."""
+    windows = ModelWindows(geometry(n=1, channels=("pm10", "rh", "temp_c")))
+    pm = reading("a", 0, 5, pm10=4.0)
+    climate = reading("a", 0, 5, rh=60.0, temp_c=12.0)
+    assert windows.add(pm, 0.0) is AddOutcome.ACCEPTED
+    assert windows.add(climate, 0.0) is AddOutcome.ACCEPTED
+    assert windows.add(climate, 0.0) is AddOutcome.DUPLICATE
+    assert windows.add(pm, 0.0) is AddOutcome.DUPLICATE
+    assert windows.add(reading("a", 0, 5, pm10=9.0, rh=99.0), 0.0) is AddOutcome.DUPLICATE
+    assert windows.add(reading("a", 0, 1, rh=50.0), 0.0) is AddOutcome.ACCEPTED  # out of order
+    assert windows.add(reading("a", 0, 1, pm10=2.0, rh=70.0), 0.0) is AddOutcome.ACCEPTED
+    ready = windows.ready_windows(closed_through_period=BASE)
+    assert ready.quality == ((),)
+    assert ready.windows.tolist() == [[[3.0, 55.0, 12.0]]]  # rh 70 at t+1 was a duplicate
+
+
+def test_a_sensor_sending_pm_and_covariates_apart_gets_a_covariate_window() -> None:
+    """A covariate model beside a PM-only one admits a sensor once its readings together have
+    brought every channel; a PM-only sensor is remembered nowhere."""
+    windows = ModelWindows(geometry(n=2, channels=("pm10", "rh", "temp_c")))
+    windows.admit_complete_only = True
+    for period in range(3):
+        windows.add(reading("plain", period, 5, pm10=1.0), 0.0)
+    assert windows.sensor_ids == () and windows._partial == {}
+    outcomes = []
+    for period in range(3):
+        outcomes.append(windows.add(reading("split", period, 5, pm10=10.0 + period), 0.0))
+        outcomes.append(windows.add(reading("split", period, 5, rh=60.0, temp_c=12.0), 0.0))
+    # Period 0: the PM came before anything said this sensor has covariates; from period 1 on
+    # both parts go in.
+    assert outcomes == [AddOutcome.IRRELEVANT] * 2 + [AddOutcome.ACCEPTED] * 4
+    assert windows.sensor_ids == ("split",) and windows._partial == {}
+    ready = windows.ready_windows(closed_through_period=BASE + 2)
+    assert ready.periods.tolist() == [BASE + 1, BASE + 2]
+    assert ready.windows[-1].tolist() == [[11.0, 60.0, 12.0], [12.0, 60.0, 12.0]]
+    assert ready.quality[-1] == ()
+    windows.add(reading("half", 0, 5, pm10=1.0, rh=50.0), 0.0)  # never a temperature
+    assert windows.sensor_ids == ("split",) and windows._partial == {"half": 0b011}
+    assert windows.remove("half") is False and windows._partial == {}  # evicted: forgotten
+
+
 def test_a_reading_for_a_closed_period_is_rejected_as_late() -> None:
     windows = ModelWindows(geometry(n=2))
     windows.add(reading("a", 0, 0, pm10=1.0), 0.0)

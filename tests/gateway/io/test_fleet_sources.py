@@ -292,7 +292,6 @@ def test_purpleair_channel_rule() -> None:
         ({"SensorId": None}, RejectReason.BAD_SENSOR_ID),
         ({"DateTime": "08/05/2025 20:27"}, RejectReason.SCHEMA),
         ({"pm2_5_cf_1": "high"}, RejectReason.SCHEMA),
-        ({"current_humidity": 140}, RejectReason.OUT_OF_RANGE),
         ({"DateTime": "2031/05/08T20:27:22z"}, RejectReason.FUTURE_TIMESTAMP),
     ],
 )
@@ -302,6 +301,51 @@ def test_purpleair_bad_answers_are_refused(change: dict[str, Any], reason: Rejec
     with pytest.raises(ReadingRejectedError) as caught:
         purpleair(payload)
     assert caught.value.reason is reason
+
+
+# -- a bad covariate costs the covariate, never the PM (issue 26) ------------------------------
+
+
+def test_a_bad_covariate_of_any_fleet_device_is_dropped_and_the_reading_kept() -> None:
+    payload = fixture("tasmota_sensor.json")["payload"]
+    kept = tasmota({**payload, "BME280": {"Temperature": 21.4, "Humidity": 400}})
+    assert "rh" not in kept.values and kept.values["pm10"] == 12 and kept.values["temp_c"] == 21.4
+    unreadable = tasmota({**payload, "BME280": {"Temperature": "hot", "Humidity": 48.2}})
+    assert "temp_c" not in unreadable.values and unreadable.values["rh"] == 48.2
+    station = fixture("sensor_community_post.json")["payload"]
+    values = [
+        {**item, "value": "n/a"} if item["value_type"] == "BME280_humidity" else item
+        for item in station["sensordatavalues"]
+    ]
+    airrohr = sensor_community({**station, "sensordatavalues": values})
+    assert "rh" not in airrohr.values and "pm10" in airrohr.values
+    unit = fixture("purpleair_json.json")["payload"]
+    pa = purpleair({**unit, "current_humidity": 140, "current_temp_f": "err"})
+    assert set(pa.values) == {"pm1", "pm2_5", "pm10"}
+    for reading, channels in (
+        (kept, ["rh"]),
+        (unreadable, ["temp_c"]),
+        (airrohr, ["rh"]),
+        (pa, ["temp_c", "rh"]),  # what the decoder could not read, then what the rules refused
+    ):
+        assert [fault.reason for fault in reading.dropped] == [RejectReason.BAD_COVARIATE] * len(
+            channels
+        )
+        assert [fault.detail.split("; ")[1] for fault in reading.dropped] == [
+            f"{channel} dropped, the reading kept" for channel in channels
+        ]
+        assert all(fault.sensor_id == reading.sensor_id for fault in reading.dropped)
+
+
+def test_a_bad_esphome_covariate_mean_is_dropped_and_the_reading_kept() -> None:
+    config = EsphomeSourceConfig(kind="esphome", channels={"pm10": "pm10", "humidity": "rh"})
+    grouper = EsphomeGrouper(config, group_s=60, grace_s=5)
+    at = 1_715_200_000.0
+    grouper.add("air", "pm10", 12.0, at)
+    grouper.add("air", "rh", 400.0, at + 1)  # a failing humidity sensor
+    [reading], refused = grouper.close_due(at + 70)
+    assert refused == [] and dict(reading.values) == {"pm10": 12.0}
+    assert [fault.reason for fault in reading.dropped] == [RejectReason.BAD_COVARIATE]
 
 
 # -- configuration ---------------------------------------------------------------------------

@@ -124,7 +124,7 @@ def test_whole_payload_rejects(payload: bytes, reason: RejectReason) -> None:
         ('{"sensor": "s1", "pm10": Infinity}', RejectReason.NOT_FINITE),
         ('{"sensor": "s1", "pm10": -0.5}', RejectReason.NEGATIVE),
         ('{"sensor": "s1", "pm10": 5000}', RejectReason.OUT_OF_RANGE),
-        ('{"sensor": "s1", "rh": 101}', RejectReason.OUT_OF_RANGE),
+        ('{"sensor": "s1", "rh": 101}', RejectReason.BAD_COVARIATE),  # nothing else: no reading
         ('{"sensor": "s1", "ts": 1700000900, "pm10": 1}', RejectReason.FUTURE_TIMESTAMP),
         ('{"sensor": "s1", "ts": 1000, "pm10": 1}', RejectReason.STALE_TIMESTAMP),
         ('{"sensor": "s1", "ts": "2023-11-14T22:12:20", "pm10": 1}', RejectReason.SCHEMA),
@@ -383,3 +383,40 @@ def test_with_and_without_the_c_path_every_payload_ends_the_same(
     with_c_path = outcome()
     monkeypatch.setattr(payloads_fast, "_DECODER", None)
     assert outcome() == with_c_path
+
+
+# -- a bad covariate costs the covariate, never the PM (issue 26) ------------------------------
+
+
+@pytest.mark.parametrize("rh", ["400", "-50", "NaN", "1e400", '"55"', '"abc"', "true", "[1]"])
+@pytest.mark.parametrize("c_path", [True, False])
+def test_a_bad_covariate_is_dropped_and_counted_and_the_reading_kept(
+    rh: str, c_path: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not c_path:
+        monkeypatch.setattr(payloads_fast, "_DECODER", None)
+    payload = f'{{"ts": 1699999940, "pm10": 12.5, "rh": {rh}, "temperature": 21}}'
+    decoded = decode(payload, topic_sensor_id="s1")
+    [reading] = decoded.readings
+    assert dict(reading.values) == {"pm10": 12.5, "temp_c": 21.0}
+    [reject] = decoded.rejects
+    assert reject.reason is RejectReason.BAD_COVARIATE
+    assert reject.sensor_id == "s1"
+    assert reject.detail.startswith("rh") and reject.detail.endswith("rh dropped, the reading kept")
+    assert reading.dropped == (reject,)
+
+
+def test_a_bad_pm_value_still_rejects_the_whole_reading() -> None:
+    decoded = decode(
+        '[{"ts": 1699999940, "pm10": -1, "rh": 400}, {"ts": 1699999941, "rh": 400},'
+        ' {"ts": 1699999942, "pm10": 3, "rh": "x", "temp_c": 99}]',
+        topic_sensor_id="s1",
+    )
+    assert [dict(r.values) for r in decoded.readings] == [{"pm10": 3.0}]
+    assert [r.reason for r in decoded.rejects] == [
+        RejectReason.NEGATIVE,  # the PM is bad: the reading goes, its rh with it (one reject)
+        RejectReason.BAD_COVARIATE,  # nothing but a bad rh: nothing is left
+        RejectReason.BAD_COVARIATE,  # rh, not a number
+        RejectReason.BAD_COVARIATE,  # temp_c above 85 °C
+    ]
+    assert "no other value" in decoded.rejects[1].detail

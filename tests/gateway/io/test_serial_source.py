@@ -183,19 +183,21 @@ def test_every_malformed_line_is_counted_and_survived(pty_serial: PtySerial) -> 
             for line, _ in bad:
                 pty_serial.write(line)
             pty_serial.write(encode_line("O", ["1", "chunk"]))  # reserved: ignored, not a reject
+            pty_serial.write(encode_reading("node-1", 8, now, {"pm10": 7, "rh": 400}))
             pty_serial.write(encode_reading("node-1", 9, now, {"pm10": 8}))
-            readings = await take(queue, 1)
+            readings = await take(queue, 2)
         return readings, rejects
 
     with capture_logs():
         readings, rejects = asyncio.run(scenario())
-    assert [r.values["pm10"] for r in readings] == [8.0]
-    expected: dict[RejectReason, int] = {}
+    # A humidity of 400 % costs the humidity: the reading stays, one bad_covariate is counted.
+    assert [dict(r.values) for r in readings] == [{"pm10": 7.0}, {"pm10": 8.0}]
+    expected: dict[RejectReason, int] = {RejectReason.BAD_COVARIATE: 1}
     for _, reason in bad:
         expected[reason] = expected.get(reason, 0) + 1
     for reason, n in expected.items():
         assert rejects.count(reason, source="serial:ttyNODE0") == n, reason
-    assert rejects.count() == len(bad)
+    assert rejects.count() == len(bad) + 1
 
 
 def test_unplug_and_replug_resumes_reading_and_writing(pty_serial: PtySerial) -> None:
