@@ -28,8 +28,8 @@ class Clock:
         return self.now
 
 
-def reading(sensor: str, period: int, value: float = 10.0) -> Reading:
-    return Reading(sensor, T0 + period * P + 1, {"pm10": value}, source="mqtt")
+def reading(sensor: str, period: int, value: float = 10.0, source: str = "mqtt") -> Reading:
+    return Reading(sensor, T0 + period * P + 1, {"pm10": value}, source=source)
 
 
 def store_with(sensors: list[str], periods: range) -> WindowStore:
@@ -169,6 +169,7 @@ def test_the_snapshot_counts_every_way_a_sensor_came_and_went() -> None:
         "admitted": 2,
         "rejected_full": 0,
         "evicted": 5,
+        "conflicts": 0,
     }
     assert [sorted(ids) for ids in evicted] == [["n1", "n2", "r1", "r2", "r3"]]
     (line,) = [entry for entry in logs if entry["event"] == "sensors_evicted"]
@@ -221,3 +222,61 @@ def test_when_full_before_any_sweep_the_first_new_id_sweeps() -> None:
         mono.now = 1_200.0
         assert admission.admit(reading("b", 0))  # "a" idle 200 s: evicted by the first sweep
     assert admission.snapshot()["evicted"] == 1
+
+
+# -- a sensor id belongs to one source (issue 26 item 7) ---------------------------------------
+
+
+def test_a_second_source_claiming_a_sensor_id_is_refused_counted_and_told_the_fix() -> None:
+    store = store_with([], range(0))
+    admission, rejects = make(store, Clock(T0), Clock(1_000.0))
+    with capture_logs() as logs:
+        assert admission.admit(reading("shared", 0, 10.0, source="tasmota"))
+        assert not admission.admit(reading("shared", 0, 90.0, source="mqtt"))
+        assert not admission.admit(reading("shared", 1, 90.0, source="mqtt"))
+        assert admission.admit(reading("shared", 1, 11.0, source="tasmota"))  # the owner goes on
+        # Every serial port is one kind: a node moved to another port keeps its id.
+        assert admission.admit(reading("node", 0, source="serial:ttyACM0"))
+        assert admission.admit(reading("node", 1, source="serial:ttyACM1"))
+        assert not admission.admit(reading("node", 1, source="mqtt"))
+    assert rejects.count(RejectReason.SENSOR_ID_CONFLICT, source="mqtt") == 3
+    assert admission.snapshot()["conflicts"] == 3
+    lines = [e for e in logs if e["event"] == "reading_rejected"]
+    assert [(e["sensor"], e["source"]) for e in lines] == [("shared", "mqtt"), ("node", "mqtt")]
+    assert lines[0]["reason"] == "sensor_id_conflict"
+    assert lines[0]["detail"] == (
+        "sensor shared reports through tasmota; a reading of the same id from mqtt is refused "
+        "(a sensor id belongs to one source): set sensor_id_prefix on the tasmota source"
+    )
+    assert lines[1]["detail"].endswith("rename one of the two devices")
+
+
+def test_a_claim_ends_with_the_eviction_and_a_restored_window_is_claimed_by_its_first_reading() -> (
+    None
+):
+    store = store_with(["restored"], range(2))
+    mono = Clock(1_000.0)
+    admission, rejects = make(store, Clock(T0 + 2 * P), mono, evict_idle_s=600)
+    with capture_logs():
+        admission.adopt_windows()
+        assert admission.admit(reading("restored", 2, source="esphome"))  # claims it
+        assert not admission.admit(reading("restored", 2, source="mqtt"))
+        assert admission.admit(reading("moved", 2, source="mqtt"))
+        mono.now += 601
+        assert sorted(admission.evict_idle()) == ["moved", "restored"]
+        # Evicted: the id is free again, for whichever source reports it first.
+        assert admission.admit(reading("moved", 20, source="tasmota"))
+        assert not admission.admit(reading("moved", 20, source="mqtt"))
+    assert rejects.count(RejectReason.SENSOR_ID_CONFLICT) == 2
+
+
+def test_a_refusal_for_a_full_gateway_names_the_sensor_and_the_limits() -> None:
+    store = store_with(["a"], range(1))
+    admission, rejects = make(store, Clock(T0 + P), Clock(1_000.0), max_sensors=1)
+    with capture_logs() as logs:
+        admission.adopt_windows()
+        assert not admission.admit(reading("b", 1))
+    assert rejects.count(RejectReason.UNKNOWN_SENSOR, source="mqtt") == 1
+    (logged,) = [entry for entry in logs if entry["event"] == "reading_rejected"]
+    assert logged["sensor"] == "b"
+    assert logged["detail"].startswith("new sensor b: sensors.max_sensors=1 reached")

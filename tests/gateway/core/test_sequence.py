@@ -295,3 +295,25 @@ def test_a_forgotten_sensor_leaves_nothing_to_log() -> None:
         counted.log_pending()
     assert len([entry for entry in logs if entry["event"] == "readings_missing"]) == 1
     assert counted.readings_missing == 2
+
+
+def test_a_gap_filled_later_leaves_the_sensor_out_of_the_missing_figures() -> None:
+    counted = tracker()
+    for seq in (0, 2, 1):  # 1 late: the sensor's missing count goes back to 0
+        counted.observe("s1", seq)
+    stats = counted.stats()
+    assert stats["readings_missing_top"] == {}
+    assert stats["sequence"]["sensors_missing"] == 0  # type: ignore[index]
+
+
+def test_the_log_names_at_most_ten_restarted_sensors() -> None:
+    counted = tracker()
+    with capture_logs() as logs:
+        for i in range(12):
+            counted.observe(f"s{i:02}", 0)
+        for i in range(12):  # every one restarts; the clock stands still: one line at the end
+            counted.observe(f"s{i:02}", 50_000)
+        counted._next_log = 0.0
+        counted.log_pending()
+    *_, last = [entry for entry in logs if entry["event"] == "readings_missing"]
+    assert len(last["resets"]) == 10
