@@ -2,10 +2,11 @@
 
 Data flows one way: sources -> queue -> ingest (windows) -> tick (batched invoke) -> publisher.
 SIGTERM and SIGINT set one stop event; the one shutdown path then stops the sources, feeds what
-they already queued, runs a final tick, saves the windows, lets the publisher flush its outbox,
-and stops every other loop, so the TaskGroup ends and the process exits 0. SIGHUP asks for a
-model reload. systemd is told READY when the service runs and WATCHDOG only while the ingest and
-tick loops are making progress. What is not composition lives beside it: the sources
+they already queued, lets a tick under way finish (its periods taken from the windows reach the
+outbox: ``uncancellable``), runs a final tick, saves the windows, lets the publisher flush its
+outbox, and stops every other loop, so the TaskGroup ends and the process exits 0. SIGHUP asks
+for a model reload. systemd is told READY when the service runs and WATCHDOG only while the
+ingest and tick loops are making progress. What is not composition lives beside it: the sources
 (``source_set``), the windows across restarts (``window_keeper``), the reports
 (``reporting``), the signals (``signals``) and the watchdog (``watchdog``).
 """
@@ -30,6 +31,7 @@ from tesla_gateway.daemon.sd_notify import SdNotifier
 from tesla_gateway.daemon.signals import signal_handlers
 from tesla_gateway.daemon.source_set import SourceSet
 from tesla_gateway.daemon.ticker import Ticker
+from tesla_gateway.daemon.uncancellable import run_to_completion
 from tesla_gateway.daemon.watchdog import HEARTBEAT_S, ProgressWatchdog
 from tesla_gateway.daemon.window_keeper import WindowKeeper
 from tesla_gateway.ingest.admission import SensorAdmission
@@ -97,6 +99,7 @@ class GatewayService:
         )
         self._queue: asyncio.Queue[Reading] | None = None
         self._tick_lock = asyncio.Lock()  # a snapshot never falls between a tick and its submit
+        self._handing_off = 0  # ticks between taking periods and submitting them (or failed)
         started_at = clock()
         self._progress = ProgressWatchdog(self.notifier)
         self._stop: asyncio.Event | None = None
@@ -126,6 +129,7 @@ class GatewayService:
             outbox_wal=config.state_dir / f"{OUTBOX_FILENAME}-wal",
             tick_lock=self._tick_lock,
             queued=self._queued,
+            handing_off=lambda: self._handing_off > 0,
             save_interval_s=config.state.save_interval_s,
         )
         self.reporter = Reporter(
@@ -384,11 +388,15 @@ class GatewayService:
 
     async def _tick_once(self, publisher: Publisher) -> None:
         # Closed periods leave the windows at collect and reach the outbox at submit: a
-        # snapshot taken in between would hold neither them nor the readings they came from.
+        # snapshot taken in between would hold neither them nor the readings they came from,
+        # and a cancellation in between (the shutdown cancels the tick loop) would lose them.
+        # So the lock keeps snapshots out, and the step runs to its end whatever happens to
+        # this task: the shutdown waits for it (uncancellable).
         async with self._tick_lock:
-            await self._calibrate_and_submit(publisher)
+            await run_to_completion(self._calibrate_and_submit(publisher))
 
     async def _calibrate_and_submit(self, publisher: Publisher) -> None:
+        self._handing_off += 1  # from here a tick's periods may be out of the windows ...
         readings = await self.ticker.tick()
         self._progress.tick_beat = time.monotonic()
         now = self._clock()
@@ -400,6 +408,7 @@ class GatewayService:
             except (OutboxError, PublisherError) as exc:
                 self.reporter.publish_failures += len(readings)
                 _log.error("publish_submit_failed", readings=len(readings), error=str(exc))
+        self._handing_off -= 1  # ... and from here in the outbox (or counted as failed)
         self._submit_documents(publisher, documents)
 
     def _submit_documents(self, publisher: Publisher, documents: list[SensorDocument]) -> None:

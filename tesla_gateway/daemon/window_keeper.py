@@ -5,7 +5,9 @@ readings no snapshot holds are replayed from the ingest log through the normal i
 Saving takes a consistent copy on the loop (never between a tick and its submit), syncs the
 outbox's WAL first (a snapshot no longer holds the periods already calibrated, so their
 messages must be on disk before it), writes the snapshots in a thread, and only then records in
-the ingest log what the snapshots cover.
+the ingest log what the snapshots cover. Nothing is saved once a tick has failed between taking
+its periods and handing them to the publisher: the checkpoint would claim readings whose periods
+are nowhere, so the previous snapshot and checkpoint stay and a restart replays them.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class WindowKeeper:
         outbox_wal: Path,
         tick_lock: asyncio.Lock,
         queued: Callable[[], int],
+        handing_off: Callable[[], bool],
         save_interval_s: float,
     ) -> None:
         self._models = models
@@ -54,6 +57,7 @@ class WindowKeeper:
         self._outbox_wal = outbox_wal
         self._tick_lock = tick_lock  # a snapshot never falls between a tick and its submit
         self._queued = queued  # readings in the ingest queue: logged, not yet in a window
+        self._handing_off = handing_off  # a tick's periods out of the windows, not in the outbox
         self._save_interval_s = save_interval_s
 
     def sync_windows(self) -> None:
@@ -76,7 +80,7 @@ class WindowKeeper:
     def save_and_checkpoint(self) -> None:
         """Save every window, then record in the ingest log what the snapshots now cover."""
         queued = self._queued()
-        if self._write_snapshots_after_outbox(self._ticker.snapshot()):
+        if self._may_save() and self._write_snapshots_after_outbox(self._ticker.snapshot()):
             self._ingest_log.checkpoint_now(queued)
         self._ingest_log.close()
 
@@ -85,12 +89,25 @@ class WindowKeeper:
             await asyncio.sleep(self._save_interval_s)
             self._admission.evict_idle()  # before the snapshot, so evicted windows leave it too
             async with self._tick_lock:  # on the loop: a consistent copy, no tick half done
+                if not self._may_save():
+                    continue
                 snapshots = self._ticker.snapshot()
                 checkpoint = self._ingest_log.mark(self._queued())  # what the snapshots cover
             if await asyncio.to_thread(
                 self._write_snapshots_after_outbox, snapshots
             ) and await asyncio.to_thread(self._ingest_log.write_checkpoint, checkpoint):
                 self._ingest_log.checkpointed(checkpoint)
+
+    def _may_save(self) -> bool:
+        """False once a tick failed between taking its periods and handing them off."""
+        if not self._handing_off():
+            return True
+        _log.error(
+            "windows_not_saved",
+            reason="a tick's periods left the windows and never reached the outbox",
+            consequence="the previous snapshot and checkpoint stay; a restart replays them",
+        )
+        return False
 
     def _write_snapshots_after_outbox(self, snapshots: list[tuple[str, WindowState]]) -> bool:
         """Snapshots no longer hold the periods already calibrated: against a power cut, their
