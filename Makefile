@@ -63,8 +63,8 @@ mutation: setup
 	nice -n 10 $(PY) -m devkit.mutation
 
 # The gateway's wheel (tesla_gateway/ with the default models and the example config; no training,
-# devkit or demo) into dist/, for `pip install dist/tesla_gateway-*.whl` on the Pi (README
-# "Installing"). Needs only python3 with pip; pip fetches setuptools to build.
+# devkit or demo) into dist/, for `pip install dist/tesla_gateway-*.whl` on the Pi
+# (docs/operations.md, "Installing"). Needs only python3 with pip; pip fetches setuptools to build.
 wheel:
 	$(PYTHON) -m devkit.wheel --out dist
 

@@ -1,5 +1,5 @@
 // Board implementations of src/hardware.h for the Arduino Nano 33 BLE Sense (nRF52840,
-// Arduino mbed core). Only compiled by arduino-cli (see the README); the host tests use
+// Arduino mbed core). Only compiled by arduino-cli (see docs/firmware.md); the host tests use
 // test/host_support.h instead.
 #pragma once
 
@@ -19,7 +19,7 @@ class ArduinoFlash : public Flash {
   const uint8_t* map(uint32_t address) const override;
 };
 
-// Ed25519 from rweather's Crypto library (installed by arduino-cli; see the README).
+// Ed25519 from rweather's Crypto library (installed by arduino-cli; see docs/firmware.md).
 class ArduinoSignatureVerifier : public SignatureVerifier {
  public:
   bool verify(const uint8_t public_key[32], const uint8_t* message, size_t length,

@@ -1,6 +1,7 @@
 """The default models committed under ``models/`` and how each is trained.
 
-Choices were made on the validation sensor (never the test sensor); see README "Default models".
+Choices were made on the validation sensor (never the test sensor); see docs/training.md,
+"Default models".
 The paper's protocol (10 epochs at the authors' 1e-4, or our 1e-3) was still improving or noisy
 on validation; 3e-4 for up to 20 epochs with early stopping was better and steadier (Ispra PM10
 validation RMSE 4.25 against 4.6-5.3 over seeds at 1e-3).

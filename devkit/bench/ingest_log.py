@@ -13,7 +13,7 @@ of the file system the temporary directory lives on; the daemon's fsync runs in 
 once a second, off the loop, and is not part of this figure). Rounds alternate A/B; the median
 of each side's CPU time (``time.process_time``: the machine may be shared) is reported, as µs
 per reading, once with one reading per message and once with 10. Not part of ``make bench``: a
-component figure, to hold against the end-to-end CPU per reading (README, Performance).
+component figure, to hold against the end-to-end CPU per reading (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 // model updates over the same line (docs/ota-protocol.md).
 //
 // Build with `make -C firmware arduino` (assembles this sketch with the portable core, the
-// board shims and the generated constants, then runs arduino-cli): see the README.
+// board shims and the generated constants, then runs arduino-cli): see docs/firmware.md.
 #include <Arduino.h>
 #include <TensorFlowLite.h>
 #include <math.h>

@@ -21,7 +21,7 @@ __all__ = ["TeslaConfig", "build_tesla"]
 
 
 class TeslaConfig(BaseModel):
-    """Hyper-parameters the paper leaves open; defaults chosen on validation data (see README)."""
+    """Hyper-parameters the paper leaves open; defaults chosen on validation (docs/model.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -34,7 +34,7 @@ class TeslaConfig(BaseModel):
         description=(
             "'post': LayerNorm(T + MHA(T)) feeds the aggregator (the paper's Eq. 5). 'pre': "
             "T + MHA(LayerNorm(T)) keeps a linear path from the readings to the output, which "
-            "int8 quantisation preserves (see README)."
+            "int8 quantisation preserves (docs/model.md)."
         ),
     )
     bins: BinKind = Field(default="log", description="'log' (TESLA) or 'uniform' (ablation).")
@@ -58,7 +58,7 @@ def build_tesla(
     ``channel_scales`` divides each channel by its own scale instead (covariate models): with
     one scale, temperature entered at a few hundredths of the PM level and the integer device
     graph of an Ispra PM10 + rh + temp_c model deviated 2.9 µg/m³ RMS from float (bound 1.0);
-    scaled per channel it deviated 0.49 (README "Covariate models on the device").
+    scaled per channel it deviated 0.49 (docs/training.md, "Covariate models on the device").
     """
     if config.norm_position == "pre" and not config.residual:
         raise ValueError("norm_position='pre' needs residual=True: the residual carries the level")
