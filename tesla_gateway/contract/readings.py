@@ -81,6 +81,8 @@ class RejectReason(enum.StrEnum):
     # a covariate (rh, temp_c) out of range, not finite or not a number: it is dropped and the
     # reading kept (its PM still calibrates, by a model that does not need the covariate)
     BAD_COVARIATE = "bad_covariate"
+    # the sensor id already reports through another source (a sensor id belongs to one source)
+    SENSOR_ID_CONFLICT = "sensor_id_conflict"
 
 
 class ReadingRejectedError(GatewayError):

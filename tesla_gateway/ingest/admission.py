@@ -8,6 +8,12 @@ reporting. Only a sensor idle for ``evict_idle_s`` gives its place back: its win
 from the store (and so from the next snapshot), counted and logged. Idle time runs on the
 monotonic clock, so a wall-clock jump cannot make every sensor look idle at once; a restored
 window starts idle from the end of its newest period.
+
+A sensor id also belongs to one source: the first source kind to deliver it (``mqtt``,
+``serial``, ``tasmota``, ...) claims it while the sensor has windows, and a reading of that id
+from another kind is rejected as ``sensor_id_conflict``, so two devices that happen to share a
+name never average into one window. The claim ends with the eviction; restored windows have no
+claim until their first reading.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from tesla_gateway.contract.readings import Reading, RejectReason
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.ingest.sensor_policy import SensorPolicy
 
-__all__ = ["AdmissionStats", "SensorAdmission", "SensorWindows"]
+__all__ = ["AdmissionStats", "SensorAdmission", "SensorWindows", "source_kind"]
 
 _log = structlog.get_logger(__name__)
 
@@ -36,6 +42,8 @@ class SensorWindows(Protocol):
     def remove_sensors(self, sensor_ids: Iterable[str]) -> int: ...
 
 
+# The source kinds whose sensor ids can take a sensor_id_prefix (the fleet kinds).
+_PREFIXED_KINDS = frozenset({"tasmota", "esphome", "sensor_community", "purpleair"})
 _SWEEP_EVERY_S = 60.0  # when full, look for idle sensors at most this often (a flood is cheap)
 _LOGGED_IDS = 20  # sensor ids named in one eviction log line
 
@@ -48,6 +56,7 @@ class AdmissionStats:
     admitted: int = 0
     rejected_full: int = 0
     evicted: int = 0
+    conflicts: int = 0  # readings refused: their id is claimed by another source
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -55,7 +64,14 @@ class AdmissionStats:
             "admitted": self.admitted,
             "rejected_full": self.rejected_full,
             "evicted": self.evicted,
+            "conflicts": self.conflicts,
         }
+
+
+def source_kind(source: str) -> str:
+    """The kind of a reading's source: every serial port (``serial:<port>``) is one kind, so a
+    node moved to another port keeps its id; two MQTT sources are one kind too."""
+    return source.partition(":")[0]
 
 
 class SensorAdmission:
@@ -78,6 +94,7 @@ class SensorAdmission:
         self._clock = clock
         self._monotonic = monotonic
         self._last_seen: dict[str, float] = {}  # sensor id -> monotonic time of its last reading
+        self._owner: dict[str, str] = {}  # sensor id -> the source kind that claimed it
         self._last_sweep = -float("inf")
         self.stats = AdmissionStats()
 
@@ -112,9 +129,16 @@ class SensorAdmission:
                 detail=f"sensor {sensor_id} is not in sensors.known",
             )
             return False
+        kind = source_kind(reading.source)
+        owner = self._owner.get(sensor_id)
+        if owner is not None and owner != kind:
+            self._refuse_conflict(reading, owner, kind)
+            return False
         now = self._monotonic()
         if sensor_id in self._last_seen:
             self._last_seen[sensor_id] = now
+            if owner is None:  # a restored window: the first reading claims it
+                self._owner[sensor_id] = kind
             return True
         if len(self._last_seen) >= policy.max_sensors:
             if now - self._last_sweep >= min(_SWEEP_EVERY_S, policy.evict_idle_s / 4):
@@ -132,8 +156,27 @@ class SensorAdmission:
                 )
                 return False
         self._last_seen[sensor_id] = now
+        self._owner[sensor_id] = kind
         self.stats.admitted += 1
         return True
+
+    def _refuse_conflict(self, reading: Reading, owner: str, kind: str) -> None:
+        self.stats.conflicts += 1
+        prefixed = [name for name in (kind, owner) if name in _PREFIXED_KINDS]
+        fix = (
+            f"set sensor_id_prefix on the {prefixed[0]} source"
+            if prefixed
+            else "rename one of the two devices"
+        )
+        self._rejects.reject(
+            RejectReason.SENSOR_ID_CONFLICT,
+            source=reading.source,
+            sensor=reading.sensor_id,
+            detail=(
+                f"sensor {reading.sensor_id} reports through {owner}; a reading of the same id "
+                f"from {kind} is refused (a sensor id belongs to one source): {fix}"
+            ),
+        )
 
     def evict_idle(self) -> list[str]:
         """Drop every sensor without a reading for ``evict_idle_s``; the ids dropped."""
@@ -145,6 +188,7 @@ class SensorAdmission:
             return []
         for sensor_id in idle:
             del self._last_seen[sensor_id]
+            self._owner.pop(sensor_id, None)
         windows = self._store.remove_sensors(idle)
         self.stats.evicted += len(idle)
         _log.info(

@@ -52,6 +52,15 @@ class EsphomeSourceConfig(FleetMqttConfig):
     """ESPHome nodes publishing sensor states over MQTT (``kind = "esphome"``)."""
 
     kind: Literal["esphome"] = Field(description="Source kind: ESPHome MQTT state topics.")
+    sensor_id_prefix: str = Field(
+        default="esphome-",
+        max_length=32,
+        pattern=r"^[A-Za-z0-9_.-]*$",
+        description=(
+            "Sensor id = prefix + the node's topic prefix; the default keeps ESPHome ids apart "
+            "from other sources' ('' gives the bare topic prefix, the ids before: docs/sources.md)."
+        ),
+    )
     topics: list[Annotated[str, AfterValidator(TopicFilter)]] = Field(
         default_factory=lambda: ["+/sensor/+/state"],
         validate_default=True,

@@ -58,7 +58,11 @@ class FleetLimits(BaseModel):
         default="",
         max_length=32,
         pattern=r"^[A-Za-z0-9_.-]*$",
-        description="Prepended to every sensor id this source derives (e.g. 'tasmota-').",
+        description=(
+            "Prepended to every sensor id this source derives. Tasmota, ESPHome and "
+            "sensor.community default to 'tasmota-', 'esphome-', 'airrohr-' and PurpleAir's "
+            "derived ids start 'purpleair-', so two sources do not share an id by accident."
+        ),
     )
     max_future_s: float = Field(
         default=300.0, ge=0, description="Readings further in the future are rejected."

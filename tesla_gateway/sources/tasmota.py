@@ -66,6 +66,15 @@ class TasmotaSourceConfig(FleetMqttConfig):
     """Tasmota devices publishing ``tele/<topic>/SENSOR`` (``kind = "tasmota"``)."""
 
     kind: Literal["tasmota"] = Field(description="Source kind: Tasmota telemetry over MQTT.")
+    sensor_id_prefix: str = Field(
+        default="tasmota-",
+        max_length=32,
+        pattern=r"^[A-Za-z0-9_.-]*$",
+        description=(
+            "Sensor id = prefix + the device topic; the default keeps Tasmota ids apart from "
+            "other sources' ('' gives the bare device topic, the ids before: docs/sources.md)."
+        ),
+    )
     topics: list[Annotated[str, AfterValidator(TopicFilter)]] = Field(
         default_factory=lambda: ["tele/+/SENSOR"],
         validate_default=True,

@@ -90,6 +90,10 @@ def test_defaults_give_a_local_broker_and_the_bundled_pm10_model(tmp_path: Path)
     assert (config.publisher.broker.host, config.publisher.broker.port) == ("127.0.0.1", 1883)
     assert config.sensors.allow_unknown is True
     assert [source.kind for source in config.sources] == ["mqtt"]
+    # The fleet sources' distinct default ids, and how to keep the old ones, are told.
+    text = out.read_text(encoding="utf-8")
+    assert 'sensor_id_prefix = "tasmota-", "esphome-", "airrohr-" by default' in text
+    assert "sensor_id_conflict" in text
 
 
 def test_init_does_not_overwrite_without_force(

@@ -225,8 +225,8 @@ def raw_pm10(fleet: Fleet, sensor: str) -> float | None:
 @pytest.mark.parametrize(
     ("sensor", "pm10"),
     [
-        ("tasmota_9229FE", 12.0),  # PMS5003.PM10 (atmospheric)
-        ("airquality-balcony", 12.0),  # the pm10 state topic
+        ("tasmota-tasmota_9229FE", 12.0),  # PMS5003.PM10 (atmospheric); the default prefix
+        ("esphome-airquality-balcony", 12.0),  # the pm10 state topic; the default prefix
         ("airrohr-12331981", 12.4),  # PMS_P1
         ("purpleair-5ccf7f5ca424", 11.0),  # mean of pm10_0_cf_1 and pm10_0_cf_1_b
     ],

@@ -383,6 +383,30 @@ def test_fleet_sources_are_configured_by_kind_and_strictly(tmp_path: Path) -> No
             GatewayConfig.model_validate({**base, "sources": [bad]})
 
 
+def test_each_fleet_kind_has_its_own_default_sensor_id_prefix() -> None:
+    """A Tasmota device and an ESPHome node (or an MQTT sensor) called alike get distinct ids
+    by default (issue 26 item 7); '' restores the bare device name."""
+    tasmota_sensor = fixture("tasmota_sensor.json")
+    device = tasmota_sensor["topic"].split("/")[1]
+    payload = json.dumps(tasmota_sensor["payload"]).encode()
+    now = utc(tasmota_sensor["expected"]["timestamp_utc"]) + 30
+    defaults = {
+        "tasmota": TasmotaSourceConfig(kind="tasmota").sensor_id_prefix,
+        "esphome": EsphomeSourceConfig(kind="esphome", channels={"pm10": "pm10"}).sensor_id_prefix,
+        "sensor_community": SENSOR_COMMUNITY.sensor_id_prefix,
+    }
+    assert defaults == {
+        "tasmota": "tasmota-",
+        "esphome": "esphome-",
+        "sensor_community": "airrohr-",
+    }
+    bare = TasmotaSourceConfig(kind="tasmota", sensor_id_prefix="")
+    assert decode_tasmota(payload, device=device, received_at=now, config=bare).sensor_id == device
+    assert decode_tasmota(payload, device=device, received_at=now, config=TASMOTA).sensor_id == (
+        f"tasmota-{device}"
+    )
+
+
 # -- robustness: nothing from the wire raises anything but a counted reject -------------------
 
 fleet_keys = st.sampled_from(
@@ -453,7 +477,7 @@ def test_esphome_node_count_is_bounded() -> None:
     assert [exc.reason for exc in rejects] == [RejectReason.UNKNOWN_SENSOR]
     assert grouper.add("a", "pm2_5", 2.0, at + 1) == ([], [])  # known nodes go on
     readings, _ = grouper.close_due(at + 70)
-    assert sorted(r.sensor_id for r in readings) == ["a", "b"]
+    assert sorted(r.sensor_id for r in readings) == ["esphome-a", "esphome-b"]
 
 
 def test_the_examples_in_docs_sources_md_are_valid_configuration(tmp_path: Path) -> None:
