@@ -109,6 +109,9 @@ class Reading:
     # Covariates refused while the reading was kept (reason bad_covariate): the source counts
     # each as a reject, so a dropped humidity is seen by the operator, never silent.
     dropped: tuple[ReadingRejectedError, ...] = field(default=(), hash=False, compare=False)
+    # The reading carried no time of its own: ``timestamp`` is its arrival on the gateway clock,
+    # so its period moves with that clock when it steps (tesla_gateway/daemon/clock_steps.py).
+    stamped_at_gateway: bool = field(default=False, compare=False)
 
 
 def covariate_fault(name: str, detail: str) -> ReadingRejectedError:
@@ -129,7 +132,9 @@ def validate_reading(
     dropped: Sequence[ReadingRejectedError] = (),
 ) -> Reading:
     """Apply the acceptance rules shared by every source; raise :class:`ReadingRejectedError`
-    (naming the sensor, so the reject log can say whose reading it was).
+    (naming the sensor, so the reject log can say whose reading it was). A ``timestamp`` that
+    is ``now`` itself is the source's stamp for a reading without a time of its own
+    (:attr:`Reading.stamped_at_gateway`).
 
     A bad covariate (rh, temp_c) does not cost the reading: it is left out and its reject
     carried on :attr:`Reading.dropped`, with those the decoder found (``dropped``: a covariate
@@ -217,6 +222,7 @@ def _validated(
         source=source,
         seq=seq,
         dropped=tuple(dropped),
+        stamped_at_gateway=timestamp == now,
     )
 
 

@@ -23,6 +23,7 @@ import structlog
 
 from tesla_gateway import __version__
 from tesla_gateway.contract.readings import Reading
+from tesla_gateway.daemon.clock_steps import ClockSteps
 from tesla_gateway.daemon.config import GatewayConfig
 from tesla_gateway.daemon.instance_lock import AlreadyRunningError, InstanceLock, read_pid_file
 from tesla_gateway.daemon.memory import release_free_heap
@@ -88,6 +89,7 @@ class GatewayService:
             grace_s=config.tick.grace_s,
             clock_sanity=ClockSanity(self.rejects),
             clock=clock,
+            clock_steps=ClockSteps(),  # the wall clock's steps re-anchor the windows
         )
         self.publisher: Publisher | None = None
         self.ingest_log = IngestLog(

@@ -6,7 +6,9 @@ reading, for replayed data). A tick gathers every closed period of every model, 
 once over all its valid windows, and returns one :class:`CalibratedReading` per (sensor, period,
 feature). A window that is not valid is published with its raw value and the reason, never with a
 made-up calibration; nor is an output no concentration could be (``implausible``, bounded by the
-model's manifest: tesla_gateway/models/plausibility.py).
+model's manifest: tesla_gateway/models/plausibility.py). With a :class:`ClockSteps` (the
+daemon's), every wall-clock reading the ticker takes is checked for a step first, and a step
+re-anchors the windows before the reading or the tick uses that clock.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tesla_gateway.windows.state import ReadyWindows, WindowState
 from tesla_gateway.windows.store import WindowStore
 
 if TYPE_CHECKING:
+    from tesla_gateway.daemon.clock_steps import ClockSteps
     from tesla_gateway.ingest.clock_sanity import ClockSanity
 
 __all__ = ["TickBatch", "Ticker", "TickerStats"]
@@ -55,6 +58,8 @@ class TickerStats:
     sensors_ready: dict[str, int] = field(default_factory=dict)
     last_ingest_monotonic: float = 0.0
     last_tick_monotonic: float = 0.0
+    clock_steps: int = 0
+    last_clock_step_s: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -68,6 +73,8 @@ class TickerStats:
             "total_inference_s": round(self.total_inference_s, 6),
             "last_batch": dict(self.last_batch),
             "sensors_ready": dict(self.sensors_ready),
+            "clock_steps": self.clock_steps,
+            "last_clock_step_s": round(self.last_clock_step_s, 3),
         }
 
 
@@ -97,6 +104,7 @@ class Ticker:
         clock_sanity: ClockSanity | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        clock_steps: ClockSteps | None = None,
     ) -> None:
         self.store = WindowStore(clock_sanity=clock_sanity)
         self.models = models
@@ -104,6 +112,7 @@ class Ticker:
         self.counters = TickerStats()
         self._clock = clock
         self._monotonic = monotonic
+        self._steps = clock_steps
         self.sync_models()
 
     def sync_models(self) -> list[str]:
@@ -131,13 +140,29 @@ class Ticker:
         (that of the feature's first model, when it has several)."""
         self.counters.readings_in += 1
         self.counters.last_ingest_monotonic = self._monotonic()
-        outcomes = self.store.add(reading, self._clock())
+        outcomes = self.store.add(reading, self._now())
         if self.models.one_per_feature:
             return outcomes
         by_feature: dict[str, AddOutcome] = {}
         for slot, outcome in outcomes.items():
             by_feature.setdefault(self.models.feature_of(slot), outcome)
         return by_feature
+
+    def _now(self) -> float:
+        """The wall clock, checked for a step first (which re-anchors the windows)."""
+        now = self._clock()
+        if self._steps is not None and (step := self._steps.observe(now)):
+            moved = self.store.clock_stepped(step)
+            self.counters.clock_steps += 1
+            self.counters.last_clock_step_s = step
+            _log.warning(
+                "clock_step",
+                step_s=round(step, 3),
+                now=now,
+                windows_re_anchored=moved,
+                note="windows re-anchored: readings without a time of their own keep flowing",
+            )
+        return now
 
     def install(self, slot: str, windows: ModelWindows) -> None:
         """Adopt windows restored from a snapshot (their geometry already checked)."""
@@ -186,7 +211,7 @@ class Ticker:
     def collect(self) -> list[TickBatch]:
         """Apply the wall-clock fallback and pop every closed period (on the event loop)."""
         self.sync_models()  # a model swapped in by a reload must never see old-shaped windows
-        self.store.close_idle(self._clock(), self.grace_s)
+        self.store.close_idle(self._now(), self.grace_s)
         batches: list[TickBatch] = []
         for slot, windows in self.store.items():
             ready = windows.ready_windows()

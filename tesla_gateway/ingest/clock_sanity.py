@@ -105,6 +105,12 @@ class ClockSanity:
         for key in [key for key in self._held if key[1] in gone]:
             del self._held[key]
 
+    def clock_stepped(self, step_s: float) -> None:
+        """The gateway clock stepped: a held reading's arrival moves with it (it becomes the
+        window's arrival once added); the reading's own time stays."""
+        for key, (reading, arrival) in self._held.items():
+            self._held[key] = (reading, arrival + step_s)
+
     def _settle(
         self, feature: str, model: ModelWindows, reading: Reading
     ) -> tuple[Reading, float] | None:

@@ -128,7 +128,12 @@ def _plain_reading(
         return None
     seq = element.seq
     return Reading(
-        sensor_id, when, MappingProxyType(values), source, None if seq is _UNSET else seq
+        sensor_id,
+        when,
+        MappingProxyType(values),
+        source,
+        None if seq is _UNSET else seq,
+        stamped_at_gateway=when == received_at,  # no time of its own (as validate_reading)
     )
 
 

@@ -53,6 +53,7 @@ _ROW_ARRAYS: dict[str, float | int | bool] = {
     "_open_sum": 0.0,
     "_open_count": 0,
     "_last_arrival": 0.0,
+    "_stamped": False,
     "_pending": False,
     "_pending_period": NO_PERIOD,
     "_pending_raw": math.nan,
@@ -107,6 +108,7 @@ class ModelWindows:
         self._open_sum: FloatArray = np.zeros((capacity, c))
         self._open_count: IntArray = np.zeros((capacity, c), dtype=np.int64)
         self._last_arrival: FloatArray = np.zeros(capacity)
+        self._stamped: BoolArray = np.zeros(capacity, dtype=np.bool_)  # last reading's time: ours
         self._pending: BoolArray = np.zeros(capacity, dtype=np.bool_)
         self._pending_period: IntArray = np.full(capacity, NO_PERIOD, dtype=np.int64)
 
@@ -207,6 +209,7 @@ class ModelWindows:
             self._open_sum[row, channel] += value
             self._open_count[row, channel] += 1
         self._last_arrival[row] = arrival
+        self._stamped[row] = reading.stamped_at_gateway
         self.counts[AddOutcome.ACCEPTED] += 1
         return AddOutcome.ACCEPTED
 
@@ -250,6 +253,38 @@ class ModelWindows:
         if row is None:
             return True
         return period > max(self._open_period.item(row), self._last_closed.item(row))
+
+    def clock_stepped(self, step_s: float) -> int:
+        """The gateway clock stepped by ``step_s`` seconds: re-anchor what it set.
+
+        Every arrival moves with it (the grace deadlines stay the same instants). A sensor whose
+        readings the gateway stamps (:attr:`Reading.stamped_at_gateway`) has its whole timeline
+        moved by the step in whole periods, so its next reading continues its open period
+        instead of being ``late`` (a step back) or leaving a gap (a step forward); a closed
+        period waiting for the ticker keeps the time it closed with. Returns how many sensors
+        moved.
+        """
+        live = len(self._ids)
+        self._last_arrival[:live] += step_s
+        shift = round(step_s / self.geometry.period_seconds)
+        rows = np.flatnonzero(self._stamped[:live]) if shift else np.empty(0, dtype=np.int64)
+        for row in rows.tolist():
+            self._shift(row, shift)
+        return int(rows.size)
+
+    def _shift(self, row: int, shift: int) -> None:
+        """Move one sensor's periods ``shift`` periods on (ring columns included)."""
+        if self._pending[row]:
+            self._overflow.append(self._snapshot(row))
+            self._pending[row] = False
+            self._pending_rows -= 1
+        self._ring[row] = np.roll(self._ring[row], shift % self._n, axis=1)  # t % N -> (t + k)
+        for periods in (self._open_period, self._last_closed, self._first_period):
+            if periods.item(row) != NO_PERIOD:
+                periods[row] += shift
+        observed = self._last_obs_period[row]
+        observed[observed != NO_PERIOD] += shift
+        self._seen.shift(row, shift * self.geometry.period_seconds)
 
     # -- closing ----------------------------------------------------------------------------
 

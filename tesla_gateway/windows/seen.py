@@ -65,6 +65,11 @@ class SeenReadings:
         del self._times[row][:]
         del self._masks[row][:]
 
+    def shift(self, row: int, seconds: float) -> None:
+        """The row's timeline moved (the gateway clock stepped): its timestamps move along."""
+        times = self._times[row]
+        self._times[row] = array("d", [timestamp + seconds for timestamp in times])
+
     def unseen(self, row: int, timestamp: float, present: ChannelValues) -> ChannelValues:
         """The part of a reading not yet added at its timestamp (empty: a duplicate), now
         recorded as added."""

@@ -41,6 +41,10 @@ class ReadingGate(Protocol):
         """These sensors' windows were evicted."""
         ...
 
+    def clock_stepped(self, step_s: float) -> None:
+        """The gateway clock stepped by ``step_s`` seconds (the held readings' arrivals)."""
+        ...
+
 
 class WindowStore:
     """The windows of every model, keyed by model slot (the feature, when it has one model).
@@ -101,6 +105,13 @@ class WindowStore:
         if self._sanity is not None:
             return self._sanity.add(self._models, reading, arrival)
         return {feature: model.add(reading, arrival) for feature, model in self._models.items()}
+
+    def clock_stepped(self, step_s: float) -> int:
+        """The gateway clock stepped: every model re-anchors what that clock set
+        (:meth:`ModelWindows.clock_stepped`); how many sensor windows moved, over models."""
+        if self._sanity is not None:
+            self._sanity.clock_stepped(step_s)
+        return sum(model.clock_stepped(step_s) for model in self._models.values())
 
     def close_idle(self, now: float, grace_s: float) -> int:
         if self._sanity is not None:
