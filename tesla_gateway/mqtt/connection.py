@@ -38,7 +38,11 @@ from tesla_gateway.mqtt.client_factory import ClientFactory, choose_client_class
 from tesla_gateway.mqtt.config import DEFAULT_MAX_INBOX, ClientKind, MqttBrokerConfig, Will
 from tesla_gateway.mqtt.errors import MqttConnectError, MqttNotConnectedError, MqttSubscribeError
 from tesla_gateway.mqtt.inbox import Inbox, MessageHandler
-from tesla_gateway.mqtt.session_loss import SessionLossPolicy, report_loss
+from tesla_gateway.mqtt.session_loss import (
+    SessionLossPolicy,
+    report_connect_failure,
+    report_loss,
+)
 from tesla_gateway.task_group import run_task_group
 
 __all__ = ["MqttConnection"]
@@ -210,18 +214,13 @@ class MqttConnection:
     # -- supervision -----------------------------------------------------------------------
 
     async def _supervise(self) -> None:
-        failures = 0
         while True:
             try:
                 attempt = await self._connect_once()
             except MqttConnectError as exc:
-                failures += 1
-                delay = self._losses.after_failed_attempt()
-                log = self._log.warning if failures == 1 else self._log.debug
-                log("mqtt_connect_failed", error=str(exc), retry_in_s=delay, failures=failures)
-                await asyncio.sleep(delay)
+                # A warning at once, then at most once a minute while it lasts (session_loss).
+                await asyncio.sleep(report_connect_failure(self._losses, self._log, error=str(exc)))
                 continue
-            failures = 0
             await attempt.lost.wait()
             self._mark_lost(attempt)
             connected_at = attempt.connected_at
@@ -290,7 +289,11 @@ class MqttConnection:
         self._generation += 1
         self._connected_event.set()
         self._connected_event = asyncio.Event()
-        self._log.info("mqtt_connected", session_present=session_present)
+        self._log.info(
+            "mqtt_connected",
+            session_present=session_present,
+            after_failed_attempts=self._losses.after_connected(),
+        )
         return attempt
 
     @property

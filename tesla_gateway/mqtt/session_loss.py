@@ -14,6 +14,11 @@ code 0x8E) means another client connected with this client id, which the gateway
 error with what to change. Mosquitto 2.0.11 (Debian bookworm) sends no reason even to an MQTT 5
 client, and MQTT 3.1.1 has none: there a run of short connections is reported with the same
 hint. Repeats are reported at most every :data:`REPORT_INTERVAL_S` (debug in between).
+
+A broker that cannot be reached (refused, wrong password, TLS, timeout) is the same story: the
+first failed attempt is a warning at once, and while the failures last a warning every
+:data:`REPORT_INTERVAL_S` with the attempts so far and the last error, so a daemon that has
+not reached its broker for an hour says so in the log of that hour, not only at its start.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ __all__ = [
     "RECENT_TAKEOVER_S",
     "SESSION_TAKEN_OVER",
     "STABLE_AFTER_S",
+    "FailureDecision",
     "LossDecision",
     "SessionLossPolicy",
     "reason_name",
+    "report_connect_failure",
     "report_loss",
     "session_problems",
     "taken_over_message",
@@ -96,6 +103,16 @@ class LossDecision:
     report: bool  # log at warning/error level (otherwise debug: rate-limited)
 
 
+@dataclass(frozen=True, slots=True)
+class FailureDecision:
+    """What to do after one failed connection attempt."""
+
+    wait_s: float  # before the next attempt
+    attempts: int  # failed attempts in a row, this one included
+    failing_for_s: float  # since the first of them
+    report: bool  # log at warning level (otherwise debug: rate-limited)
+
+
 @dataclass
 class SessionLossPolicy:
     """Backoff and counters over one supervised connection's attempts (event loop only)."""
@@ -110,6 +127,9 @@ class SessionLossPolicy:
     _delay_s: float = field(default=0.0, init=False)
     _in_a_row: int = field(default=0, init=False)
     _next_report: float = field(default=float("-inf"), init=False)
+    _failed_in_a_row: int = field(default=0, init=False)
+    _failing_since: float = field(default=0.0, init=False)
+    _next_failure_report: float = field(default=float("-inf"), init=False)
 
     def __post_init__(self) -> None:
         self._delay_s = self.initial_s
@@ -119,6 +139,30 @@ class SessionLossPolicy:
         wait = self._delay_s
         self._delay_s = min(self._delay_s * 2, self.max_s)
         return wait
+
+    def after_connect_failure(self) -> FailureDecision:
+        """Account for an attempt that did not connect: the first of a run is reported, then
+        one every :data:`REPORT_INTERVAL_S` while the run lasts."""
+        now = self.monotonic()
+        if self._failed_in_a_row == 0:
+            self._failing_since = now
+        self._failed_in_a_row += 1
+        report = now >= self._next_failure_report
+        if report:
+            self._next_failure_report = now + REPORT_INTERVAL_S
+        return FailureDecision(
+            self.after_failed_attempt(),
+            attempts=self._failed_in_a_row,
+            failing_for_s=now - self._failing_since,
+            report=report,
+        )
+
+    def after_connected(self) -> int:
+        """A successful CONNACK ends a run of failed attempts (the next failure is reported at
+        once); how many attempts had failed before it."""
+        failed, self._failed_in_a_row = self._failed_in_a_row, 0
+        self._next_failure_report = float("-inf")
+        return failed
 
     def after_loss(self, *, lasted_s: float, reason_code: int | None) -> LossDecision:
         """Account for a lost connection that lasted ``lasted_s`` after its CONNACK."""
@@ -197,6 +241,23 @@ def report_loss(
         report("mqtt_connection_unstable", in_a_row=decision.in_a_row, **fields)
     else:
         log.warning("mqtt_connection_lost", **fields)
+    return decision.wait_s
+
+
+def report_connect_failure(
+    policy: SessionLossPolicy, log: FilteringBoundLogger, *, error: str
+) -> float:
+    """Account for a failed attempt and log it (a warning at most every
+    :data:`REPORT_INTERVAL_S`, debug in between); the seconds to wait before the next one."""
+    decision = policy.after_connect_failure()
+    report = log.warning if decision.report else log.debug
+    report(
+        "mqtt_connect_failed",
+        error=error,
+        attempts=decision.attempts,
+        failing_for_s=round(decision.failing_for_s, 1),
+        retry_in_s=decision.wait_s,
+    )
     return decision.wait_s
 
 

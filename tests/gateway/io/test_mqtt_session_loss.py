@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
@@ -102,6 +103,53 @@ def test_repeats_are_reported_once_a_minute_and_the_third_in_a_row_always() -> N
     assert reported == [True, False, True, False, False, False]
     clock.now += REPORT_INTERVAL_S
     assert policy.after_loss(lasted_s=0.1, reason_code=None).report
+
+
+def test_failed_attempts_are_a_warning_at_once_then_once_a_minute_while_they_last() -> None:
+    clock = FakeClock()
+    policy = _policy(clock)
+    decisions = []
+    for _ in range(70):  # one attempt a second for 70 s
+        decisions.append(policy.after_connect_failure())
+        clock.now += 1.0
+    reported = [(d.attempts, d.failing_for_s) for d in decisions if d.report]
+    assert reported == [(1, 0.0), (61, REPORT_INTERVAL_S)]
+    assert [d.wait_s for d in decisions[:5]] == [0.5, 1.0, 2.0, 4.0, 4.0]
+    assert policy.after_connected() == 70
+    again = policy.after_connect_failure()  # a new run: told at once, counted from one
+    assert (again.report, again.attempts, again.failing_for_s) == (True, 1, 0.0)
+
+
+def test_a_broker_that_stays_unreachable_keeps_being_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: one warning for the first failed attempt, then only debug lines for as long as
+    the broker stayed away (a daemon down for a day said so once, at its start)."""
+    monkeypatch.setattr(session_loss, "REPORT_INTERVAL_S", 0.5)
+    broker = Mosquitto(tmp_path / "late")  # not started: its port refuses connections
+    config = broker_config(broker, reconnect_initial_s=0.05, reconnect_max_s=0.1)
+
+    async def scenario() -> None:
+        async with MqttConnection(config, client_id="patient", clean_start=True) as connection:
+            await asyncio.sleep(1.3)
+            await asyncio.to_thread(broker.start)
+            try:
+                await asyncio.wait_for(connection.wait_connected(), 10)
+            finally:
+                await asyncio.to_thread(broker.stop)
+
+    with capture_logs() as logs:
+        asyncio.run(scenario())
+    failed = [e for e in logs if e["event"] == "mqtt_connect_failed"]
+    warnings = [e for e in failed if e["log_level"] == "warning"]
+    assert 2 <= len(warnings) <= 4, [(e["log_level"], e["attempts"]) for e in failed]
+    assert warnings[0]["attempts"] == 1  # the first failure at once
+    assert warnings[-1]["attempts"] > warnings[0]["attempts"]
+    assert warnings[-1]["failing_for_s"] >= 0.5
+    assert f"127.0.0.1:{broker.port}" in warnings[-1]["error"]
+    assert len(failed) > len(warnings)  # the rest at debug level
+    connected = [e for e in logs if e["event"] == "mqtt_connected"]
+    assert connected[0]["after_failed_attempts"] == len(failed)
 
 
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
