@@ -9,6 +9,11 @@ other sensors (``BME280``, ``SHT3X``, ...) add blocks of their own with the same
 ``TempUnit`` names. ``Time`` (``ResponseGetTime`` in support.ino) is local time without an offset
 by default, with one when SetOption52 is on, Unix seconds with time format 2, and comes with
 ``Epoch`` (Unix seconds) with time format 1. docs/sources.md gives the mapping.
+
+Because the default ``Time`` carries no offset, ``timezone`` has no default: a gateway that
+assumed UTC refused every reading east of UTC as future and shifted every one west of it into
+the past. A ``Time`` without an offset that still lies a whole number of quarter hours (a zone
+offset) from its receive time is refused with a message naming ``timezone``, never shifted.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from tesla_gateway.contract.readings import (
     SENSOR_ID_PATTERN,
@@ -52,6 +57,12 @@ _PM_KEYS: dict[str, tuple[str, str, str]] = {
     "cf_1": ("CF1", "CF2.5", "CF10"),
 }
 _MAX_TIME_LENGTH = 40
+# Zone offsets are whole quarter hours between UTC-12 and UTC+14. A Tasmota device publishes as
+# it measures (it keeps no backlog), so a Time that far from its receive time, within a couple
+# of minutes of such an offset, is a zone setting that differs from the devices' own.
+_ZONE_STEP_S = 900
+_ZONE_SLACK_S = 120
+_MAX_ZONE_STEPS = 14 * 4
 
 
 def _known_zone(name: str) -> str:
@@ -109,12 +120,24 @@ class TasmotaSourceConfig(FleetMqttConfig):
         description="Blocks searched in order for Temperature and Humidity.",
     )
     timezone: str = Field(
-        default="UTC",
         description=(
-            "IANA zone of the devices' clocks (Tasmota's Timezone/TimeStd), for a Time without "
-            "an offset; Epoch and offsets are used as they are."
+            "IANA zone of the devices' clocks (Tasmota's Timezone setting, e.g. 'Europe/Rome'): "
+            "Tasmota's default Time has no offset. 'UTC' for devices that run in UTC or send an "
+            "offset (SetOption52) or Epoch, which are used as they are. Required."
         ),
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _zone_given(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "timezone" not in data:
+            raise ValueError(
+                "set timezone on this tasmota source: the IANA zone the devices' clocks run in "
+                "(Tasmota's Timezone setting; the console's 'Status 7' shows it), e.g. "
+                'timezone = "Europe/Rome". Tasmota\'s Time has no offset by default; '
+                "'UTC' only if the devices run in UTC or send an offset (SetOption52)"
+            )
+        return data
 
     @field_validator("timezone")
     @classmethod
@@ -183,12 +206,35 @@ def _timestamp(document: dict[str, Any], received_at: float, zone: ZoneInfo) -> 
         parsed = datetime.fromisoformat(value)
     except ValueError as exc:
         raise ReadingRejectedError(RejectReason.SCHEMA, f"Time {value!r} is not ISO-8601") from exc
-    if parsed.tzinfo is None:
+    naive = parsed.tzinfo is None
+    if naive:
         parsed = parsed.replace(tzinfo=zone)
     try:
-        return parsed.timestamp()
+        timestamp = parsed.timestamp()
     except (OverflowError, OSError, ValueError) as exc:
         raise ReadingRejectedError(RejectReason.SCHEMA, f"Time {value!r} is out of range") from exc
+    if naive:
+        _refuse_zone_offset(value, timestamp, received_at, zone)
+    return timestamp
+
+
+def _refuse_zone_offset(value: str, timestamp: float, received_at: float, zone: ZoneInfo) -> None:
+    """Refuse a local Time that lies a zone offset from its receive time (module doc)."""
+    gap = timestamp - received_at
+    steps = round(gap / _ZONE_STEP_S)
+    if (
+        steps == 0
+        or abs(steps) > _MAX_ZONE_STEPS
+        or abs(gap - steps * _ZONE_STEP_S) > _ZONE_SLACK_S
+    ):
+        return
+    hours = steps * _ZONE_STEP_S / 3600
+    raise ReadingRejectedError(
+        RejectReason.FUTURE_TIMESTAMP if gap > 0 else RejectReason.STALE_TIMESTAMP,
+        f"Time {value!r} read in timezone {zone.key} is {hours:+g} h from its receive time: the "
+        "devices' clocks run in another zone; set timezone on this tasmota source to theirs "
+        "(the device console's 'Status 7' shows it)",
+    )
 
 
 class TasmotaSource:

@@ -40,12 +40,14 @@ def tasmota_sources(broker: Mosquitto) -> str:
     return f"""
 [[sources]]
 kind = "tasmota"
+timezone = "UTC"
 sensor_id_prefix = ""
 [sources.broker]
 port = {broker.port}
 reconnect_initial_s = 0.05
 [[sources]]
 kind = "tasmota"
+timezone = "UTC"
 topics = ["fleet/+/SENSOR"]
 [sources.broker]
 port = {broker.port}

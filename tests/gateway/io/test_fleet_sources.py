@@ -54,15 +54,19 @@ def assert_reading(reading: Reading, expected: dict[str, Any]) -> None:
 
 # -- Tasmota -----------------------------------------------------------------------------------
 
-TASMOTA = TasmotaSourceConfig(kind="tasmota")
+TASMOTA = TasmotaSourceConfig(kind="tasmota", timezone="UTC")
 
 
-def tasmota(document: dict[str, Any], config: TasmotaSourceConfig = TASMOTA) -> Reading:
+def tasmota(
+    document: dict[str, Any],
+    config: TasmotaSourceConfig = TASMOTA,
+    received_at: float | None = None,
+) -> Reading:
     stamp = fixture("tasmota_sensor.json")["expected"]["timestamp_utc"]
     return decode_tasmota(
         json.dumps(document).encode(),
         device="tasmota_9229FE",
-        received_at=utc(stamp) + 30,
+        received_at=utc(stamp) + 30 if received_at is None else received_at,
         config=config,
     )
 
@@ -74,17 +78,61 @@ def test_tasmota_sensor_payload_maps_onto_a_reading() -> None:
 
 def test_tasmota_cf1_fahrenheit_zone_and_epoch() -> None:
     payload = fixture("tasmota_sensor.json")["payload"]
-    cf1 = tasmota(payload, TasmotaSourceConfig(kind="tasmota", pm_kind="cf_1"))
+    cf1 = tasmota(payload, TasmotaSourceConfig(kind="tasmota", timezone="UTC", pm_kind="cf_1"))
     assert (cf1.values["pm1"], cf1.values["pm2_5"], cf1.values["pm10"]) == (7, 11, 13)
     fahrenheit = tasmota({**payload, "TempUnit": "F", "BME280": {"Temperature": 50.0}})
     assert fahrenheit.values["temp_c"] == pytest.approx(10.0)
     assert "rh" not in fahrenheit.values
     rome = TasmotaSourceConfig(kind="tasmota", timezone="Europe/Rome")  # CEST: UTC+2 in May
-    assert tasmota(payload, rome).timestamp == utc("2024-05-08T18:27:22Z")
+    received = utc("2024-05-08T18:27:52Z")
+    assert tasmota(payload, rome, received).timestamp == utc("2024-05-08T18:27:22Z")
     with_offset = {**payload, "Time": "2024-05-08T22:27:22+02:00"}
     assert tasmota(with_offset).timestamp == utc("2024-05-08T20:27:22Z")
     epoch = {**payload, "Time": "garbage is ignored when Epoch is there", "Epoch": 1715200042}
     assert tasmota(epoch).timestamp == 1715200042
+
+
+def test_tasmota_needs_the_devices_timezone() -> None:
+    """Tasmota's Time has no offset by default: a source without timezone is refused at load
+    with the key named, rather than read as UTC (issue 27)."""
+    with pytest.raises(ValidationError, match=r"set timezone on this tasmota source"):
+        TasmotaSourceConfig.model_validate({"kind": "tasmota"})
+
+
+@pytest.mark.parametrize(
+    ("zone", "local_time", "hours"),
+    [
+        ("Europe/Rome", "2024-05-08T22:27:22", 2),  # east of UTC: was future_timestamp
+        ("America/New_York", "2024-05-08T16:27:22", -4),  # west: was shifted 4 h back, silently
+        ("Asia/Kathmandu", "2024-05-09T02:12:22", 5.75),
+    ],
+)
+def test_a_local_time_read_in_the_wrong_zone_is_refused_naming_timezone(
+    zone: str, local_time: str, hours: float
+) -> None:
+    payload = {**fixture("tasmota_sensor.json")["payload"], "Time": local_time}
+    received = utc("2024-05-08T20:27:40Z")  # 18 s after the measurement
+    with pytest.raises(ReadingRejectedError) as caught:
+        tasmota(payload, TASMOTA, received)
+    assert caught.value.reason is (
+        RejectReason.FUTURE_TIMESTAMP if hours > 0 else RejectReason.STALE_TIMESTAMP
+    )
+    assert f"{hours:+g} h from its receive time" in caught.value.detail
+    assert "set timezone on this tasmota source" in caught.value.detail
+    right = TasmotaSourceConfig(kind="tasmota", timezone=zone)
+    assert tasmota(payload, right, received).timestamp == utc("2024-05-08T20:27:22Z")
+
+
+def test_a_device_clock_off_by_minutes_is_not_taken_for_a_zone() -> None:
+    """Only a whole number of quarter hours (within two minutes) reads as a zone offset: a clock
+    three minutes behind is accepted with its own time, as the clock checks downstream expect."""
+    payload = {**fixture("tasmota_sensor.json")["payload"], "Time": "2024-05-08T20:24:40"}
+    reading = tasmota(payload, TASMOTA, utc("2024-05-08T20:27:40Z"))
+    assert reading.timestamp == utc("2024-05-08T20:24:40Z")
+    late = {**payload, "Time": "2024-05-08T20:07:40"}  # 20 min: between two quarter hours
+    assert tasmota(late, TASMOTA, utc("2024-05-08T20:27:40Z")).timestamp == utc(
+        "2024-05-08T20:07:40Z"
+    )
 
 
 @pytest.mark.parametrize(
@@ -372,7 +420,7 @@ def test_fleet_sources_are_configured_by_kind_and_strictly(tmp_path: Path) -> No
     ]
     for bad in (
         {"kind": "tasmota", "timezone": "Mars/Olympus"},
-        {"kind": "tasmota", "unknown": 1},
+        {"kind": "tasmota", "timezone": "UTC", "unknown": 1},
         {"kind": "esphome", "channels": {"pm2_5": "pm25"}},
         {"kind": "purpleair", "units": [{"url": "https://10.0.0.5/json"}]},
         {"kind": "purpleair", "units": [{"url": "http://10.0.0.5:99999/json"}]},
@@ -391,7 +439,7 @@ def test_each_fleet_kind_has_its_own_default_sensor_id_prefix() -> None:
     payload = json.dumps(tasmota_sensor["payload"]).encode()
     now = utc(tasmota_sensor["expected"]["timestamp_utc"]) + 30
     defaults = {
-        "tasmota": TasmotaSourceConfig(kind="tasmota").sensor_id_prefix,
+        "tasmota": TASMOTA.sensor_id_prefix,
         "esphome": EsphomeSourceConfig(kind="esphome", channels={"pm10": "pm10"}).sensor_id_prefix,
         "sensor_community": SENSOR_COMMUNITY.sensor_id_prefix,
     }
@@ -400,7 +448,7 @@ def test_each_fleet_kind_has_its_own_default_sensor_id_prefix() -> None:
         "esphome": "esphome-",
         "sensor_community": "airrohr-",
     }
-    bare = TasmotaSourceConfig(kind="tasmota", sensor_id_prefix="")
+    bare = TasmotaSourceConfig(kind="tasmota", timezone="UTC", sensor_id_prefix="")
     assert decode_tasmota(payload, device=device, received_at=now, config=bare).sensor_id == device
     assert decode_tasmota(payload, device=device, received_at=now, config=TASMOTA).sensor_id == (
         f"tasmota-{device}"
