@@ -6,7 +6,10 @@ host, port and path (default ``/data.php``) a JSON object ``{"esp8266id": "<chip
 "software_version": "NRZ-...", "sensordatavalues": [{"value_type": ..., "value": ...}, ...]}``
 with the values as strings (averages over the interval), HTTP Basic authentication when a user
 or password is set, and an ``X-Sensor: esp8266-<chip id>`` header. The station sends no time:
-a reading is stamped when it is received. docs/sources.md gives the mapping.
+a reading is stamped when it is received. The Nettigo Air Monitor firmware (github.com/nettigo/namf,
+``src/main.cpp``, its custom-API branch) sends the same document, but names the chip id
+``esp32id`` when built for an ESP32 (``esp8266id`` on an ESP8266): either names the station.
+docs/sources.md gives the mapping.
 
 The listener is an aiohttp application on one catch-all route, run by an ``AppRunner`` inside
 the source's task: one request per connection, head and body bounded, a deadline for each,
@@ -65,6 +68,8 @@ _TEMPERATURE = (
     "DS18B20_temperature",
 )
 _MAX_VALUES = 64
+# The station's chip id: airrohr and NAM on an ESP8266 send esp8266id, NAM on an ESP32 esp32id.
+_CHIP_ID_KEYS = ("esp8266id", "esp32id")
 # The request head: its request line and each header line at most 8 KiB, at most 32 headers
 # (the firmware sends about ten). aiohttp answers a longer or larger head 400 itself.
 _MAX_HEAD_LINE_BYTES = 8_192
@@ -110,7 +115,7 @@ class SensorCommunitySourceConfig(FleetLimits):
         default="airrohr-",
         max_length=32,
         pattern=r"^[A-Za-z0-9_.-]*$",
-        description="Sensor id = prefix + the station's esp8266id.",
+        description="Sensor id = prefix + the station's esp8266id (or esp32id).",
     )
     request_timeout_s: float = Field(
         default=10.0,
@@ -149,11 +154,11 @@ def decode_sensor_community(
 ) -> Reading:
     """One POSTed document into a reading; raise :class:`ReadingRejectedError` otherwise."""
     document = json_object(body, max_bytes=config.max_payload_bytes, what="body")
-    chip = document.get("esp8266id")
+    chip = next((document[key] for key in _CHIP_ID_KEYS if key in document), None)
     if isinstance(chip, int) and not isinstance(chip, bool):
         chip = str(chip)
     if not isinstance(chip, str) or not chip:
-        raise ReadingRejectedError(RejectReason.BAD_SENSOR_ID, "no esp8266id")
+        raise ReadingRejectedError(RejectReason.BAD_SENSOR_ID, "no esp8266id or esp32id")
     by_type = _values_by_type(document.get("sensordatavalues"))
     values = _pm_values(by_type, config.pm_sensor)
     dropped: list[ReadingRejectedError] = []

@@ -238,6 +238,16 @@ def test_sensor_community_post_maps_onto_a_reading() -> None:
     assert reading.timestamp == 1_715_200_042.0  # the station sends no time: receive time
 
 
+def test_nettigo_air_monitor_on_an_esp32_posts_esp32id() -> None:
+    """NAM on an ESP32 names its chip esp32id; it was answered 400 'no esp8266id' (issue 27)."""
+    case = fixture("nam_esp32_post.json")
+    assert_reading(sensor_community(case["payload"]), case["expected"])
+    neither = {key: value for key, value in case["payload"].items() if key != "esp32id"}
+    with pytest.raises(ReadingRejectedError, match="no esp8266id or esp32id") as caught:
+        sensor_community(neither)
+    assert caught.value.reason is RejectReason.BAD_SENSOR_ID
+
+
 def test_sensor_community_sds_and_choice_of_sensor() -> None:
     sds = {
         "esp8266id": 77,
