@@ -2,7 +2,8 @@
 write a first configuration (``init``, tesla_gateway/daemon/init_config.py).
 
 Exit codes: 0 success; 1 runtime failure (daemon error; ``status``/``reload``: no daemon
-running; ``check-config``: the daemon would start degraded, e.g. a model that would not load);
+running; ``check-config``: the daemon would start degraded, e.g. a model that would not load,
+or ``--probe`` could not connect to a broker);
 2 invalid configuration or usage, or a start-up check that ``run`` refuses on
 (tesla_gateway/daemon/preflight.py); 3 ``status``: the daemon is not running (the LSB code).
 """
@@ -47,7 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "run":
         return _run(config)
     if command == "check-config":
-        return _check_config(config, check_models=not args.skip_models)
+        probe_timeout_s: float | None = args.probe_timeout_s if args.probe else None
+        return _check_config(
+            config, check_models=not args.skip_models, probe_timeout_s=probe_timeout_s
+        )
     if command == "status":
         return _status(config, as_json=args.json)
     return _reload(config)
@@ -76,6 +80,21 @@ def _parser() -> argparse.ArgumentParser:
                     "do not load the models nor check that state_dir is writable (the daemon "
                     "starts degraded without them; systemd's ExecStartPre)"
                 ),
+            )
+            command.add_argument(
+                "--probe",
+                action="store_true",
+                help=(
+                    "also connect to every configured broker once, with its credentials and "
+                    "TLS, and say whether it worked (exit 1 if one did not)"
+                ),
+            )
+            command.add_argument(
+                "--probe-timeout-s",
+                type=float,
+                default=5.0,
+                metavar="SECONDS",
+                help="how long each broker gets to accept the connection (default 5)",
             )
         if name == "status":
             command.add_argument("--json", action="store_true", help="print the raw status JSON")
@@ -109,10 +128,13 @@ def _run(config: GatewayConfig) -> int:
     return code
 
 
-def _check_config(config: GatewayConfig, *, check_models: bool) -> int:
-    """Every check ``run`` makes at start (tesla_gateway/daemon/preflight.py), and the models unless
-    ``--skip-models``; "configuration OK" only when all pass."""
-    from tesla_gateway.daemon.preflight import Severity, preflight
+def _check_config(
+    config: GatewayConfig, *, check_models: bool, probe_timeout_s: float | None
+) -> int:
+    """Every check ``run`` makes at start (tesla_gateway/daemon/preflight.py), the models unless
+    ``--skip-models``, a connection to each broker with ``--probe``; "configuration OK" only
+    when all pass."""
+    from tesla_gateway.daemon.preflight import Severity, preflight, probe_brokers
 
     findings = preflight(config, load_models=check_models)
     print(f"gateway {config.gateway_id}, state_dir {config.state_dir}")
@@ -123,12 +145,25 @@ def _check_config(config: GatewayConfig, *, check_models: bool) -> int:
             print(f"  {finding.check}: {mark}{finding.detail}")
         else:
             print(f"  {finding.check}: REFUSED: {finding.detail}", file=sys.stderr)
+    probes = (
+        [] if probe_timeout_s is None else list(probe_brokers(config, timeout_s=probe_timeout_s))
+    )
+    for probe in probes:  # "broker <name> <host>:<port>: ok", or the reason it failed
+        print(f"  {probe.check}: {probe.detail}", file=sys.stdout if probe.passed else sys.stderr)
     severities = {finding.severity for finding in findings}
     if Severity.FATAL in severities:
         print("configuration NOT OK: the daemon would refuse to start", file=sys.stderr)
         return EXIT_CONFIG
     if Severity.DEGRADED in severities:
         print("configuration NOT OK: the daemon would start degraded", file=sys.stderr)
+        return EXIT_FAILURE
+    unreachable = [probe for probe in probes if not probe.passed]
+    if unreachable:
+        print(
+            f"configuration NOT OK: {len(unreachable)} of {len(probes)} broker(s) could not be "
+            "reached (the daemon would start and keep retrying)",
+            file=sys.stderr,
+        )
         return EXIT_FAILURE
     print("configuration OK" + (" (models not loaded: --skip-models)" if not check_models else ""))
     return EXIT_OK

@@ -26,7 +26,14 @@ from tesla_gateway.daemon.config import GatewayConfig
 from tesla_gateway.errors import GatewayError
 from tesla_gateway.mqtt.config import MqttBrokerConfig
 
-__all__ = ["Finding", "PreflightError", "Severity", "preflight", "refuse_on_fatal"]
+__all__ = [
+    "Finding",
+    "PreflightError",
+    "Severity",
+    "preflight",
+    "probe_brokers",
+    "refuse_on_fatal",
+]
 
 
 class Severity(enum.StrEnum):
@@ -123,6 +130,21 @@ def _check_brokers(config: GatewayConfig) -> Iterator[Finding]:
             yield Finding(name, Severity.FATAL, "; ".join(problems))
         else:
             yield Finding(name, Severity.OK, f"{broker.host}:{broker.port}")
+
+
+def probe_brokers(config: GatewayConfig, *, timeout_s: float) -> Iterator[Finding]:
+    """``check-config --probe``: one real connection to each configured broker, with its
+    credentials and TLS; degraded when it fails (the daemon would start and keep retrying)."""
+    from tesla_gateway.mqtt.probe import probe_broker
+
+    client_id = f"tesla-gateway-{config.gateway_id}-probe"[:64]  # never a daemon connection's
+    for name, broker in _brokers(config):
+        check = f"broker {name} {broker.host}:{broker.port}"
+        problem = probe_broker(broker, client_id=client_id, timeout_s=timeout_s)
+        if problem is None:
+            yield Finding(check, Severity.OK, "ok")
+        else:
+            yield Finding(check, Severity.DEGRADED, problem)
 
 
 def _check_state_dir(state_dir: Path) -> Finding:
