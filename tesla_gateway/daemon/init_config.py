@@ -15,13 +15,19 @@ import socket
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import get_args
 
 from tesla_gateway import __version__
 from tesla_gateway.contract.readings import GATEWAY_ID_PATTERN, SENSOR_ID_PATTERN, Feature
 from tesla_gateway.daemon.config import load_config
+from tesla_gateway.daemon.init_fleet import (
+    FleetAnswers,
+    add_fleet_arguments,
+    fleet_answers,
+    fleet_source_lines,
+)
 from tesla_gateway.errors import ConfigError, GatewayError
 from tesla_gateway.models.bundled import bundled_models, example_config
 
@@ -62,6 +68,7 @@ class InitAnswers:
     node_ports: tuple[Path, ...]
     pms5003_ports: tuple[Pms5003Port, ...]
     discovery: bool
+    fleet: FleetAnswers = field(default_factory=FleetAnswers)  # Tasmota, ESPHome, airrohr, ...
 
 
 def add_init_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -123,6 +130,7 @@ def add_init_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         help="a bare PMS5003 on this USB-serial port, published as sensor ID, repeatable",
     )
     add("--home-assistant", action="store_true", help="publish Home Assistant discovery")
+    add_fleet_arguments(parser)
 
 
 def run_init(args: argparse.Namespace) -> int:
@@ -197,6 +205,7 @@ def _answers(args: argparse.Namespace) -> InitAnswers:
         node_ports=tuple(args.serial_port),
         pms5003_ports=pms_ports,
         discovery=args.home_assistant,
+        fleet=fleet_answers(args),
     )
 
 
@@ -296,7 +305,8 @@ def render_config(answers: InitAnswers) -> str:
         "# A sensor id belongs to one source: an id another source already reports is refused",
         "# (sensor_id_conflict). Tasmota, ESPHome and sensor.community sources (docs/sources.md)",
         '# prefix theirs: sensor_id_prefix = "tasmota-", "esphome-", "airrohr-" by default;',
-        '# "" keeps the bare device names, the ids before that default.',
+        '# "" keeps the bare device names, the ids before that default. Fleets already deployed:',
+        "# init --tasmota-topic, --esphome-node, --sensor-community-listen, --purpleair-url.",
         "[[sources]]",
         'kind = "mqtt"',
         f"topics = [{', '.join(_toml(topic) for topic in answers.topics)}]",
@@ -321,6 +331,7 @@ def render_config(answers: InitAnswers) -> str:
             f"port = {_toml(sensor.port)}",
             f"sensor_id = {_toml(sensor.sensor_id)}",
         ]
+    lines += fleet_source_lines(answers.fleet, _broker_lines(answers))
     lines += [
         "",
         "# Calibrated readings go to tesla/<gateway_id>/<sensor>/<feature> (docs/mqtt.md).",

@@ -5,6 +5,8 @@ In-process and fast; the installed wheel running the same commands is tests/pack
 
 from __future__ import annotations
 
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from devkit.broker import make_test_pki
 from tesla_gateway.contract.manifest import load_manifest
 from tesla_gateway.daemon.cli import main
-from tesla_gateway.daemon.config import load_config
+from tesla_gateway.daemon.config import GatewayConfig, load_config
 from tesla_gateway.models.bundled import bundled_model_dirs, bundled_models, example_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -107,6 +109,77 @@ def test_init_does_not_overwrite_without_force(
     assert main(["init", "--out", str(out), "--force"]) == 0
     assert set(load_config(out, environ={}).model_dirs) == {"pm10", "pm10-ispra-1min-rh-temp"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gateway.toml"]  # no leftovers
+
+
+def test_init_writes_the_fleet_sources_asked_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each fleet kind from its flags, on init's broker, and check-config accepts the file
+    (issue 27: init had no flag for them)."""
+    out = tmp_path / "gateway.toml"
+    args = ["init", "--out", str(out), "--broker-port", "1884"]
+    args += ["--tasmota-topic", "tele/+/SENSOR", "--timezone", "Europe/Rome"]
+    args += ["--esphome-node", "air-1", "--esphome-node", "air-2"]
+    args += ["--esphome-channel", "pm_10=pm10", "--esphome-channel", "humidity=rh"]
+    args += ["--sensor-community-listen", "8123"]
+    args += ["--purpleair-url", "http://192.168.1.40/json", "--purpleair-url", "http://pa-2/json"]
+    assert main(args) == 0
+    config = load_config(out, environ={})
+    mqtt, tasmota, esphome, airrohr, purpleair = config.sources
+    assert mqtt.kind == "mqtt"
+    assert tasmota.kind == "tasmota"
+    assert (tasmota.topics, tasmota.timezone) == (["tele/+/SENSOR"], "Europe/Rome")
+    assert esphome.kind == "esphome"
+    assert esphome.topics == ["air-1/sensor/+/state", "air-2/sensor/+/state"]
+    assert esphome.channels == {"pm_10": "pm10", "humidity": "rh"}
+    for source in (tasmota, esphome):
+        assert (source.broker.host, source.broker.port) == ("127.0.0.1", 1884)
+    assert airrohr.kind == "sensor_community"
+    assert (airrohr.host, airrohr.port, airrohr.path) == ("0.0.0.0", 8123, "/data.php")
+    assert purpleair.kind == "purpleair"
+    assert [unit.url for unit in purpleair.units] == [
+        "http://192.168.1.40/json",
+        "http://pa-2/json",
+    ]
+    assert purpleair.pm_kind == "atm"  # what the bundled models were trained on
+    text = out.read_text(encoding="utf-8")
+    assert "TelePeriod 60" in text
+    capsys.readouterr()
+    assert main(["check-config", "--config", str(out)]) == 0, capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--tasmota-topic", "tele/+/SENSOR"], "--tasmota-topic needs --timezone ZONE"),
+        (["--tasmota-topic", "t/+/S", "--timezone", "Mars/Olympus"], "not an IANA time zone"),
+        (["--esphome-node", "air"], "--esphome-node needs --esphome-channel"),
+        (["--esphome-node", "air", "--esphome-channel", "pm10"], "expected OBJECT_ID=CHANNEL"),
+        (["--esphome-channel", "pm_10=pm10"], "name the node"),
+        (["--sensor-community-listen", "host:http"], "expected [HOST:]PORT"),
+        (["--purpleair-url", "https://10.0.0.5/json"], "do not make a valid configuration"),
+    ],
+)
+def test_init_names_the_fleet_flag_that_is_missing_or_wrong(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    out = tmp_path / "gateway.toml"
+    assert main(["init", "--out", str(out), *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_example_config_shows_every_fleet_source_commented() -> None:
+    """Uncommenting a fleet block of deploy/gateway.example.toml gives a valid source."""
+    text = (REPO / "deploy" / "gateway.example.toml").read_text(encoding="utf-8")
+    kinds = re.findall(r'^# kind = "(\w+)"$', text, flags=re.MULTILINE)
+    assert {"tasmota", "esphome", "sensor_community", "purpleair"} <= set(kinds)
+    head = 'gateway_id = "gw"\nstate_dir = "s"\n[[models]]\nfeature = "pm10"\nmodel_dir = "m"\n'
+    for block in re.findall(r"^(# \[\[sources\]\]\n(?:# .*\n)+)", text, flags=re.MULTILINE):
+        uncommented = re.sub(r"^# ?", "", block, flags=re.MULTILINE)
+        uncommented = re.sub(r"\s+#.*$", "", uncommented, flags=re.MULTILINE)
+        config = GatewayConfig.model_validate(tomllib.loads(head + uncommented))
+        assert len(config.sources) == 1
 
 
 @pytest.mark.parametrize(
