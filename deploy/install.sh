@@ -3,24 +3,37 @@
 # run with the same inputs changes nothing (files are replaced only when their content differs,
 # users, passwords and certificates are created only when missing).
 #
-#   sudo deploy/install.sh [--gateway-id ID] [--node ID]... [--broker-host NAME]
-#                          [--root DIR] [--dry-run] [--arch arm64|armhf|amd64] [--pip-args ARGS]
+#   sudo deploy/install.sh [--gateway-id ID] [--node ID]... [--broker local|remote]
+#                          [--broker-host NAME] [--broker-port N] [--broker-user NAME]
+#                          [--broker-ca FILE] [--root DIR] [--dry-run] [--arch arm64|armhf|amd64]
+#                          [--wheelhouse DIR] [--pip-args ARGS]
 #
 # --gateway-id ID  default: the host name. Gateways that share a broker need different ids
 #              (their MQTT client ids derive from it); Raspberry Pi OS's default host name
 #              "raspberrypi" gets a warning.
+# --broker local   (default) the gateway gets its own listeners on this machine's mosquitto,
+#              with their own users and ACL; every client the broker served keeps exactly what
+#              it had (docs/deployment.md, "A broker already in use")
+# --broker remote  use an existing broker elsewhere (Home Assistant OS's Mosquitto add-on):
+#              installs the gateway only, no mosquitto configuration at all
+# --broker-host NAME  local: the name clients reach this broker by (the TLS certificate's);
+#              remote: the broker to connect to (required)
+# --broker-port N, --broker-user NAME, --broker-ca FILE  remote only: port (1883, or 8883
+#              with --broker-ca), user name (tesla-gateway) and the CA that signed the broker's
+#              certificate (TLS); the password goes into /etc/tesla-gateway/credentials/tesla-gateway
+# --node ID    a sensor node allowed to publish sensors/ID/raw (repeatable; kept across runs
+#              in /etc/tesla-gateway/mqtt-nodes; local broker only)
 # --root DIR   install into DIR instead of / (a throwaway tree: no apt, no systemctl; the
 #              users are created in DIR/etc with useradd --root)
-# --dry-run    print what would be done, change nothing
-# --node ID    a sensor node allowed to publish sensors/ID/raw (repeatable; kept across runs
-#              in /etc/tesla-gateway/mqtt-nodes)
+# --dry-run    print what would be done (and who can connect to mosquitto, before and after),
+#              change nothing
 # --wheelhouse DIR  install the gateway from the wheels in DIR (offline installs; with
 #              --pip-args "--no-index" pip never touches the network)
 # --pip-args   extra arguments for pip (e.g. "--no-index")
 #
 # Layout (docs/deployment.md): /opt/tesla-gateway/{venv,models,docs}, /etc/tesla-gateway,
 # /var/lib/tesla-gateway, /etc/systemd/system/tesla-gateway.service, /etc/mosquitto/conf.d/
-# tesla-gateway.conf with its password file, ACL and TLS certificates under /etc/mosquitto.
+# 00-tesla-gateway.conf with its password file, ACL and TLS certificates under /etc/mosquitto.
 set -euo pipefail
 trap 'echo "install.sh: failed (exit $?) at line $LINENO: $BASH_COMMAND" >&2' ERR
 
@@ -32,7 +45,11 @@ PIP_ARGS=""
 WHEELHOUSE=""
 GATEWAY_ID="$(hostname -s 2>/dev/null || echo gateway)"
 GATEWAY_ID_GIVEN=0
-BROKER_HOST="$(hostname -f 2>/dev/null || hostname)"
+BROKER="local"
+BROKER_HOST=""
+BROKER_PORT=""
+BROKER_USER=""
+BROKER_CA=""
 NODES=()
 
 SERVICE_USER="tesla-gateway"
@@ -44,7 +61,7 @@ MQTT_GATEWAY_USER="tesla-gateway"
 MQTT_READER_USER="tesla-reader"
 MQTT_RELEASE_USER="tesla-release"
 
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -54,7 +71,11 @@ while [[ $# -gt 0 ]]; do
         --pip-args) PIP_ARGS="$2"; shift 2 ;;
         --wheelhouse) WHEELHOUSE="$2"; shift 2 ;;
         --gateway-id) GATEWAY_ID="$2"; GATEWAY_ID_GIVEN=1; shift 2 ;;
+        --broker) BROKER="$2"; shift 2 ;;
         --broker-host) BROKER_HOST="$2"; shift 2 ;;
+        --broker-port) BROKER_PORT="$2"; shift 2 ;;
+        --broker-user) BROKER_USER="$2"; shift 2 ;;
+        --broker-ca) BROKER_CA="$2"; shift 2 ;;
         --node) NODES+=("$2"); shift 2 ;;
         -h|--help) usage 0 ;;
         *) echo "install.sh: unknown argument $1" >&2; usage 2 ;;
@@ -71,8 +92,31 @@ fi
 for node in "${NODES[@]+"${NODES[@]}"}"; do
     [[ "$node" =~ $ID_PATTERN ]] || { echo "install.sh: bad --node $node" >&2; exit 2; }
 done
+case "$BROKER" in
+    local)
+        if [[ -n "$BROKER_PORT$BROKER_USER$BROKER_CA" ]]; then
+            echo "install.sh: --broker-port, --broker-user and --broker-ca are for --broker remote" >&2
+            exit 2
+        fi
+        [[ -n "$BROKER_HOST" ]] || BROKER_HOST="$(hostname -f 2>/dev/null || hostname)" ;;
+    remote)
+        [[ -n "$BROKER_HOST" ]] || { echo "install.sh: --broker remote needs --broker-host" >&2; exit 2; }
+        [[ -n "$BROKER_CA" ]] && { [[ -r "$BROKER_CA" ]] || { echo "install.sh: cannot read --broker-ca $BROKER_CA" >&2; exit 2; }; }
+        [[ -n "$BROKER_PORT" ]] || BROKER_PORT="$([[ -n "$BROKER_CA" ]] && echo 8883 || echo 1883)"
+        [[ -n "$BROKER_USER" ]] || BROKER_USER="tesla-gateway"
+        [[ "$BROKER_PORT" =~ ^[0-9]{1,5}$ && "$BROKER_PORT" -ge 1 && "$BROKER_PORT" -le 65535 ]] \
+            || { echo "install.sh: bad --broker-port $BROKER_PORT" >&2; exit 2; }
+        [[ "$BROKER_USER" =~ $ID_PATTERN ]] || { echo "install.sh: bad --broker-user" >&2; exit 2; }
+        if [[ ${#NODES[@]} -gt 0 ]]; then
+            echo "install.sh: warning: --node is ignored with --broker remote: the remote" \
+                "broker's users and access rules are its own" >&2
+            NODES=()
+        fi ;;
+    *) echo "install.sh: --broker is local or remote, not $BROKER" >&2; exit 2 ;;
+esac
 [[ "$BROKER_HOST" =~ ^[A-Za-z0-9.:-]+$ ]] || { echo "install.sh: bad --broker-host" >&2; exit 2; }
 ROOT="${ROOT%/}"
+[[ -n "$ROOT" ]] && ROOT="$(realpath -m "$ROOT")"
 R="${ROOT}"  # prefix for every target path; empty for a real install into /
 [[ -z "$ARCH" ]] && ARCH="$(dpkg --print-architecture 2>/dev/null || uname -m)"
 case "$ARCH" in
@@ -149,35 +193,106 @@ preview() {  # preview NEW_CONTENT_FILE TARGET: what --dry-run would write there
     fi
 }
 
-ensure_block() {  # ensure_block TARGET < block: our marked block in a file someone else owns
-    local target="$R$1" temp
-    temp="$(mktemp)"
-    { awk '/^# BEGIN tesla-gateway/ { skip = 1 } !skip { print } /^# END tesla-gateway/ { skip = 0 }' \
-          "$target" 2>/dev/null || true
-      echo "# BEGIN tesla-gateway (deploy/install.sh: rerun it instead of editing this block)"
-      cat
-      echo "# END tesla-gateway"
-    } > "$temp"
-    if ! cmp -s "$temp" "$target"; then
+replace_text() {  # replace_text TARGET NEW_CONTENT_FILE: a file someone else owns, in place
+    if ! cmp -s "$2" "$R$1"; then
         CHANGED=$((CHANGED + 1))
-        if [[ $DRY_RUN -eq 1 ]]; then preview "$temp" "$1"
-        else cat "$temp" > "$target"; fi  # in place: the owner's mode and ownership stay
+        if [[ $DRY_RUN -eq 1 ]]; then preview "$2" "$1"
+        else cat "$2" > "$R$1"; fi  # in place: the owner's mode and ownership stay
     fi
-    rm -f "$temp"
 }
 
 # --- packages (real installs only) -------------------------------------------------------
+OWNED=0  # mosquitto installed by this installer: its local only mode served nobody
 if [[ -z "$ROOT" ]]; then
     missing=()
-    for pkg in python3-venv mosquitto mosquitto-clients openssl; do
+    packages=(python3-venv openssl)
+    [[ "$BROKER" == "local" ]] && packages+=(mosquitto mosquitto-clients)
+    for pkg in "${packages[@]}"; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
     done
+    [[ " ${missing[*]-} " == *" mosquitto "* ]] && OWNED=1
     if [[ ${#missing[@]} -gt 0 ]]; then
         act apt-get update
         act apt-get install -y --no-install-recommends "${missing[@]}"
     fi
 else
     say "target root $ROOT: skipping apt-get and systemctl (they act on the running system)"
+fi
+
+# --- the broker: the gateway's own listeners, every other client kept as it was ------------
+# deploy/mosquitto_layout reads what mosquitto reads (mosquitto.conf and conf.d/*.conf), plans
+# the gateway's listeners with per_listener_settings true and the edits that keep every other
+# listener's settings as they were, and checks that by modelling the result: a configuration it
+# cannot keep exactly stops the installer here, before anything else is changed (only apt-get
+# ran). docs/deployment.md, "A broker already in use".
+OWN_PASSWD="$MOSQ_DIR/tesla-gateway.passwd"
+OWN_ACL="$MOSQ_DIR/tesla-gateway.acl"
+CA="$MOSQ_DIR/certs/tesla-ca.pem"
+LEGACY="$CONF_DIR/mqtt-shared"  # the operator's files the installer edited (for uninstall.sh)
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+all_nodes=""
+users=()
+if [[ "$BROKER" == "local" ]]; then
+    # Node list: the union of earlier runs and this one's --node arguments.
+    nodes_file="$R$CONF_DIR/mqtt-nodes"
+    all_nodes="$( { cat "$nodes_file" 2>/dev/null || true; printf '%s\n' "${NODES[@]+"${NODES[@]}"}"; } \
+        | grep -E "$ID_PATTERN" | sort -u || true)"
+    users=("$MQTT_GATEWAY_USER" "$MQTT_READER_USER" "$MQTT_RELEASE_USER")
+    while IFS= read -r node; do [[ -n "$node" ]] && users+=("$node"); done <<< "$all_nodes"
+fi
+
+gateway_acl() {  # the gateway's users: what each may read and write
+    echo "# Generated by deploy/install.sh from $CONF_DIR/mqtt-nodes; rerun it after editing."
+    echo "# Only the gateway's listeners use this file: no other client may read or write anything."
+    echo
+    echo "# The gateway: reads raw readings and releases, publishes its calibrated topics."
+    echo "user $MQTT_GATEWAY_USER"
+    echo "topic read sensors/+/raw"
+    echo "topic read tesla/releases/#"
+    echo "topic readwrite tesla/$GATEWAY_ID/#"
+    echo "topic write homeassistant/#"
+    echo
+    echo "# Subscribers (dashboards, Home Assistant): everything the gateway publishes"
+    echo "# (calibrated, batched, health, drift, stats, status, OTA status) and discovery."
+    echo "user $MQTT_READER_USER"
+    echo "topic read tesla/$GATEWAY_ID/#"
+    echo "topic read homeassistant/#"
+    echo
+    echo "# The release-key holder: the only client that may publish model releases."
+    echo "user $MQTT_RELEASE_USER"
+    echo "topic write tesla/releases/#"
+    while IFS= read -r node; do
+        [[ -z "$node" ]] && continue
+        echo
+        echo "# Sensor node $node: its own raw topic only."
+        echo "user $node"
+        echo "topic write sensors/$node/raw"
+    done <<< "$all_nodes"
+}
+
+PLAIN_PORT=1883
+OWN_CONF=""
+if [[ "$BROKER" == "local" ]]; then
+    [[ $OWNED -eq 1 || -e "$R$CONF_DIR/mqtt-broker-owned" ]] && OWNED=1
+    gateway_acl > "$WORK/acl"
+    user_args=()
+    for user in "${users[@]}"; do user_args+=(--user "$user"); done
+    mkdir "$WORK/layout"
+    owned_arg=()
+    [[ $OWNED -eq 1 ]] && owned_arg=(--owned)
+    PYTHONPATH="$SOURCE/deploy${PYTHONPATH:+:$PYTHONPATH}" python3 -B -m mosquitto_layout plan \
+        --root "${ROOT:-/}" --out "$WORK/layout" --legacy "$R$LEGACY" "${user_args[@]}" \
+        "${owned_arg[@]+"${owned_arg[@]}"}" --acl-text "$WORK/acl" \
+        --passwd "$OWN_PASSWD" --acl "$OWN_ACL" --ca "$CA" \
+        --cert "$MOSQ_DIR/certs/tesla-server.pem" --key "$MOSQ_DIR/certs/tesla-server.key" \
+        || { echo "install.sh: the broker's configuration is left as it was" >&2; exit 1; }
+    read -r OWN_CONF PLAIN_PORT TLS_PORT < "$WORK/layout/ports"
+    sed 's/^/install.sh: /' "$WORK/layout/access"
+    say "the gateway connects to 127.0.0.1:$PLAIN_PORT; nodes and subscribers use TLS on $TLS_PORT"
+else
+    say "--broker remote: no mosquitto configuration; the gateway connects to" \
+        "$BROKER_HOST:$BROKER_PORT as $BROKER_USER$([[ -n "$BROKER_CA" ]] && echo ' over TLS')"
 fi
 
 # --- users ---------------------------------------------------------------------------------
@@ -228,163 +343,84 @@ ensure_dir /etc/systemd/system 0755 root root
 ensure_file "$SOURCE/systemd/tesla-gateway.service" /etc/systemd/system/tesla-gateway.service \
     0644 root root
 
-# --- an existing broker configuration (Zigbee2MQTT, Home Assistant, ...) is kept working ----
-# mosquitto reads mosquitto.conf and (Debian) every conf.d/*.conf. What those already set is not
-# set again: a second password_file or a global "allow_anonymous false" would lock out the
-# clients already using the broker. docs/deployment.md, "A broker already in use".
-existing_conf=()
-for file in "$R$MOSQ_DIR/mosquitto.conf" "$R$MOSQ_DIR"/conf.d/*.conf; do
-    if [[ -f "$file" && "$(basename "$file")" != tesla-gateway.conf ]]; then
-        existing_conf+=("$file")
-    fi
-done
-conf_value() {  # conf_value KEY: its last value in the existing files (the one mosquitto keeps)
-    [[ ${#existing_conf[@]} -gt 0 ]] || return 0
-    awk -v k="$1" '$1 == k { v = $2 } END { if (v != "") print v }' "${existing_conf[@]}"
-}
-EX_PASSWD="$(conf_value password_file)"
-EX_ACL="$(conf_value acl_file)"
-EX_ANON="$(conf_value allow_anonymous)"
-EX_PER_LISTENER="$(conf_value per_listener_settings)"
-EX_PORTS=" "
-if [[ ${#existing_conf[@]} -gt 0 ]]; then
-    EX_PORTS+="$(awk '$1 == "listener" || $1 == "port" { printf "%s ", $2 }' "${existing_conf[@]}")"
-fi
-port_taken() { [[ "$EX_PORTS" == *" $1 "* ]]; }
-free_port_from() { local port="$1"; while port_taken "$port"; do port=$((port + 1)); done; echo "$port"; }
-MQTT_MODE="own"  # own: the broker is ours; shared: global settings exist; listener: per listener
-if [[ "$EX_PER_LISTENER" == "true" ]]; then
-    MQTT_MODE="listener"
-elif [[ -n "$EX_PASSWD$EX_ACL$EX_ANON" || -n "${EX_PORTS// /}" ]]; then
-    MQTT_MODE="shared"
-fi
-PLAIN_PORT=1883
-TLS_PORT=8883
-if [[ "$MQTT_MODE" == "listener" ]]; then  # our own listeners, on ports nobody else uses
-    PLAIN_PORT="$(free_port_from 1883)"
-    TLS_PORT="$(free_port_from 8883)"
-fi
-if [[ "$MQTT_MODE" != "own" ]]; then
-    say "existing mosquitto configuration found (${existing_conf[*]#"$R"}): mode $MQTT_MODE" \
-        "(password_file ${EX_PASSWD:-none}, acl_file ${EX_ACL:-none}," \
-        "allow_anonymous ${EX_ANON:-unset}, listeners${EX_PORTS% })"
-fi
-
 # --- configuration -------------------------------------------------------------------------
 ensure_dir "$CONF_DIR" 0750 root "$SERVICE_USER"
 ensure_dir "$STATE_DIR" 0750 "$SERVICE_USER" "$SERVICE_USER"
 ensure_file "$SOURCE/deploy/gateway.example.toml" "$CONF_DIR/gateway.example.toml" 0640 root \
     "$SERVICE_USER"
+if [[ "$BROKER" == "local" ]]; then
+    BROKER_CONNECT=(127.0.0.1 "$PLAIN_PORT" "$MQTT_GATEWAY_USER" "")
+else
+    BROKER_CONNECT=("$BROKER_HOST" "$BROKER_PORT" "$BROKER_USER" "${BROKER_CA:+$CONF_DIR/broker-ca.pem}")
+    [[ -n "$BROKER_CA" ]] && ensure_file "$BROKER_CA" "$CONF_DIR/broker-ca.pem" 0644 root root
+fi
+gateway_toml() {  # gateway.toml.in for this gateway and its broker (host, port, user, CA)
+    sed -e "s/@GATEWAY_ID@/$GATEWAY_ID/g" \
+        -e "s/^host = \"127.0.0.1\"$/host = \"${BROKER_CONNECT[0]}\"/" \
+        -e "s/^port = 1883$/port = ${BROKER_CONNECT[1]}/" \
+        -e "s/^username = \"tesla-gateway\"$/username = \"${BROKER_CONNECT[2]}\"/" \
+        "$SOURCE/deploy/gateway.toml.in" \
+    | awk -v ca="${BROKER_CONNECT[3]}" '
+        /^\[sources\.broker\]$/ { table = "sources.broker" }
+        /^\[publisher\.broker\]$/ { table = "publisher.broker" }
+        { print }
+        ca != "" && /^password_file = / { printf "[%s.tls]\nca_file = \"%s\"\n", table, ca }'
+}
 if [[ ! -e "$R$CONF_DIR/gateway.toml" ]]; then  # never overwrite the operator's configuration
-    ensure_content "$CONF_DIR/gateway.toml" 0640 root "$SERVICE_USER" \
-        < <(sed -e "s/@GATEWAY_ID@/$GATEWAY_ID/g" -e "s/^port = 1883$/port = $PLAIN_PORT/" \
-            "$SOURCE/deploy/gateway.toml.in")
+    ensure_content "$CONF_DIR/gateway.toml" 0640 root "$SERVICE_USER" < <(gateway_toml)
 else
     ensure_meta "$CONF_DIR/gateway.toml" 0640 root "$SERVICE_USER"
+    if ! grep -q "^host = \"${BROKER_CONNECT[0]}\"$" "$R$CONF_DIR/gateway.toml" \
+        || ! grep -q "^port = ${BROKER_CONNECT[1]}$" "$R$CONF_DIR/gateway.toml"; then
+        say "warning: $CONF_DIR/gateway.toml (kept as it is) does not name the broker this run" \
+            "set up (${BROKER_CONNECT[0]}:${BROKER_CONNECT[1]}); edit it, or remove it and rerun"
+    fi
 fi
-
-# Node list: the union of earlier runs and this one's --node arguments.
-nodes_file="$R$CONF_DIR/mqtt-nodes"
-all_nodes="$( { cat "$nodes_file" 2>/dev/null || true; printf '%s\n' "${NODES[@]+"${NODES[@]}"}"; } \
-    | grep -E "$ID_PATTERN" | sort -u || true)"
-ensure_content "$CONF_DIR/mqtt-nodes" 0640 root root < <(printf '%s\n' "$all_nodes" | sed '/^$/d')
 
 # --- MQTT credentials: one random password per user, created once ------------------------
 ensure_dir "$CONF_DIR/credentials" 0750 root "$SERVICE_USER"
-OWN_PASSWD="$MOSQ_DIR/tesla-gateway.passwd"
-OWN_ACL="$MOSQ_DIR/tesla-gateway.acl"
-PASSWD_FILE="$OWN_PASSWD"
-[[ "$MQTT_MODE" == "shared" && -n "$EX_PASSWD" ]] && PASSWD_FILE="$EX_PASSWD"  # add our users
+new_secret() {  # new_secret FILE: a random password, unless there is one
+    if [[ ! -s "$R$1" ]]; then
+        if [[ $DRY_RUN -eq 1 ]]; then echo "would: create password $1"; CHANGED=$((CHANGED + 1))
+        else (umask 077; openssl rand -hex 24 > "$R$1"); CHANGED=$((CHANGED + 1)); fi
+    fi
+}
+if [[ "$BROKER" == "remote" ]]; then
+    secret="$CONF_DIR/credentials/tesla-gateway"
+    new_secret "$secret"
+    ensure_meta "$secret" 0640 root "$SERVICE_USER"
+    say "give the broker at $BROKER_HOST a user $BROKER_USER with the password in $secret" \
+        "(or write its existing password there); in Home Assistant: a user of its own" \
+        "(Settings, People) or a login of the Mosquitto add-on"
+fi
+
+if [[ "$BROKER" == "local" ]]; then
+ensure_content "$CONF_DIR/mqtt-nodes" 0640 root root < <(printf '%s\n' "$all_nodes" | sed '/^$/d')
+if [[ $OWNED -eq 1 && ! -e "$R$CONF_DIR/mqtt-broker-owned" ]]; then
+    ensure_content "$CONF_DIR/mqtt-broker-owned" 0640 root root \
+        <<< "mosquitto was installed by deploy/install.sh: its local only mode served nobody"
+fi
 ensure_dir "$MOSQ_DIR" 0755 root root
 ensure_dir "$MOSQ_DIR/certs" 0755 root root
-if [[ ! -e "$R$PASSWD_FILE" ]]; then act install -m 0640 /dev/null "$R$PASSWD_FILE"; fi
-# Users of the existing password file (not ours): their access is kept (see the ACL below).
-existing_users="$(if [[ "$PASSWD_FILE" != "$OWN_PASSWD" ]]; then
-    cut -d: -f1 "$R$PASSWD_FILE" 2>/dev/null | grep -E "$ID_PATTERN" || true; fi)"
-users=("$MQTT_GATEWAY_USER" "$MQTT_READER_USER" "$MQTT_RELEASE_USER")
-while IFS= read -r node; do [[ -n "$node" ]] && users+=("$node"); done <<< "$all_nodes"
+ensure_dir "$MOSQ_DIR/conf.d" 0755 root root
+if [[ ! -e "$R$OWN_PASSWD" ]]; then act install -m 0640 /dev/null "$R$OWN_PASSWD"; fi
 for user in "${users[@]}"; do
     secret="$CONF_DIR/credentials/$user"
-    if [[ ! -s "$R$secret" ]]; then
-        if [[ $DRY_RUN -eq 1 ]]; then echo "would: create password $secret"; CHANGED=$((CHANGED + 1))
-        else (umask 077; openssl rand -hex 24 > "$R$secret"); CHANGED=$((CHANGED + 1)); fi
-    fi
+    new_secret "$secret"
     if [[ "$user" == "$MQTT_GATEWAY_USER" ]]; then
         ensure_meta "$secret" 0640 root "$SERVICE_USER"  # the daemon's password_file
     else
         ensure_meta "$secret" 0600 root root  # for the operator to hand to that client
     fi
-    if ! grep -q "^$user:" "$R$PASSWD_FILE" 2>/dev/null; then
-        if [[ $DRY_RUN -eq 1 ]]; then echo "would: add $user to $PASSWD_FILE"; CHANGED=$((CHANGED + 1))
-        else act mosquitto_passwd -b "$R$PASSWD_FILE" "$user" "$(cat "$R$secret")"; fi
+    if ! grep -q "^$user:" "$R$OWN_PASSWD" 2>/dev/null; then
+        if [[ $DRY_RUN -eq 1 ]]; then echo "would: add $user to $OWN_PASSWD"; CHANGED=$((CHANGED + 1))
+        else act mosquitto_passwd -b "$R$OWN_PASSWD" "$user" "$(cat "$R$secret")"; fi
     fi
 done
-[[ "$PASSWD_FILE" == "$OWN_PASSWD" ]] && ensure_meta "$PASSWD_FILE" 0640 root "$MOSQ_GROUP"
-existing_users="$(grep -vxF -f <(printf '%s\n' "${users[@]}") <<< "$existing_users" || true)"
-
-# --- MQTT ACL ----------------------------------------------------------------------------------
-gateway_acl() {  # the gateway's users: what each may read and write
-    echo "# The gateway: reads raw readings and releases, publishes its calibrated topics."
-    echo "user $MQTT_GATEWAY_USER"
-    echo "topic read sensors/+/raw"
-    echo "topic read tesla/releases/#"
-    echo "topic readwrite tesla/$GATEWAY_ID/#"
-    echo "topic write homeassistant/#"
-    echo
-    echo "# Subscribers (dashboards, Home Assistant): everything the gateway publishes"
-    echo "# (calibrated, batched, health, drift, stats, status, OTA status) and discovery."
-    echo "user $MQTT_READER_USER"
-    echo "topic read tesla/$GATEWAY_ID/#"
-    echo "topic read homeassistant/#"
-    echo
-    echo "# The release-key holder: the only client that may publish model releases."
-    echo "user $MQTT_RELEASE_USER"
-    echo "topic write tesla/releases/#"
-    while IFS= read -r node; do
-        [[ -z "$node" ]] && continue
-        echo
-        echo "# Sensor node $node: its own raw topic only."
-        echo "user $node"
-        echo "topic write sensors/$node/raw"
-    done <<< "$all_nodes"
-}
-kept_acl() {  # an ACL file now restricts everyone: the broker's earlier clients keep it all
-    if [[ "$EX_ANON" == "true" ]]; then
-        echo "# Anonymous clients (allow_anonymous true in the existing configuration):"
-        echo "# unrestricted, as before this file existed."
-        echo "topic readwrite #"
-        echo
-    fi
-    while IFS= read -r user; do
-        [[ -z "$user" ]] && continue
-        echo "# $user (from $PASSWD_FILE, before the gateway): unrestricted, as before."
-        echo "user $user"
-        echo "topic readwrite #"
-        echo
-    done <<< "$existing_users"
-}
-ACL_FILE="$OWN_ACL"
-if [[ "$MQTT_MODE" == "shared" && -n "$EX_ACL" ]]; then
-    ACL_FILE="$EX_ACL"  # the operator's ACL: our users go into a marked block at its end
-    ensure_block "$EX_ACL" < <(gateway_acl)
-else
-    ensure_content "$OWN_ACL" 0640 root "$MOSQ_GROUP" < <(
-        echo "# Generated by deploy/install.sh from $CONF_DIR/mqtt-nodes; rerun it after editing."
-        [[ "$MQTT_MODE" == "shared" ]] && kept_acl
-        echo "# No other client may read or write anything."
-        echo
-        gateway_acl
-    )
-fi
-# What uninstall.sh must take out of files that are not ours.
-ensure_content "$CONF_DIR/mqtt-shared" 0640 root root < <(
-    [[ "$PASSWD_FILE" != "$OWN_PASSWD" ]] && echo "password_file $PASSWD_FILE"
-    [[ "$ACL_FILE" != "$OWN_ACL" ]] && echo "acl_file $ACL_FILE"
-    true
-)
+ensure_meta "$OWN_PASSWD" 0640 root "$MOSQ_GROUP"
+ensure_content "$OWN_ACL" 0640 root "$MOSQ_GROUP" < "$WORK/acl"
 
 # --- TLS: a local CA and a server certificate, created once (replace with your own) ---------
-CA="$MOSQ_DIR/certs/tesla-ca.pem"
 if [[ ! -e "$R$CA" ]]; then
     if [[ $DRY_RUN -eq 1 ]]; then echo "would: create CA and server certificate for $BROKER_HOST"
     else
@@ -411,73 +447,26 @@ ensure_meta "$MOSQ_DIR/certs/tesla-server.pem" 0644 root root
 ensure_meta "$MOSQ_DIR/certs/tesla-server.key" 0640 root "$MOSQ_GROUP"
 ensure_meta "$CONF_DIR/credentials/tesla-ca.key" 0600 root root
 
-unset_global() {  # unset_global KEY VALUE: the line, unless the existing configuration sets KEY
-    [[ -n "$(conf_value "$1")" ]] || echo "$1 $2"
-}
-listener_auth() {  # per_listener_settings true: our listeners carry their own settings
-    if [[ "$MQTT_MODE" == "listener" ]]; then
-        echo "allow_anonymous false"
-        echo "password_file $PASSWD_FILE"
-        echo "acl_file $ACL_FILE"
-    fi
-}
-mosquitto_conf() {
-    echo "# Generated by deploy/install.sh (tesla-gateway), mode $MQTT_MODE (docs/deployment.md)."
-    case "$MQTT_MODE" in
-        own)
-            echo "# Every client authenticates; per-user ACLs."
-            echo "per_listener_settings false"
-            echo "allow_anonymous false"
-            echo "password_file $PASSWD_FILE"
-            echo "acl_file $ACL_FILE" ;;
-        shared)
-            echo "# The broker was already configured: its allow_anonymous, listeners and (if set)"
-            echo "# password_file and acl_file are kept; the gateway's users were added to them."
-            [[ -z "$EX_PASSWD" ]] && echo "password_file $PASSWD_FILE"
-            [[ -z "$EX_ACL" ]] && echo "acl_file $ACL_FILE" ;;
-        listener)
-            echo "# per_listener_settings true: the gateway has its own listeners and settings." ;;
-    esac
-    unset_global set_tcp_nodelay true
-    unset_global max_queued_messages 100000
-    echo "# Also the MQTT 5 Receive Maximum announced to clients: the gateway keeps up to"
-    echo "# publisher.in_flight (256) calibrated messages awaiting PUBACK; mosquitto's default 20"
-    echo "# throttles per-sensor topics at thousands of sensors."
-    unset_global max_inflight_messages 1000
-    if [[ "$MQTT_MODE" == "own" ]]; then
-        echo "# Bounded input: no MQTT packet above 1 MiB (release bundles fit; readings are tiny)."
-        echo "max_packet_size 1048576"
-    fi
-    if port_taken "$PLAIN_PORT"; then
-        echo
-        echo "# Port $PLAIN_PORT is already a listener of this broker: the gateway connects to it."
-    else
-        echo
-        echo "# Local clients (the gateway on this machine): loopback only, still authenticated."
-        echo "listener $PLAIN_PORT 127.0.0.1"
-        listener_auth
-    fi
-    echo
-    if port_taken "$TLS_PORT"; then
-        echo "# Port $TLS_PORT is already a listener of this broker: remote clients use it."
-    else
-        echo "# Everyone else: TLS."
-        echo "listener $TLS_PORT"
-        listener_auth
-        echo "cafile $CA"
-        echo "certfile $MOSQ_DIR/certs/tesla-server.pem"
-        echo "keyfile $MOSQ_DIR/certs/tesla-server.key"
-        echo "tls_version tlsv1.2"
-    fi
-}
-ensure_dir "$MOSQ_DIR/conf.d" 0755 root root
-ensure_content "$MOSQ_DIR/conf.d/tesla-gateway.conf" 0644 root root < <(mosquitto_conf)
+# --- mosquitto's configuration: the plan made above --------------------------------------
+broker_before=$CHANGED
+while IFS=$'\t' read -r target source; do
+    [[ -n "$target" ]] && replace_text "$target" "$source"
+done < "$WORK/layout/edits"
+# The operator's files that carry the installer's marks, for uninstall.sh (it also finds them).
+if [[ -s "$WORK/layout/marked" || -e "$R$LEGACY" ]]; then
+    ensure_content "$LEGACY" 0640 root root < <(sed 's/^/edited /' "$WORK/layout/marked")
+fi
+old="$MOSQ_DIR/conf.d/tesla-gateway.conf"  # the name earlier installers used
+if head -n 1 "$R$old" 2>/dev/null | grep -q '^# Generated by deploy/install.sh'; then act rm -f "$R$old"; fi
+ensure_content "$OWN_CONF" 0644 root root < "$WORK/layout/own.conf"
+[[ $CHANGED -gt $broker_before ]] && BROKER_CHANGED=1
+fi
 
 # --- activate (real installs only) ------------------------------------------------------
 if [[ -z "$ROOT" && $CHANGED -gt 0 ]]; then
     act systemctl daemon-reload
     act systemctl enable tesla-gateway.service
-    act systemctl restart mosquitto.service
+    [[ "${BROKER_CHANGED:-0}" -eq 1 ]] && act systemctl restart mosquitto.service
     act systemctl restart tesla-gateway.service
 fi
 say "done: $CHANGED change(s)$([[ $DRY_RUN -eq 1 ]] && echo ' (dry run: nothing changed)')"

@@ -80,3 +80,33 @@ class Client:
         while len(self.messages) < count and time.monotonic() < deadline:
             time.sleep(0.02)
         return sorted(self.messages)
+
+
+def reach(
+    port: int, user: str | None, password: str | None, topics: tuple[str, ...], **tls: Path
+) -> tuple[str, ...]:
+    """What one client gets from a listener: ``("refused",)``, or per topic ``"write+read"``
+    (its own publish accepted and delivered back to it), ``"write"``, ``"read"`` (a ``$SYS``
+    topic's retained message received) or ``"none"``.
+
+    mosquitto 2.0 grants every subscription and applies the ACL on delivery; it sends a QoS 1
+    publish on to subscribers before its PUBACK and retained messages right after the SUBACK, so
+    a PUBACK of a later publish proves that nothing more is coming (no waiting on absences).
+    """
+    client = Client(port, user, password, ca=tls.get("ca"))
+    try:
+        assert client.connack is not None
+        if client.connack.is_failure:
+            return ("refused",)
+        outcome = []
+        for topic in topics:
+            client.messages.clear()
+            assert client.subscribe(topic)
+            wrote = False if topic.startswith("$") else client.publish(topic, b"probe")
+            client.publish("probe-barrier/x", b"")  # its PUBACK follows every delivery above
+            got = any(name == topic for name, _ in client.messages)
+            outcome.append({(True, True): "write+read", (True, False): "write"}.get(
+                (wrote, got), "read" if got else "none"))  # fmt: skip
+        return tuple(outcome)
+    finally:
+        client.close()

@@ -114,7 +114,7 @@ def test_installed_files_modes_and_owners(installed_root: InstalledRoot) -> None
     assert mode_owner(mosq / "tesla-gateway.passwd") == ("0o640", 0, mosquitto_gid)
     assert mode_owner(mosq / "tesla-gateway.acl") == ("0o640", 0, mosquitto_gid)
     assert mode_owner(mosq / "certs/tesla-server.key") == ("0o640", 0, mosquitto_gid)
-    conf = (mosq / "conf.d/tesla-gateway.conf").read_text()
+    conf = (mosq / "conf.d/00-tesla-gateway.conf").read_text()
     assert "allow_anonymous false" in conf and "listener 8883" in conf
     users = [
         line.split(":")[0] for line in (mosq / "tesla-gateway.passwd").read_text().splitlines()
@@ -198,7 +198,7 @@ def test_uninstall_then_purge(tmp_path: Path, installed_root: InstalledRoot) -> 
     subprocess.run([str(UNINSTALL), "--root", str(root)], capture_output=True, check=True)
     assert not (root / "opt/tesla-gateway").exists()
     assert not (root / "etc/systemd/system/tesla-gateway.service").exists()
-    assert not (root / "etc/mosquitto/conf.d/tesla-gateway.conf").exists()
+    assert not (root / "etc/mosquitto/conf.d/00-tesla-gateway.conf").exists()
     assert (root / "etc/tesla-gateway/gateway.toml").exists()  # kept without --purge
     again = subprocess.run(
         [str(UNINSTALL), "--root", str(root)], capture_output=True, text=True, check=True

@@ -42,7 +42,7 @@ class Broker:
 @pytest.fixture
 def broker(tmp_path: Path, installed_root: InstalledRoot) -> Iterator[Broker]:
     root = installed_root.root
-    conf = (root / "etc/mosquitto/conf.d/tesla-gateway.conf").read_text()
+    conf = (root / "etc/mosquitto/conf.d/00-tesla-gateway.conf").read_text()
     tls_port, plain_port = free_ports(2)
     conf = conf.replace("/etc/mosquitto/", f"{root}/etc/mosquitto/")
     conf = conf.replace("listener 1883 127.0.0.1", f"listener {plain_port} 127.0.0.1")
