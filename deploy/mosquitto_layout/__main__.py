@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 
 from mosquitto_layout.access import Files, table
-from mosquitto_layout.conf import restored
-from mosquitto_layout.model import LayoutError
+from mosquitto_layout.conf import ConfError, restored
 from mosquitto_layout.plan import GatewayFiles, legacy_edits, make_plan, restore_edits
 
 IF_INET6 = Path("/proc/net/if_inet6")
@@ -71,15 +70,15 @@ def main(argv: list[str]) -> int:
     args = _arguments(argv)
     root: Path = args.root
     out: Path = args.out
-    legacy = legacy_edits(root, users=args.user, legacy=_legacy(args.legacy))
     try:
+        legacy = legacy_edits(root, users=args.user, legacy=_legacy(args.legacy))
         if args.command == "restore":
             _write_edits(out, {**legacy, **restore_edits(root)})
             return 0
         files = GatewayFiles(args.passwd, args.acl, args.ca, args.cert, args.key)
         ipv6 = _has_ipv6_loopback() if args.ipv6 == "auto" else args.ipv6 == "yes"
         plan = make_plan(root, files, ipv6=ipv6, owned=args.owned)
-    except LayoutError as error:
+    except ConfError as error:
         print(f"mosquitto_layout: {error}", file=sys.stderr)
         return 1
     legacy = {path: text for path, text in legacy.items() if path not in plan.texts}

@@ -18,6 +18,7 @@ __all__ = [
     "BLOCK_BEGIN",
     "BLOCK_END",
     "MOVED",
+    "ConfError",
     "Directive",
     "Tree",
     "include_order",
@@ -28,6 +29,10 @@ __all__ = [
 BLOCK_BEGIN = "# BEGIN tesla-gateway"  # lines the installer added, up to BLOCK_END
 BLOCK_END = "# END tesla-gateway"
 MOVED = "#tesla-gateway# "  # a line of the operator's the installer commented out
+
+
+class ConfError(Exception):
+    """A file mosquitto reads cannot be read here."""
 
 
 @dataclass(frozen=True)
@@ -108,8 +113,10 @@ class Tree:
             return self.texts[path]
         try:
             return restored(self.disk(path).read_text(encoding="utf-8"))
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as error:  # mosquitto would not start on it either
+            raise ConfError(f"cannot read {path} ({error.strerror}): run as root?") from error
 
     def listing(self, directory: str) -> list[str]:
         """The files mosquitto reads from an include_dir, in its order."""

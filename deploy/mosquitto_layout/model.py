@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mosquitto_layout.conf import Directive
+from mosquitto_layout.conf import ConfError, Directive
 
 __all__ = [
     "SECURITY_KEYS",
@@ -47,8 +47,8 @@ DEFAULT_LISTENER_SECURITY = frozenset({"password_file", "psk_file", *PLUGIN_KEYS
 LOCAL_ONLY_PORT = 1883
 
 
-class LayoutError(Exception):
-    """The configuration cannot be read, or mosquitto would refuse it; the message says why."""
+class LayoutError(ConfError):
+    """mosquitto would refuse the configuration, or the installer cannot keep it as it is."""
 
 
 def is_security(directive: Directive) -> bool:
