@@ -61,7 +61,7 @@ MQTT_GATEWAY_USER="tesla-gateway"
 MQTT_READER_USER="tesla-reader"
 MQTT_RELEASE_USER="tesla-release"
 
-usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
