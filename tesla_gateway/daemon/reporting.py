@@ -26,6 +26,7 @@ from tesla_gateway.daemon.ticker import Ticker
 from tesla_gateway.ingest.admission import SensorAdmission
 from tesla_gateway.ingest.ingest_log import IngestLog
 from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.metrics.latency import HandoffLatency
 from tesla_gateway.models.watch import ModelSet
 from tesla_gateway.monitor.monitor import Monitor
 from tesla_gateway.mqtt.session_loss import session_problems
@@ -74,6 +75,7 @@ class Reporter:
         monitor: Monitor,
         sources: SourceSet,
         notifier: SdNotifier,
+        latency: HandoffLatency,
         started_at: float,
         clock: Callable[[], float],
     ) -> None:
@@ -89,6 +91,7 @@ class Reporter:
         self._monitor = monitor
         self._sources = sources
         self._notifier = notifier
+        self._latency = latency
         self._started_at = started_at
         self._clock = clock
         self.phase = "starting"
@@ -118,6 +121,7 @@ class Reporter:
             "admission": self._admission.snapshot(),
             "windows": ticker["windows"],
             "ticker": ticker["ticker"],
+            "handoff_latency": self._latency.as_dict(),
             "models": self._models.stats(),
             "degraded": self._models.missing(),  # features with no model: nothing calibrated
             "state": {

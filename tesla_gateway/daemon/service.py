@@ -18,6 +18,7 @@ import contextlib
 import gc
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -39,6 +40,8 @@ from tesla_gateway.ingest.admission import SensorAdmission
 from tesla_gateway.ingest.clock_sanity import ClockSanity
 from tesla_gateway.ingest.ingest_log import IngestLog, JournaledQueue
 from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.metrics.latency import HandoffLatency
+from tesla_gateway.metrics.sensor_values import LatestValues
 from tesla_gateway.models.served import SERVED_FILENAME, ServedVersions
 from tesla_gateway.models.watch import ModelSet, ReloadOutcome
 from tesla_gateway.monitor.monitor import ModelInfo, Monitor, SensorDocument
@@ -48,6 +51,9 @@ from tesla_gateway.publish.errors import OutboxError, PublisherError
 from tesla_gateway.publish.publisher import OUTBOX_FILENAME, Publisher
 from tesla_gateway.set_aside import SetAsideLog
 from tesla_gateway.windows.snapshots import StateStore
+
+if TYPE_CHECKING:
+    from tesla_gateway.metrics.collector import StatsCollector
 
 __all__ = ["AlreadyRunningError", "GatewayService"]
 
@@ -109,6 +115,11 @@ class GatewayService:
         self._tick_wanted: asyncio.Event | None = None
         self.sources = SourceSet(config, clock=clock)
         self._evicted_early: list[str] = []  # evicted before the publisher exists (at start)
+        self.handoff_latency = HandoffLatency()  # period end -> calibrated reading in the outbox
+        # The newest value per (sensor, feature), kept only for [metrics] sensor_gauges.
+        self.latest_values = (
+            LatestValues() if config.metrics is not None and config.metrics.sensor_gauges else None
+        )
         self.admission = SensorAdmission(
             config.sensors, self.ticker, self.rejects, clock=clock, on_evicted=self._evicted
         )
@@ -147,6 +158,7 @@ class GatewayService:
             monitor=self.monitor,
             sources=self.sources,
             notifier=self.notifier,
+            latency=self.handoff_latency,
             started_at=started_at,
             clock=clock,
         )
@@ -198,8 +210,10 @@ class GatewayService:
 
     def _evicted(self, sensor_ids: list[str]) -> None:
         """Evicted sensors: the publisher withdraws them (discovery, availability), the
-        monitor forgets their health."""
+        monitor forgets their health, the metrics their values."""
         self.monitor.forget_sensors(sensor_ids)
+        if self.latest_values is not None:
+            self.latest_values.forget(sensor_ids)
         if self.publisher is None:
             self._evicted_early.extend(sensor_ids)
         else:
@@ -303,17 +317,28 @@ class GatewayService:
 
     async def _serve_metrics(self, publisher: Publisher) -> None:
         """The Prometheus endpoint (imported here: prometheus_client is an optional extra)."""
-        from tesla_gateway.metrics.collector import StatsCollector
         from tesla_gateway.metrics.server import MetricsServer
 
-        assert self.config.metrics is not None
-        collector = StatsCollector(
+        metrics = self.config.metrics
+        assert metrics is not None
+        collector = self.metrics_collector(publisher)
+        await MetricsServer(metrics, collector, listeners=self.sources.listener_stats).serve()
+
+    def metrics_collector(self, publisher: Publisher) -> StatsCollector:
+        """What ``/metrics`` reads at each scrape: the stats snapshot with the publisher's, and
+        the per-sensor records ``[metrics]`` asks for (needs the ``metrics`` extra)."""
+        from tesla_gateway.metrics.collector import StatsCollector
+
+        metrics = self.config.metrics
+        return StatsCollector(
             lambda: {**self.reporter.stats(), "publisher": publisher.stats()},
-            sensor_idle=self.admission.idle_seconds if self.config.metrics.per_sensor else None,
+            last_readings=(
+                self.admission.last_reading_times
+                if metrics is not None and metrics.sensor_staleness
+                else None
+            ),
+            sensor_values=None if self.latest_values is None else self.latest_values.values,
         )
-        await MetricsServer(
-            self.config.metrics, collector, listeners=self.sources.listener_stats
-        ).serve()
 
     def _model_info(self, feature: str) -> ModelInfo | None:
         calibrator = self.models.primary(feature)
@@ -410,6 +435,10 @@ class GatewayService:
             except (OutboxError, PublisherError) as exc:
                 self.reporter.publish_failures += len(readings)
                 _log.error("publish_submit_failed", readings=len(readings), error=str(exc))
+            else:  # in the outbox: the end-to-end latency ends here (metrics/latency.py)
+                self.handoff_latency.observe(readings, self._clock())
+                if self.latest_values is not None:
+                    self.latest_values.record(readings)
         self._handing_off -= 1  # ... and from here in the outbox (or counted as failed)
         self._submit_documents(publisher, documents)
 

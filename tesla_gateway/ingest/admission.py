@@ -204,9 +204,20 @@ class SensorAdmission:
         return idle
 
     def idle_seconds(self) -> dict[str, float]:
-        """Per admitted sensor, seconds since its last reading (per-sensor metrics)."""
+        """Per admitted sensor, seconds since its last reading (the publisher's availability)."""
         now = self._monotonic()
         return {sensor_id: now - seen for sensor_id, seen in self._last_seen.items()}
+
+    def last_reading_times(self) -> dict[str, float]:
+        """Per admitted sensor, the Unix time of its last reading (for staleness alerts).
+
+        The time since the reading is measured on the monotonic clock and taken from the wall
+        clock of the call, so ``now - time`` is that reading's true age even when the wall clock
+        stepped in between (a time stamped at the reading would carry the step). A restored
+        window's is the end of its newest period.
+        """
+        wall, now = self._clock(), self._monotonic()
+        return {sensor_id: wall - (now - seen) for sensor_id, seen in self._last_seen.items()}
 
     def snapshot(self) -> dict[str, object]:
         """JSON-ready state for the stats topic."""

@@ -3,16 +3,25 @@
 Every series comes from the same snapshot the stats topic publishes (the service's
 ``_stats()`` plus the publisher's counters), read when Prometheus scrapes, on the event loop.
 Labels are bounded: reject reasons, features, window outcomes, health flags, MQTT sources and
-co-located sensors (a handful each). Per-sensor series, one per sensor id, only with
-``per_sensor = true`` (10,000 sensors would be 10,000 series per scrape).
+co-located sensors (a handful each). Series per sensor id come from the daemon's own records,
+not the snapshot (10,000 sensors would make it 10,000 entries long), and only when asked:
+``last_readings`` (one series per sensor, ``sensor_staleness``) and ``sensor_values`` (up to two
+per sensor and feature, ``sensor_gauges``); admission bounds both by ``max_sensors``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+
+from tesla_gateway.metrics.sensor_values import SensorValue
 
 __all__ = ["PREFIX", "StatsCollector"]
 
@@ -44,29 +53,27 @@ class StatsCollector(Collector):
         self,
         snapshot: Callable[[], Snapshot],
         *,
-        sensor_idle: Callable[[], Mapping[str, float]] | None = None,
+        last_readings: Callable[[], Mapping[str, float]] | None = None,
+        sensor_values: Callable[[], Mapping[tuple[str, str], SensorValue]] | None = None,
     ) -> None:
         self._snapshot = snapshot
-        self._sensor_idle = sensor_idle
+        self._last_readings = last_readings
+        self._sensor_values = sensor_values
 
     def collect(self) -> Iterator[Metric]:
         stats = self._snapshot()
         yield from self._gateway(stats)
         yield from self._ingest(stats)
         yield from self._models(stats)
+        yield from self._latency(stats)
         yield from self._publisher(stats)
         yield from self._sources(stats)
         yield from self._sessions(stats)
         yield from self._monitor(stats)
-        if self._sensor_idle is not None:
-            idle = GaugeMetricFamily(
-                f"{PREFIX}_sensor_idle_seconds",
-                "Seconds since the sensor's last admitted reading.",
-                labels=["sensor"],
-            )
-            for sensor, seconds in sorted(self._sensor_idle().items()):
-                idle.add_metric([sensor], seconds)
-            yield idle
+        if self._last_readings is not None:
+            yield _last_readings(self._last_readings())
+        if self._sensor_values is not None:
+            yield from _sensor_values(self._sensor_values())
 
     # -- families --------------------------------------------------------------------------
 
@@ -201,6 +208,32 @@ class StatsCollector(Collector):
         yield reloads
 
     @staticmethod
+    def _latency(stats: Snapshot) -> Iterator[Metric]:
+        """The hand-off latency histogram (tesla_gateway/metrics/latency.py) from its counts."""
+        latency = _map(stats, "handoff_latency")
+        bounds, cumulative = latency.get("buckets_s"), latency.get("cumulative")
+        count, total = _num(latency, "count"), _num(latency, "sum_s")
+        family = HistogramMetricFamily(
+            f"{PREFIX}_handoff_latency_seconds",
+            "Seconds from the end of a reading's period to its calibrated reading queued in the "
+            "outbox (handed to the publisher), per calibrated reading.",
+            labels=[],
+        )
+        if (
+            isinstance(bounds, list)
+            and isinstance(cumulative, list)
+            and len(bounds) == len(cumulative)
+            and count is not None
+        ):
+            buckets = [
+                (repr(float(bound)), float(n))  # le as Python writes it: 0.05, 60.0
+                for bound, n in zip(bounds, cumulative, strict=True)
+                if isinstance(bound, int | float) and isinstance(n, int)
+            ]
+            family.add_metric([], [*buckets, ("+Inf", count)], total)
+        yield family
+
+    @staticmethod
     def _publisher(stats: Snapshot) -> Iterator[Metric]:
         publisher = _map(stats, "publisher")
         yield _gauge(
@@ -332,6 +365,38 @@ class StatsCollector(Collector):
                 harm.add_metric([sensor, feature], value)
         yield drift
         yield harm
+
+
+def _last_readings(times: Mapping[str, float]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        f"{PREFIX}_sensor_last_reading_timestamp_seconds",
+        "Unix time of the sensor's last admitted reading (alert on time() minus this).",
+        labels=["sensor"],
+    )
+    for sensor, timestamp in sorted(times.items()):
+        family.add_metric([sensor], timestamp)
+    return family
+
+
+def _sensor_values(values: Mapping[tuple[str, str], SensorValue]) -> Iterator[Metric]:
+    """Newest raw and calibrated value per (sensor, feature); no calibrated series while the
+    newest period has none (warming up, a gap, no model, implausible)."""
+    raw = GaugeMetricFamily(
+        f"{PREFIX}_sensor_raw_micrograms_per_cubic_meter",
+        "The sensor's newest published period: its mean raw reading.",
+        labels=["sensor", "feature"],
+    )
+    calibrated = GaugeMetricFamily(
+        f"{PREFIX}_sensor_calibrated_micrograms_per_cubic_meter",
+        "The sensor's newest published period: its calibrated value, by the model named.",
+        labels=["sensor", "feature", "model"],
+    )
+    for (sensor, feature), value in sorted(values.items()):
+        raw.add_metric([sensor, feature], value.raw)
+        if value.calibrated is not None:
+            calibrated.add_metric([sensor, feature, value.model or ""], value.calibrated)
+    yield raw
+    yield calibrated
 
 
 def _gauge(name: str, help_text: str, value: float | None) -> GaugeMetricFamily:

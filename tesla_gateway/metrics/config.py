@@ -6,7 +6,7 @@ import importlib
 import ipaddress
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["MetricsConfig", "split_listen"]
 
@@ -57,11 +57,23 @@ class MetricsConfig(BaseModel):
             "the scrapers out."
         ),
     )
-    per_sensor: bool = Field(
+    sensor_staleness: bool = Field(
+        default=True,
+        # per_sensor: its earlier name (it exported the seconds since each sensor's reading).
+        validation_alias=AliasChoices("sensor_staleness", "per_sensor"),
+        description=(
+            "Export tesla_gateway_sensor_last_reading_timestamp_seconds{sensor}, the Unix time "
+            "of each sensor's last reading, for staleness alerts: one series per sensor with "
+            "windows (at most sensors.max_sensors)."
+        ),
+    )
+    sensor_gauges: bool = Field(
         default=False,
         description=(
-            "Also export one series per sensor (seconds since its last reading): with thousands "
-            "of sensors that is thousands of series per scrape, so off by default."
+            "Also export each (sensor, feature)'s newest raw and calibrated value "
+            "(tesla_gateway_sensor_raw_micrograms_per_cubic_meter{sensor,feature}, "
+            "tesla_gateway_sensor_calibrated_micrograms_per_cubic_meter{sensor,feature,model}): "
+            "up to two series per sensor and feature, so off by default."
         ),
     )
 

@@ -280,3 +280,25 @@ def test_a_refusal_for_a_full_gateway_names_the_sensor_and_the_limits() -> None:
     (logged,) = [entry for entry in logs if entry["event"] == "reading_rejected"]
     assert logged["sensor"] == "b"
     assert logged["detail"].startswith("new sensor b: sensors.max_sensors=1 reached")
+
+
+def test_last_reading_times_give_the_true_age_across_a_clock_step() -> None:
+    """For staleness alerts (time() minus it): the Unix time of each sensor's last reading,
+    whose distance from the wall clock is the time since the reading, also after a step."""
+    store = store_with(["r"], range(3))  # its newest period ends at T0 + 3 P
+    wall, mono = Clock(T0 + 3 * P + 100), Clock(1_000.0)
+    admission, _ = make(store, wall, mono, evict_idle_s=600)
+    with capture_logs():
+        admission.adopt_windows()
+        mono.now += 20
+        wall.now += 20
+        assert admission.admit(reading("n", 3))
+        mono.now += 5
+        wall.now += 5
+        assert admission.last_reading_times() == {"r": T0 + 3 * P, "n": T0 + 3 * P + 120}
+        wall.now += 3600  # the wall clock steps an hour on (corrected); no reading since
+        assert admission.last_reading_times() == {"r": T0 + 3 * P + 3600, "n": T0 + 3 * P + 3720}
+        mono.now += 600
+        wall.now += 600
+        admission.evict_idle()
+        assert admission.last_reading_times() == {}  # evicted: no series left behind

@@ -34,10 +34,31 @@ def test_listen_addresses(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, MINIMAL + "[metrics]\n"), environ={})
     assert config.metrics is not None
     assert (config.metrics.host, config.metrics.port) == ("127.0.0.1", 9108)
-    assert not config.metrics.per_sensor
+    assert config.metrics.sensor_staleness  # one series per sensor: on
+    assert not config.metrics.sensor_gauges  # up to two per sensor and feature: asked for
     v6 = load_config(write(tmp_path, MINIMAL + '[metrics]\nlisten = "[::1]:9200"\n'), environ={})
     assert v6.metrics is not None
     assert (v6.metrics.host, v6.metrics.port) == ("::1", 9200)
+
+
+@pytest.mark.parametrize(
+    ("section", "staleness", "gauges"),
+    [
+        ("sensor_gauges = true", True, True),
+        ("sensor_staleness = false", False, False),
+        ("per_sensor = false", False, False),  # the earlier name keeps its meaning
+        ("per_sensor = true", True, False),
+    ],
+)
+def test_series_per_sensor(tmp_path: Path, section: str, staleness: bool, gauges: bool) -> None:
+    metrics = load_config(write(tmp_path, MINIMAL + f"[metrics]\n{section}\n"), environ={}).metrics
+    assert metrics is not None
+    assert (metrics.sensor_staleness, metrics.sensor_gauges) == (staleness, gauges)
+
+
+def test_an_unknown_metrics_key_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="sensor_gauge"):
+        load_config(write(tmp_path, MINIMAL + "[metrics]\nsensor_gauge = true\n"), environ={})
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,13 @@
-"""The Prometheus endpoint through the real daemon (issue 15).
+"""The Prometheus endpoint through the real daemon (issues 15 and 27).
 
 The daemon runs with ``[metrics]``; the test scrapes ``/metrics`` over loopback, parses the text
 with prometheus_client's own parser, sees the counters move as readings (and a bad payload)
-arrive, checks that every metric the Grafana dashboard in deploy/ queries is in the scrape, that
-the same endpoint answers OpenMetrics and gzip when asked, that ``/`` links to it, and that a
-clean stop closes the port.
+arrive, that the same endpoint answers OpenMetrics and gzip when asked, that ``/`` links to it,
+and that a clean stop closes the port. With the series per sensor turned off there are none;
+turned on, each sensor sent has its last-reading time (which moves with its next reading) and
+its newest raw and calibrated value (those the subscriber received), an evicted sensor loses
+them, the hand-off latency histogram counts every calibrated reading, and every metric the
+Grafana dashboard in deploy/ queries is in the scrape.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import gzip
 import json
 import re
 import socket
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -24,10 +28,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from devkit.broker import Mosquitto, free_port
 from tests.gateway.e2e.harness import (
     MODEL,
+    Calibrated,
     Daemon,
     MqttNodes,
     P,
     grid_base,
+    iso,
     wait_for,
     write_config,
 )
@@ -69,7 +75,7 @@ def scrape(port: int) -> tuple[Samples, set[str]]:
 
 def dashboard_metrics() -> set[str]:
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
-    queries = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    queries = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
     queries += [v["definition"] for v in dashboard["templating"]["list"] if "definition" in v]
     return {name for query in queries for name in _METRIC_NAME.findall(query)}
 
@@ -81,7 +87,8 @@ def test_metrics_endpoint_counts_readings_and_serves_the_dashboards_metrics(
     config = write_config(tmp_path, mosquitto, model.path)
     port = free_port()
     config.write_text(
-        config.read_text(encoding="utf-8") + f'[metrics]\nlisten = "127.0.0.1:{port}"\n',
+        config.read_text(encoding="utf-8")
+        + f'[metrics]\nlisten = "127.0.0.1:{port}"\nsensor_staleness = false\n',
         encoding="utf-8",
     )
     mqtt = MqttNodes(mosquitto)
@@ -114,17 +121,110 @@ def test_metrics_endpoint_counts_readings_and_serves_the_dashboards_metrics(
         assert after[("tesla_gateway_ticks_total", ())] > before[("tesla_gateway_ticks_total", ())]
         assert after[("tesla_gateway_sensors", ())] == 1
         assert after[("tesla_gateway_windows", (("feature", "pm10"), ("slot", "pm10")))] == 1
-        assert not any(dict(labels).get("sensor") for _, labels in after)  # per_sensor is off
-
-        _, names = scrape(port)
-        missing = dashboard_metrics() - names
-        assert not missing, f"the dashboard queries metrics the gateway does not export: {missing}"
+        # sensor_staleness = false, sensor_gauges off: no series names a sensor.
+        assert not any(dict(labels).get("sensor") for _, labels in after)
         assert_negotiates(port)
         assert daemons[-1].stop() == 0
     finally:
         mqtt.close()
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), 2):
         pass  # the endpoint closed with the daemon
+
+
+LAST_READING = "tesla_gateway_sensor_last_reading_timestamp_seconds"
+RAW = "tesla_gateway_sensor_raw_micrograms_per_cubic_meter"
+CALIBRATED = "tesla_gateway_sensor_calibrated_micrograms_per_cubic_meter"
+LATENCY = "tesla_gateway_handoff_latency_seconds"
+
+
+def per_sensor(samples: Samples, name: str) -> dict[str, float]:
+    """One family's values by sensor (pm10 only: the one feature these tests send)."""
+    return {
+        dict(labels)["sensor"]: value
+        for (sample, labels), value in samples.items()
+        if sample == name and dict(labels).get("feature", "pm10") == "pm10"
+    }
+
+
+def test_sensor_series_and_the_latency_histogram_through_the_daemon(
+    tmp_path: Path, mosquitto: Mosquitto, model_factory: ModelFactory, daemons: list[Daemon]
+) -> None:
+    model = model_factory.copy(tmp_path / "model", **MODEL)
+    config = write_config(tmp_path, mosquitto, model.path)
+    port = free_port()
+    text = config.read_text(encoding="utf-8").replace(
+        "allow_unknown = true", "allow_unknown = true\nmax_sensors = 2\nevict_idle_s = 1"
+    )
+    config.write_text(
+        text + f'[metrics]\nlisten = "127.0.0.1:{port}"\nsensor_gauges = true\n',
+        encoding="utf-8",
+    )
+    calibrated = Calibrated(mosquitto)
+    mqtt = MqttNodes(mosquitto)
+    try:
+        daemons.append(Daemon(config, tmp_path / "state"))
+        before, _ = scrape(port)
+        assert not any(dict(labels).get("sensor") for _, labels in before)  # none sent yet
+        assert before[(f"{LATENCY}_count", ())] == 0
+
+        periods = MODEL["window_length"] + 3  # the newest ones calibrated, not warming up
+        base = grid_base(periods + 2)
+        for period in range(periods):
+            mqtt.send("m-1", base + period * P + 1, 20.0 + period)
+        mqtt.send("m-2", base + 1, 7.5)
+        newest = iso(base + (periods - 1) * P)
+        wait_for(lambda: newest in calibrated.by_period("m-1"), "m-1's newest period")
+        wait_for(lambda: calibrated.has("m-2", 1), "m-2's period")
+        published = calibrated.by_period("m-1")[newest]
+        assert published["calibrated"] is not None
+
+        def values() -> Samples | None:
+            samples, _ = scrape(port)
+            done = per_sensor(samples, RAW).get("m-1") == published["raw"]
+            return samples if done and "m-2" in per_sensor(samples, RAW) else None
+
+        samples = wait_for(values, "the sensors' gauges")
+        assert per_sensor(samples, RAW) == {"m-1": published["raw"], "m-2": 7.5}
+        assert per_sensor(samples, CALIBRATED) == {"m-1": published["calibrated"]}  # m-2 warms up
+        (model_label,) = [dict(k[1])["model"] for k in samples if k[0] == CALIBRATED]
+        assert model_label == published["model"]
+        sent = per_sensor(samples, LAST_READING)
+        assert set(sent) == {"m-1", "m-2"}
+        assert all(abs(t - time.time()) < 15 for t in sent.values())  # arrival, not ts (30 s old)
+        handed_off = samples[("tesla_gateway_calibrated_readings_total", ())]
+        assert samples[(f"{LATENCY}_count", ())] == handed_off
+        received = len(calibrated.by_period("m-1")) + len(calibrated.by_period("m-2"))
+        assert handed_off == received == periods + 1
+        assert samples[(f"{LATENCY}_bucket", (("le", "+Inf"),))] == handed_off
+        assert samples[(f"{LATENCY}_sum", ())] > 0  # periods of the recent past: seconds old
+
+        time.sleep(0.1)
+        mqtt.send("m-1", base + periods * P + 1, 40.0)  # the last reading's time moves
+        moved = wait_for(
+            lambda: (t := per_sensor(scrape(port)[0], LAST_READING))["m-1"] > sent["m-1"] and t,
+            "m-1's last reading to move",
+        )
+        assert moved["m-2"] == pytest.approx(sent["m-2"], abs=0.05)
+
+        _, names = scrape(port)
+        missing = dashboard_metrics() - names
+        assert not missing, f"the dashboard queries metrics the gateway does not export: {missing}"
+
+        time.sleep(1.2)  # both idle beyond evict_idle_s: a third sensor makes room (max 2)
+        mqtt.send("m-3", base + periods * P + 1, 12.0)
+
+        def evicted() -> Samples | None:
+            samples, _ = scrape(port)
+            return samples if set(per_sensor(samples, RAW)) == {"m-3"} else None
+
+        samples = wait_for(evicted, "the evicted sensors' series to go")
+        assert set(per_sensor(samples, LAST_READING)) == {"m-3"}
+        assert per_sensor(samples, CALIBRATED) == {}
+        assert samples[("tesla_gateway_sensors_evicted_total", ())] == 2
+        assert daemons[-1].stop() == 0
+    finally:
+        mqtt.close()
+        calibrated.close()
 
 
 def assert_negotiates(port: int) -> None:
