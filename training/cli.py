@@ -78,6 +78,13 @@ def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default=0.0,
         help="u(x) of the reference in the GDE formula, ug/m3 (default 0: conservative)",
     )
+    parser.add_argument(
+        "--history-periods",
+        type=int,
+        metavar="K",
+        help="score as if every sensor had only its last K periods (1..N; the older part of "
+        "each window edge-padded, as the gateway pads a new sensor's window)",
+    )
 
 
 def _add_defaults(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -293,7 +300,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     else:
         data = load_dataset(args.dataset, args.data)
     evaluation = evaluate_model_dir(
-        args.model, data, reference_uncertainty=args.reference_uncertainty
+        args.model,
+        data,
+        reference_uncertainty=args.reference_uncertainty,
+        history_periods=args.history_periods,
     )
     if args.predictions is not None:
         evaluation.predictions.to_csv(args.predictions, index=False, float_format="%.4f")

@@ -14,13 +14,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tesla_gateway.contract.manifest import ErrorMetrics, Manifest, TestMetrics
+from tesla_gateway.contract.manifest import (
+    ErrorMetrics,
+    Manifest,
+    PredictionIntervals,
+    TestMetrics,
+)
 from tesla_gateway.models.calibrator import Calibrator
 from training.conformal import IntervalScores, score_intervals
 from training.data import CoLocationData, WindowSet, clean, to_grid
 from training.equivalence import Equivalence, equivalence
 from training.errors import DataError
 from training.harm import describe
+from training.history import truncate
 from training.metrics import error_metrics
 
 __all__ = [
@@ -66,9 +72,11 @@ class Evaluation:
     intervals: IntervalScores | None = None
     equivalence: Equivalence | None = None
     test_sensor: HeldOutReport | None = None
+    history_periods: int | None = None  # K of --history-periods; None: whole windows
 
     def as_json(self) -> dict[str, object]:
         return {
+            "history_periods": self.history_periods,
             "test_sensor": None if self.test_sensor is None else self.test_sensor.as_dict(),
             "n": self.n,
             "raw": self.raw.model_dump(),
@@ -92,12 +100,27 @@ def model_channels(manifest: Manifest) -> tuple[str, ...]:
 
 
 def evaluate_model_dir(
-    model_dir: Path, data: CoLocationData, *, reference_uncertainty: float = 0.0
+    model_dir: Path,
+    data: CoLocationData,
+    *,
+    reference_uncertainty: float = 0.0,
+    history_periods: int | None = None,
 ) -> Evaluation:
     """Calibrate every window the model can calibrate and score those with a reference:
-    error, the intervals' coverage and width, and the GDE figures on daily means."""
+    error, the intervals' coverage and width, and the GDE figures on daily means.
+
+    With ``history_periods`` K every window keeps only its newest K periods, the older ones
+    edge-padded as the gateway pads a young sensor's window (the same windows are scored for
+    every K, so the scores of several K make a curve), and the intervals are those the gateway
+    publishes for that history.
+    """
     calibrator = Calibrator.load(model_dir)
     manifest = calibrator.manifest
+    if history_periods is not None and not 1 <= history_periods <= manifest.window_length:
+        raise DataError(
+            f"--history-periods must lie in 1..{manifest.window_length} (the model's N), "
+            f"got {history_periods}"
+        )
     if data.period_seconds != manifest.period_seconds:
         raise DataError(
             f"the data is on a {data.period_seconds} s grid but the model expects "
@@ -117,9 +140,12 @@ def evaluate_model_dir(
             f"no window of {manifest.window_length} periods is complete in this data "
             f"(gaps over {manifest.gap_policy.max_interpolated_periods} periods break windows)"
         )
+    history = manifest.window_length if history_periods is None else history_periods
     calibrated = np.concatenate(
         [
-            calibrator.calibrate(windows.gather(np.arange(i, min(i + CHUNK, len(windows))))[0])
+            calibrator.calibrate(
+                truncate(windows.gather(np.arange(i, min(i + CHUNK, len(windows))))[0], history)
+            )
             for i in range(0, len(windows), CHUNK)
         ]
     ).astype(np.float64)
@@ -141,12 +167,17 @@ def evaluate_model_dir(
         }
         for sensor, group in scored.groupby("sensor_id", sort=True)
     }
-    interval_scores, agreement = _trust_scores(manifest, predictions, reference_uncertainty)
+    intervals = manifest.intervals_for(history)
+    interval_scores, agreement = _trust_scores(
+        manifest, intervals, predictions, reference_uncertainty
+    )
     test_id = manifest.data.test_sensor
     held_out = predictions[predictions["sensor_id"] == test_id]
     test_sensor = None
     if held_out["reference"].notna().any():
-        test_intervals, test_agreement = _trust_scores(manifest, held_out, reference_uncertainty)
+        test_intervals, test_agreement = _trust_scores(
+            manifest, intervals, held_out, reference_uncertainty
+        )
         test_sensor = HeldOutReport(
             sensor=test_id,
             raw=per_sensor[test_id]["raw"],
@@ -164,19 +195,23 @@ def evaluate_model_dir(
         intervals=interval_scores,
         equivalence=agreement,
         test_sensor=test_sensor,
+        history_periods=history_periods,
     )
 
 
 def _trust_scores(
-    manifest: Manifest, predictions: pd.DataFrame, reference_uncertainty: float
+    manifest: Manifest,
+    intervals: PredictionIntervals | None,
+    predictions: pd.DataFrame,
+    reference_uncertainty: float,
 ) -> tuple[IntervalScores | None, Equivalence | None]:
     """Interval coverage/width and the GDE figures of some calibrated steps."""
     scored = predictions[np.isfinite(predictions["reference"])]
-    intervals = (
+    scores = (
         None
-        if manifest.intervals is None
+        if intervals is None
         else score_intervals(
-            manifest.intervals, scored["calibrated"].to_numpy(), scored["reference"].to_numpy()
+            intervals, scored["calibrated"].to_numpy(), scored["reference"].to_numpy()
         )
     )
     agreement = equivalence(
@@ -185,13 +220,19 @@ def _trust_scores(
         period_seconds=manifest.period_seconds,
         reference_uncertainty=reference_uncertainty,
     )
-    return intervals, agreement
+    return scores, agreement
 
 
 def evaluation_text(manifest: Manifest, evaluation: Evaluation) -> str:
     """The human-readable report of ``evaluate`` (``--json`` prints :meth:`Evaluation.as_json`)."""
     unit = manifest.unit
     lines = [f"model {manifest.name} v{manifest.version}: {evaluation.n} calibrated periods"]
+    if evaluation.history_periods is not None:
+        lines[0] += (
+            f", every window with only its newest {evaluation.history_periods} of "
+            f"{manifest.window_length} periods (the model calibrates from "
+            f"{manifest.calibrates_from})"
+        )
     for label, scores in (("raw", evaluation.raw), ("model", evaluation.model)):
         lines.append(f"  {label:<6} RMSE {scores.rmse:8.3f}  MAE {scores.mae:8.3f}  {unit}")
     if evaluation.validation is not None:

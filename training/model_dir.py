@@ -31,8 +31,16 @@ from training.data import WindowSet
 from training.errors import DataError
 from training.export import ExportTargets, ExportVerification, export_flatbuffers
 from training.harm import check_not_harmful, compare_on
+from training.history import history_curve, history_intervals, history_points, predict_truncated
 from training.metrics import LinearCalibration
-from training.train import load_run, predict_windows, prepare_data, target_range
+from training.train import (
+    PreparedData,
+    TrainConfig,
+    load_run,
+    predict_windows,
+    prepare_data,
+    target_range,
+)
 
 __all__ = [
     "CHANNEL_UNITS",
@@ -132,15 +140,21 @@ def export_run(
         prepared.validation, validation_predicted, LinearCalibration(**metrics["linear"])
     )
     check_not_harmful(baselines, prepared.summary.validation_sensor, force=force)
+    sensor = prepared.summary.validation_sensor
     try:
         intervals = fit_intervals(
             validation_predicted,
             prepared.validation.targets(),
-            sensor=prepared.summary.validation_sensor,
+            sensor=sensor,
             level=interval_level,
         )
     except DataError:
         intervals = None  # too few validation windows: the manifest says nothing rather than guess
+    short = (
+        {}
+        if config.partial_history_fraction == 0
+        else _history_fields(model, prepared, metrics, config, sensor=sensor, level=interval_level)
+    )
     check, check_reference = check_windows(prepared.test)
     exported = export_flatbuffers(
         model,
@@ -184,7 +198,35 @@ def export_run(
         validation_baselines=baselines,
         target_range=target_range(prepared.train),
         device_graph_absent=exported.device_graph_absent,
+        **short,
     )
     write_manifest(model_dir, manifest)
     verify_model_files(model_dir, load_manifest(model_dir))
     return ExportedModel(model_dir, manifest, exported.verification)
+
+
+def _history_fields(
+    model: Any,
+    prepared: PreparedData,
+    metrics: dict[str, Any],
+    config: TrainConfig,
+    *,
+    sensor: str,
+    level: float,
+) -> dict[str, Any]:
+    """A model trained on truncated histories calibrates from one period: the manifest says so,
+    with its validation error per history length and intervals per history bucket."""
+    validation = prepared.validation
+    points = history_points(config.window_length, prepared.data.period_seconds)
+    predicted = predict_truncated(
+        lambda x: model.predict(x, verbose=0, batch_size=1024), validation, points
+    )
+    reference = validation.targets()
+    linear = LinearCalibration(**metrics["linear"]).predict(validation.current_raw())
+    return {
+        "min_history_periods": 1,
+        "history_curve": history_curve(predicted, reference, linear),
+        "history_intervals": history_intervals(
+            predicted, reference, window_length=config.window_length, sensor=sensor, level=level
+        ),
+    }

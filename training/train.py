@@ -39,6 +39,7 @@ from training.data import (
 )
 from training.errors import DataError, DivergedTrainingError, RunDirError
 from training.harm import compare_on
+from training.history import sample_history, truncate
 from training.metrics import LinearCalibration, error_metrics
 from training.models import ModelConfig, TeslaConfig, build_model
 
@@ -92,6 +93,16 @@ class TrainConfig(BaseModel):
     input_scale: float | None = Field(
         default=None, gt=0, description="Divisor for inputs; default: 99th percentile of train raw."
     )
+    partial_history_fraction: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description=(
+            "Share of training windows truncated to a log-uniform K in 1..N periods, edge-padded "
+            "as the gateway pads a young sensor (training/history.py); above 0 the model "
+            "calibrates from one period of history. Early stopping still watches whole windows."
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -115,15 +126,23 @@ class RunResult:
 
 
 class WindowBatches(keras.utils.PyDataset):
-    """Batches gathered on demand from a WindowSet, reshuffled every epoch."""
+    """Batches gathered on demand from a WindowSet, reshuffled every epoch; with
+    ``partial_history_fraction`` that share of each batch's windows is truncated to a random
+    history (training/history.py), drawn anew every time a batch is made."""
 
     def __init__(
-        self, windows: WindowSet, indices: npt.NDArray[np.int64], batch_size: int, seed: int
+        self,
+        windows: WindowSet,
+        indices: npt.NDArray[np.int64],
+        batch_size: int,
+        seed: int,
+        partial_history_fraction: float = 0.0,
     ) -> None:
         super().__init__()
         self.windows = windows
         self.indices = indices.copy()
         self.batch_size = batch_size
+        self.partial_history_fraction = partial_history_fraction
         self.rng = np.random.default_rng(seed)
         self.rng.shuffle(self.indices)
 
@@ -132,7 +151,11 @@ class WindowBatches(keras.utils.PyDataset):
 
     def __getitem__(self, index: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
         chosen = self.indices[index * self.batch_size : (index + 1) * self.batch_size]
-        return self.windows.gather(np.sort(chosen))
+        x, y = self.windows.gather(np.sort(chosen))
+        if self.partial_history_fraction > 0:
+            n = self.windows.window_length
+            x = truncate(x, sample_history(self.rng, len(x), n, self.partial_history_fraction))
+        return x, y
 
     def on_epoch_end(self) -> None:
         self.rng.shuffle(self.indices)
@@ -290,6 +313,7 @@ def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") ->
             _training_indices(config, prepared.train),
             config.batch_size,
             config.seed,
+            config.partial_history_fraction,
         ),
         validation_data=(validation_x, validation_y),
         epochs=config.epochs,

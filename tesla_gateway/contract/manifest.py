@@ -36,6 +36,8 @@ __all__ = [
     "MANIFEST_FILENAME",
     "DataSummary",
     "ErrorMetrics",
+    "HistoryIntervals",
+    "HistoryPoint",
     "InputChannel",
     "InputRange",
     "Manifest",
@@ -175,6 +177,26 @@ class PredictionIntervals(_Strict):
         return min(value, max(0.0, value - width)), value + width
 
 
+class HistoryPoint(_Strict):
+    """Accuracy on the validation sensor when every window has only its newest ``periods``
+    periods (the older ones edge-padded, as the gateway pads a young sensor's window)."""
+
+    periods: int = Field(ge=1, description="K: periods of history each window kept.")
+    model: ErrorMetrics
+    linear: ErrorMetrics | None = Field(
+        default=None, description="The linear fit on the same windows (it reads only the newest)."
+    )
+
+
+class HistoryIntervals(_Strict):
+    """Prediction intervals for windows with at least ``min_periods`` periods of history (up to
+    the next entry's), fitted on validation windows truncated to ``min_periods``: the shortest
+    history of the bucket, whose errors are the widest, so the bucket's coverage is kept."""
+
+    min_periods: int = Field(ge=1)
+    intervals: PredictionIntervals
+
+
 class DataSummary(_Strict):
     """Where the training data came from and how much of it survived cleaning."""
 
@@ -235,6 +257,25 @@ class Manifest(_Strict):
         default=None,
         description="Why the model has no int8 device graph (release/firmware quote it).",
     )
+    min_history_periods: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Periods of history from which the model calibrates, the older part of the window "
+            "edge-padded (tesla_gateway/contract/series.py); absent: the whole window_length."
+        ),
+    )
+    history_curve: list[HistoryPoint] | None = Field(
+        default=None,
+        description="Validation RMSE per history length: how the error grows as history shrinks.",
+    )
+    history_intervals: list[HistoryIntervals] | None = Field(
+        default=None,
+        description=(
+            "Intervals for short histories, by ascending min_periods; windows of N periods (and "
+            "any history past the last entry's bucket) take ``intervals``."
+        ),
+    )
 
     @field_validator("input_channels")
     @classmethod
@@ -244,9 +285,44 @@ class Manifest(_Strict):
             raise ValueError(f"channel names must be unique, got {names}")
         return value
 
+    @model_validator(mode="after")
+    def _history_fits_window(self) -> Manifest:
+        if self.min_history_periods is not None and self.min_history_periods > self.window_length:
+            raise ValueError(
+                f"min_history_periods {self.min_history_periods} exceeds window_length "
+                f"{self.window_length}"
+            )
+        buckets = [entry.min_periods for entry in self.history_intervals or []]
+        if any(b <= a for a, b in itertools.pairwise(buckets)) or any(
+            k > self.window_length for k in buckets
+        ):
+            raise ValueError(
+                f"history_intervals min_periods must ascend within 1..{self.window_length}, "
+                f"got {buckets}"
+            )
+        return self
+
     @property
     def channel_names(self) -> tuple[str, ...]:
         return tuple(channel.name for channel in self.input_channels)
+
+    @property
+    def calibrates_from(self) -> int:
+        """Periods of history a sensor needs before the model calibrates it."""
+        return self.window_length if self.min_history_periods is None else self.min_history_periods
+
+    def intervals_for(self, history_periods: int) -> PredictionIntervals | None:
+        """The intervals for a window with ``history_periods`` periods of real history: the
+        bucket holding it (the first, widest, below every bucket), or ``intervals`` for a whole
+        window or a model without buckets."""
+        buckets = self.history_intervals
+        if history_periods >= self.window_length or not buckets:
+            return self.intervals
+        chosen = buckets[0].intervals
+        for entry in buckets[1:]:
+            if entry.min_periods <= history_periods:
+                chosen = entry.intervals
+        return chosen
 
 
 def sha256_file(path: Path) -> str:

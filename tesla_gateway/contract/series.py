@@ -9,15 +9,21 @@ averaged. Missing periods are handled by one explicit policy:
   arrives, so the gateway can do exactly what training does);
 * a longer gap stays missing;
 * a window of ``N`` periods ending at period ``t`` is valid only if period ``t`` was observed and
-  none of its ``N`` values is still missing after filling.
+  none of its ``N`` values is still missing after filling;
+* a sensor that has only its newest ``K < N`` periods (it started ``K`` periods ago) fills the
+  ``N - K`` older positions of its window with its oldest reading (:func:`pad_history`: edge
+  padding), so a model of input length ``N`` calibrates it from its first period on.
 
 Training applies these functions to whole series; the gateway's ring buffers call
 :func:`gap_fill` and :func:`window_is_valid` on each arrival, so both sides share this code.
+Training pads windows truncated to ``K`` periods with :func:`pad_history` (to learn short
+histories and to score them), and the gateway pads a young sensor's window with the same function.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +35,7 @@ __all__ = [
     "GapPolicy",
     "gap_fill",
     "interpolate_short_gaps",
+    "pad_history",
     "period_index",
     "sliding_windows",
     "valid_window_ends",
@@ -37,6 +44,7 @@ __all__ = [
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
+FloatingArray = npt.NDArray[np.floating[Any]]
 
 
 class GapPolicy(BaseModel):
@@ -120,3 +128,29 @@ def sliding_windows(filled: FloatArray, window_length: int) -> FloatArray:
     if filled.size < window_length:
         return np.empty((0, window_length), dtype=filled.dtype)
     return np.lib.stride_tricks.sliding_window_view(filled, window_length)
+
+
+Windows = TypeVar("Windows", bound=FloatingArray)
+
+
+def pad_history(windows: Windows, history: npt.ArrayLike, *, axis: int = -1) -> Windows:
+    """Copy of oldest-first windows in which only the newest ``history`` periods are real.
+
+    ``windows`` is ``[B, ..., N, ...]`` with time on ``axis``; ``history`` gives each row's
+    number of real periods (one int for all rows), clipped to ``1 .. N``. Every older position
+    takes the value of the oldest real period, channel by channel (edge padding): a sensor with
+    one period of history sees a constant window at its first reading. Training and the gateway
+    both pad with this function, so a model learns exactly the windows it is served.
+    """
+    array = np.asarray(windows)
+    if array.ndim < 2:
+        raise SeriesError(f"expected a batch of windows [B, ..., N], got shape {array.shape}")
+    timeline = np.moveaxis(array, axis, -1)  # [B, ..., N]
+    batch, n = timeline.shape[0], timeline.shape[-1]
+    periods = np.broadcast_to(np.asarray(history, dtype=np.int64), (batch,))
+    start = n - np.clip(periods, 1, n)  # [B] position of the oldest real period
+    positions = np.maximum(np.arange(n)[None, :], start[:, None])  # [B, N]
+    shape = (batch,) + (1,) * (timeline.ndim - 2) + (n,)
+    index = np.broadcast_to(positions.reshape(shape), timeline.shape)
+    padded = np.take_along_axis(timeline, index, axis=-1)
+    return np.moveaxis(padded, -1, axis)  # type: ignore[return-value]
