@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from tesla_gateway.contract.readings import Feature
+from tesla_gateway.contract.sensor_kind import SensorKind
 from tesla_gateway.contract.series import GapPolicy
 from tesla_gateway.errors import ManifestError, ModelIntegrityError
 
@@ -256,6 +257,14 @@ class Manifest(_Strict):
     device_graph_absent: str | None = Field(
         default=None,
         description="Why the model has no int8 device graph (release/firmware quote it).",
+    )
+    sensor: SensorKind | None = Field(
+        default=None,
+        description=(
+            "The low-cost sensor and value set the model was trained on, e.g. PMS5003 'atm'; "
+            "sources delivering another are refused at start. Absent in manifests written "
+            "before it existed (nothing is checked then)."
+        ),
     )
     min_history_periods: int | None = Field(
         default=None,

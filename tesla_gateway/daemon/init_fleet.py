@@ -205,6 +205,7 @@ def fleet_source_lines(answers: FleetAnswers, broker_lines: list[str]) -> list[s
             f"host = {_toml(host)}",
             f"port = {port}",
             'path = "/data.php"',
+            'pm_sensor = "PMS"   # the bundled models learned a PMS5003; an SDS011 is refused',
         ]
     if answers.purpleair_urls:
         lines += [

@@ -3,8 +3,9 @@
 Pydantic validates the file's shape; what it cannot see is the machine around it: a release key
 file, a broker password or TLS file that is not there or not readable, a state directory the
 daemon cannot write, a serial port named twice, a model directory that is missing or holds a
-model for another feature. ``run`` and ``check-config`` both call :func:`preflight`, so what one
-accepts the other accepts too.
+model for another feature, a source delivering another sensor or value set than the models
+were trained on (tesla_gateway/daemon/sensor_match.py). ``run`` and ``check-config`` both call
+:func:`preflight`, so what one accepts the other accepts too.
 
 Each finding has a severity: ``fatal`` (``run`` refuses to start: exit 2), ``degraded`` (``run``
 starts but something would not work, e.g. a feature without a model: ``check-config`` exits 1),
@@ -14,15 +15,15 @@ not failed).
 
 from __future__ import annotations
 
-import enum
 import os
 import ssl
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from tesla_gateway.daemon.config import GatewayConfig
+from tesla_gateway.daemon.findings import Finding, Severity
+from tesla_gateway.daemon.sensor_match import check_sensor_kinds
 from tesla_gateway.errors import GatewayError
 from tesla_gateway.mqtt.config import MqttBrokerConfig
 
@@ -34,26 +35,6 @@ __all__ = [
     "probe_brokers",
     "refuse_on_fatal",
 ]
-
-
-class Severity(enum.StrEnum):
-    OK = "ok"
-    WARNING = "warning"
-    DEGRADED = "degraded"
-    FATAL = "fatal"
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One check: what was checked, how it came out, and what to do about it."""
-
-    check: str
-    severity: Severity
-    detail: str
-
-    @property
-    def passed(self) -> bool:
-        return self.severity in (Severity.OK, Severity.WARNING)
 
 
 class PreflightError(GatewayError):
@@ -70,6 +51,7 @@ def preflight(config: GatewayConfig, *, load_models: bool) -> list[Finding]:
         *_check_brokers(config),
         *_check_serial_ports(config),
         *_check_sensor_id_levels(config),
+        *check_sensor_kinds(config),
     ]
     if load_models:
         findings.append(_check_state_dir(config.state_dir))

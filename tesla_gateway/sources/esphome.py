@@ -27,6 +27,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field
 
 from tesla_gateway.contract.readings import Reading, ReadingRejectedError, RejectReason
+from tesla_gateway.contract.sensor_kind import PMS5003_ATM, SensorKind
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.mqtt.connection import MqttConnection
 from tesla_gateway.mqtt.inbox import InboundMessage
@@ -89,6 +90,11 @@ class EsphomeSourceConfig(FleetMqttConfig):
             "rejected (unknown_sensor), so topics from the wire cannot grow memory without bound."
         ),
     )
+
+    def default_sensor(self) -> SensorKind:
+        """The ``pmsx003`` component's pm_* sensors: a PMS5003's atmospheric values (its
+        ``*_std`` sensors are CF=1; another PM component needs ``delivers``)."""
+        return PMS5003_ATM
 
 
 def parse_state(payload: bytes) -> float:

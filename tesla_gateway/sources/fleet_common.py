@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +24,7 @@ from tesla_gateway.contract.readings import (
     covariate_fault,
     validate_reading,
 )
+from tesla_gateway.contract.sensor_kind import PmValues, SensorKind
 from tesla_gateway.ingest.ingest_log import commit_queued
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.mqtt.config import DEFAULT_MAX_INBOX, MqttBrokerConfig
@@ -46,13 +47,30 @@ __all__ = [
 
 # Plantower sensors report two PM sets: "atm" (atmospheric environment, what the serial PMS5003
 # source and the node firmware use) and "cf_1" (factory CF=1, meant for indoor use).
-PmKind = Literal["atm", "cf_1"]
+PmKind = PmValues
 
 
 class FleetLimits(BaseModel):
-    """Limits every fleet source applies to the readings it builds."""
+    """Limits every fleet source applies to the readings it builds, and what its devices
+    deliver (checked at start against what the models were trained on)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    delivers: SensorKind | None = Field(
+        default=None,
+        description=(
+            "The sensor and value set this source's devices deliver, e.g. "
+            '{ model = "PMS5003", values = "atm" }; default: what the kind\'s settings '
+            "give (docs/sources.md)."
+        ),
+    )
+    accept_sensor_mismatch: bool = Field(
+        default=False,
+        description=(
+            "Start even though a model was trained on another sensor or value set than this "
+            "source delivers (its calibration is then outside what the model learned)."
+        ),
+    )
 
     sensor_id_prefix: str = Field(
         default="",
@@ -75,6 +93,14 @@ class FleetLimits(BaseModel):
     max_payload_bytes: int = Field(
         default=16_384, ge=256, le=1_048_576, description="Larger payloads are rejected."
     )
+
+    def sensor_delivered(self) -> SensorKind | None:
+        """``delivers``, else the kind's default from its settings (None: not known)."""
+        return self.delivers if self.delivers is not None else self.default_sensor()
+
+    def default_sensor(self) -> SensorKind | None:
+        """What the kind delivers with these settings; each kind says."""
+        return None
 
 
 class FleetMqttConfig(FleetLimits):

@@ -26,6 +26,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tesla_gateway.contract.readings import Reading, ReadingRejectedError, RejectReason
+from tesla_gateway.contract.sensor_kind import SensorKind
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.sources.fleet_common import (
     FleetLimits,
@@ -100,6 +101,10 @@ class PurpleAirSourceConfig(FleetLimits):
     max_payload_bytes: int = Field(
         default=65_536, ge=256, le=1_048_576, description="Larger answers are refused."
     )
+
+    def default_sensor(self) -> SensorKind:
+        """A PA-II's two PMS5003s, in the value set ``pm_kind`` reads."""
+        return SensorKind(model="PMS5003", values=self.pm_kind)
 
 
 def decode_purpleair(

@@ -31,6 +31,7 @@ from pydantic import Field, SecretStr, model_validator
 
 from tesla_gateway.connection_limits import ConnectionLimiter, ConnectionLimits, serve_limited
 from tesla_gateway.contract.readings import Reading, ReadingRejectedError, RejectReason
+from tesla_gateway.contract.sensor_kind import PMS5003_ATM, SensorKind
 from tesla_gateway.ingest.ingest_log import commit_queued
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.sources.fleet_common import (
@@ -56,6 +57,15 @@ SOURCE_NAME = "sensor_community"
 PM_SENSORS = ("PMS", "SDS", "NPM", "SPS30", "IPS")
 PmSensor = Literal["auto", "PMS", "SDS", "NPM", "SPS30", "IPS"]
 _PM_SUFFIX = {"P0": "pm1", "P1": "pm10", "P2": "pm2_5"}
+# What each value type prefix delivers. The firmware's PMS values are the frame's atmospheric
+# ones (sensorPMS: bytes 10-15); it reads every PMSx003 alike, the PMS5003 being the common one.
+_PM_SENSOR_KINDS = {
+    "PMS": PMS5003_ATM,
+    "SDS": SensorKind(model="SDS011"),
+    "NPM": SensorKind(model="NextPM"),
+    "SPS30": SensorKind(model="SPS30"),
+    "IPS": SensorKind(model="IPS-7100"),
+}
 # Covariate value types, first present wins (BME280 before SHT3X, ..., the DHT22's plain name).
 _HUMIDITY = ("BME280_humidity", "SHT3X_humidity", "HTU21D_humidity", "humidity", "SCD30_humidity")
 _TEMPERATURE = (
@@ -141,6 +151,10 @@ class SensorCommunitySourceConfig(FleetLimits):
             "interval), so that one host cannot keep the stations out."
         ),
     )
+
+    def default_sensor(self) -> SensorKind | None:
+        """``pm_sensor``'s sensor; ``auto`` takes whichever a station has, so it is not known."""
+        return None if self.pm_sensor == "auto" else _PM_SENSOR_KINDS[self.pm_sensor]
 
     @model_validator(mode="after")
     def _auth_pair(self) -> SensorCommunitySourceConfig:

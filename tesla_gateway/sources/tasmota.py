@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
 from tesla_gateway.contract.readings import (
     SENSOR_ID_PATTERN,
@@ -33,6 +33,7 @@ from tesla_gateway.contract.readings import (
     ReadingRejectedError,
     RejectReason,
 )
+from tesla_gateway.contract.sensor_kind import SensorKind
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.mqtt.connection import MqttConnection
 from tesla_gateway.mqtt.inbox import InboundMessage
@@ -57,6 +58,14 @@ _PM_KEYS: dict[str, tuple[str, str, str]] = {
     "cf_1": ("CF1", "CF2.5", "CF10"),
 }
 _MAX_TIME_LENGTH = 40
+# PM block name -> the sensor model it holds (xsns_18_pms5003.ino, xsns_20_novasds.ino).
+_BLOCK_SENSORS = {
+    "PMS5003": "PMS5003",
+    "PMS5003T": "PMS5003T",
+    "PMS3003": "PMS3003",
+    "ZH03x": "ZH03",
+    "SDS0X1": "SDS011",
+}
 # Zone offsets are whole quarter hours between UTC-12 and UTC+14. A Tasmota device publishes as
 # it measures (it keeps no backlog), so a Time that far from its receive time, within a couple
 # of minutes of such an offset, is a zone setting that differs from the devices' own.
@@ -143,6 +152,15 @@ class TasmotaSourceConfig(FleetMqttConfig):
     @classmethod
     def _zone(cls, value: str) -> str:
         return _known_zone(value)
+
+    def default_sensor(self) -> SensorKind | None:
+        """The block's sensor; a Plantower block's values are ``pm_kind``'s (an SDS011's
+        ``SDS0X1`` block reads with the default keys, and is an SDS011 all the same)."""
+        model = _BLOCK_SENSORS.get(self.block, self.block)
+        try:
+            return SensorKind(model=model, values=self.pm_kind if model.startswith("PMS") else None)
+        except ValidationError:
+            return None  # a block name no sensor model has: not known
 
 
 def decode_tasmota(

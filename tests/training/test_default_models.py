@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tesla_gateway.contract.manifest import load_manifest, verify_model_files
+from tesla_gateway.contract.sensor_kind import PMS5003_ATM
 from training.data import default_data_dir, load_dataset
 from training.device_ops import unsupported_on_device
 from training.evaluate import evaluate_model_dir
@@ -37,6 +38,8 @@ def test_committed_model_directory_is_intact(name: str) -> None:
     # nRF52840: 256 KB RAM shared with the sketch; the model must leave most of it free.
     assert arena + manifest.files["int8"].size_bytes < 128 * 1024
     assert manifest.test.model.rmse < manifest.test.linear.rmse < manifest.test.raw.rmse
+    # SensEURCity's PMS5003 ATM channel (../shared/data/README.md): sources are checked against it.
+    assert manifest.sensor == PMS5003_ATM
 
 
 def test_the_covariate_model_serves_beside_the_pm_only_one_and_beats_it() -> None:

@@ -7,6 +7,7 @@ from typing import Literal
 
 import pandas as pd
 
+from tesla_gateway.contract.sensor_kind import PMS5003_ATM
 from training.data._files import csv_files, parse_timestamps, read_csv, require_columns
 from training.data.frame import CoLocationData, LoadCounts, tidy_frame
 from training.errors import DataError
@@ -52,4 +53,5 @@ def load_antwerp(directory: Path, *, feature: Literal["pm2_5", "pm10"] = "pm2_5"
         target=reference_column,
         attribution=ANTWERP_ATTRIBUTION,
         load_counts=LoadCounts(rows_read=rows_read),
+        sensor=PMS5003_ATM,  # the PMS5003's atmospheric (ATM) channel
     )

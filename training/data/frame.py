@@ -17,6 +17,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from tesla_gateway.contract.readings import COVARIATES, Covariate, Feature
+from tesla_gateway.contract.sensor_kind import SensorKind
 from training.errors import DataError
 
 __all__ = [
@@ -60,6 +61,8 @@ class CoLocationData:
     target: str
     attribution: str
     load_counts: LoadCounts | None = None
+    # The low-cost sensor and value set of ``raw`` (the manifest's ``sensor``); None: not known.
+    sensor: SensorKind | None = None
 
     def __post_init__(self) -> None:
         if self.feature not in FEATURES:

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from tesla_gateway.contract.readings import Feature
+from tesla_gateway.contract.sensor_kind import PMS5003_ATM
 from training.data._files import csv_files, parse_timestamps, read_csv, require_columns
 from training.data.frame import CoLocationData, LoadCounts, tidy_frame
 from training.errors import DataError
@@ -112,6 +113,7 @@ def load_senseurcity(
             rows_dropped={key: count for key, count in dropped.items() if count},
             values_nulled={key: count for key, count in nulled.items() if count},
         ),
+        sensor=PMS5003_ATM,  # the PMS5003's atmospheric (ATM) channel
     )
 
 

@@ -136,6 +136,7 @@ def test_init_writes_the_fleet_sources_asked_for(
         assert (source.broker.host, source.broker.port) == ("127.0.0.1", 1884)
     assert airrohr.kind == "sensor_community"
     assert (airrohr.host, airrohr.port, airrohr.path) == ("0.0.0.0", 8123, "/data.php")
+    assert airrohr.pm_sensor == "PMS"  # what the bundled models learned, checked at start
     assert purpleair.kind == "purpleair"
     assert [unit.url for unit in purpleair.units] == [
         "http://192.168.1.40/json",

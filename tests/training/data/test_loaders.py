@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tesla_gateway.contract.sensor_kind import PMS5003_ATM
 from tests.training.data.layouts import (
     ANTWERP_HEADER,
     ISPRA_HEADER,
@@ -69,6 +70,7 @@ def test_ispra_station_target(ispra_dir: Path) -> None:
     assert box["rh"].tolist() == [62.0, 62.0, 63.0]
     assert box["temp_c"].tolist() == [7.6, 7.6, 7.5]
     assert "SensEURCity" in data.attribution
+    assert data.sensor == PMS5003_ATM  # pms5003_pm10_atm: the manifest's sensor
 
 
 def test_ispra_opcn3_target(ispra_dir: Path) -> None:
@@ -128,6 +130,7 @@ def test_antwerp_features(tmp_path: Path) -> None:
     assert (pm10.feature, pm10.target) == ("pm10", "ref_pm10")
     assert pm10.frame["raw"].tolist() == [11.4667, 3319.5]
     assert pm10.frame["reference"].iloc[1] == 12.1
+    assert pm25.sensor == pm10.sensor == PMS5003_ATM  # pms5003_*_atm
 
 
 def _senseurcity_files(directory: Path) -> list[Path]:
@@ -200,6 +203,7 @@ def test_senseurcity_station_target_drops_warm_up(tmp_path: Path) -> None:
     assert data.load_counts.rows_read == 9
     assert dict(data.load_counts.rows_dropped) == {"raw:warmup": 2}
     assert dict(data.load_counts.values_nulled) == {"rh:warmup": 1}
+    assert data.sensor == PMS5003_ATM  # 5310CAT: the PMS5003's ATM channel
 
 
 def test_senseurcity_opcn3_target_and_missing_reference_column(tmp_path: Path) -> None:
