@@ -198,6 +198,7 @@ def export_run(
         validation_baselines=baselines,
         target_range=target_range(prepared.train),
         device_graph_absent=exported.device_graph_absent,
+        sensor=prepared.data.sensor,  # the loader's sensor and value set (None: unknown)
         **short,
     )
     write_manifest(model_dir, manifest)
