@@ -26,7 +26,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tesla_gateway.contract.readings import GATEWAY_ID_PATTERN, Feature
-from tesla_gateway.daemon.config_errors import input_hint, redacted_message
+from tesla_gateway.daemon.config_errors import explain, input_hint, tag_key
+from tesla_gateway.daemon.config_paths import locate
 from tesla_gateway.daemon.logging import LogFormat, LogLevel
 from tesla_gateway.errors import ConfigError
 from tesla_gateway.ingest.sensor_policy import SensorPolicy
@@ -39,7 +40,7 @@ from tesla_gateway.monitor.pairs import PairsConfig
 from tesla_gateway.monitor.references import ReferenceConfig
 from tesla_gateway.ota.config import OtaConfig
 from tesla_gateway.publish.config import PublisherConfig
-from tesla_gateway.sources.fleet import FLEET_KINDS, FleetSourceConfig
+from tesla_gateway.sources.fleet import FleetSourceConfig
 from tesla_gateway.sources.mqtt_source import MqttSourceConfig
 from tesla_gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig
 
@@ -398,30 +399,28 @@ def _parse_env_value(raw: str) -> object:
 
 
 def _describe(path: Path, exc: ValidationError, env_keys: Mapping[str, str]) -> str:
+    """One line per error: the TOML path (``sources[0].broker.port``, config_paths), what is
+    wrong in TOML's words with a "did you mean" for a mistyped key (config_errors), and the
+    environment variable that set it."""
     lines = [f"{path}: {exc.error_count()} problem(s) in the configuration:"]
     for error in exc.errors():
-        key = ".".join(str(part) for part in error["loc"]) or "<root>"
-        origin = _env_origin(key, env_keys)
+        tag = tag_key(error)  # sources[0].kind, where pydantic says sources.0
+        where = locate(GatewayConfig, [*error["loc"], *([tag] if tag else [])])
+        origin = _env_origin(where.dotted, env_keys)
         suffix = f" (set by {origin})" if origin else ""
         # Never the value: it may be a password under a wrong key
         # (tesla_gateway/daemon/config_errors.py).
-        lines.append(f"  {key}: {redacted_message(error)}{input_hint(error)}{suffix}")
+        problem = explain(error, where.allowed)
+        lines.append(f"  {where.path or '<root>'}: {problem}{input_hint(error)}{suffix}")
     return "\n".join(lines)
 
 
 def _env_origin(key: str, env_keys: Mapping[str, str]) -> str | None:
-    # Discriminated unions add the tag to the location (sources.0.mqtt.broker...): drop it.
-    # A [[references]] entry has a plain 'mqtt' section, so the key is tried as it is as well.
-    tags = {"mqtt", "node", "pms5003", *FLEET_KINDS}
-    plain = ".".join(part for part in key.split(".") if part not in tags)
+    """The variable that set ``key`` (dotted, as config_paths gives it) or a section above or
+    below it."""
     for dotted, variable in env_keys.items():
-        for candidate in (key, plain):
-            if (
-                candidate == dotted
-                or candidate.startswith(dotted + ".")
-                or dotted.startswith(candidate + ".")
-            ):
-                return variable
+        if key == dotted or key.startswith(dotted + ".") or dotted.startswith(key + "."):
+            return variable
     return None
 
 

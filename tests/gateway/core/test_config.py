@@ -46,26 +46,28 @@ def test_minimal_config_gets_defaults_and_resolves_paths(tmp_path: Path) -> None
 
 
 def test_unknown_key_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"tick\.grace: Extra inputs are not permitted"):
+    with pytest.raises(ConfigError, match=r"tick\.grace: unknown key; did you mean 'grace_s'\?"):
         load_config(write(tmp_path, MINIMAL + "[tick]\ngrace = 3\n"), environ={})
 
 
 def test_wrong_value_names_key_and_value(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"tick\.grace_s: .*greater than or equal to 0.*-1"):
+    with pytest.raises(ConfigError, match=r"tick\.grace_s: must be at least 0 \(got -1\)"):
         load_config(write(tmp_path, MINIMAL + "[tick]\ngrace_s = -1\n"), environ={})
 
 
 def test_missing_required_key(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"gateway_id: Field required"):
+    with pytest.raises(ConfigError, match=r"gateway_id: missing \(required\)"):
         load_config(write(tmp_path, MINIMAL.replace('gateway_id = "gw-1"', "")), environ={})
 
 
 def test_unknown_source_kind_and_bad_nested_key(tmp_path: Path) -> None:
     text = MINIMAL + '[[sources]]\nkind = "carrier-pigeon"\n'
-    with pytest.raises(ConfigError, match=r"sources\.0: .*'mqtt', 'node', 'pms5003'"):
+    with pytest.raises(
+        ConfigError, match=r"sources\[0\]\.kind: expected one of 'mqtt', 'node', 'pms5003'"
+    ):
         load_config(write(tmp_path, text), environ={})
     text = MINIMAL + '[[sources]]\nkind = "mqtt"\n[sources.broker]\nport = 70000\n'
-    with pytest.raises(ConfigError, match=r"sources\.0\.mqtt\.broker\.port: .*65535"):
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.broker\.port: must be at most 65535"):
         load_config(write(tmp_path, text), environ={})
 
 

@@ -56,7 +56,7 @@ def test_a_reference_is_read(tmp_path: Path) -> None:
 def test_reference_topics_are_required(tmp_path: Path) -> None:
     text = MINIMAL + '[[references]]\nname = "r"\nfeature = "pm10"\ncolocated_with = ["s1"]\n'
     text += "[references.mqtt]\nqos = 1\n"
-    with pytest.raises(ConfigError, match=r"references\.0: .*mqtt\.topics must be given"):
+    with pytest.raises(ConfigError, match=r"references\[0\]: mqtt\.topics must be given"):
         load_config(write(tmp_path, text), environ={})
 
 
@@ -94,6 +94,6 @@ def test_thresholds_are_validated_and_overridable(tmp_path: Path) -> None:
 def test_an_environment_error_in_a_reference_names_the_variable(tmp_path: Path) -> None:
     variable = "TESLA_GATEWAY__REFERENCES__0__MQTT__BROKER__PORT"
     with pytest.raises(
-        ConfigError, match=rf"references\.0\.mqtt\.broker\.port: .*set by {variable}"
+        ConfigError, match=rf"references\[0\]\.mqtt\.broker\.port: .*set by {variable}"
     ):
         load_config(write(tmp_path, MINIMAL + reference("r")), environ={variable: "0"})

@@ -33,8 +33,8 @@ def test_public_key_path_is_relative_to_the_config_file(tmp_path: Path) -> None:
     ("extra", "message"),
     [
         ('releases_topic_prefix = "tesla/#"', "without wildcards"),
-        ("chunk_size = 400", "less than or equal to 360"),
-        ("unknown = 1", "Extra inputs are not permitted"),
+        ("chunk_size = 400", "must be at most 360"),
+        ("unknown = 1", "unknown key"),
     ],
 )
 def test_invalid_ota_settings_name_the_key(tmp_path: Path, extra: str, message: str) -> None:
