@@ -11,8 +11,10 @@ __all__ = ["CalibratedReading", "Interval", "Quality"]
 class Quality(enum.StrEnum):
     """Why a published value is or is not a model calibration; subscribers filter on these."""
 
-    OK = "ok"  # calibrated by the model from a valid window
-    WARMING_UP = "warming_up"  # fewer than N periods seen since start or since a long gap
+    OK = "ok"  # calibrated by the model from a valid window (maybe a young sensor's, padded)
+    # fewer periods seen since the sensor's first than the model calibrates from (its manifest's
+    # min_history_periods; N for a model not trained on short histories)
+    WARMING_UP = "warming_up"
     GAP = "gap"  # the window holds a gap longer than the gap policy interpolates
     MISSING_CHANNEL = "missing_channel"  # the sensor does not supply an input the model needs
     NO_MODEL = "no_model"  # no valid model is loaded for this feature
@@ -51,3 +53,7 @@ class CalibratedReading:
     model_version: int | None
     quality: tuple[Quality, ...]
     interval: Interval | None = None  # only with a calibrated value and a manifest that has them
+    # periods of real history in the window (N: whole; fewer: a young sensor's window, its
+    # older part edge-padded) and the model's N; None where no window was read
+    history_periods: int | None = None
+    window_length: int | None = None

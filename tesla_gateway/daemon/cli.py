@@ -6,6 +6,8 @@ running; ``check-config``: the daemon would start degraded, e.g. a model that wo
 or ``--probe`` could not connect to a broker);
 2 invalid configuration or usage, or a start-up check that ``run`` refuses on
 (tesla_gateway/daemon/preflight.py); 3 ``status``: the daemon is not running (the LSB code).
+A reader that closes the pipe early (``status | head -1``) ends the command quietly: with its
+own code when all was written before (buffered), else 141, as a shell reports SIGPIPE.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tesla_gateway import __version__
+from tesla_gateway.contract.timefmt import iso8601
 from tesla_gateway.daemon.config import GatewayConfig, load_config
 from tesla_gateway.daemon.init_config import add_init_parser, run_init
 from tesla_gateway.errors import ConfigError, GatewayError
@@ -32,9 +35,39 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
 EXIT_NOT_RUNNING = 3  # status: the LSB init-script code for "program is not running"
+EXIT_PIPE_CLOSED = 141  # stdout's reader left mid-output: a shell's code for death by SIGPIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; a reader that leaves early (``status | head -1``) ends it quietly."""
+    try:
+        code = _main(argv)
+    except BrokenPipeError:  # a print filled the buffer after the reader left
+        _drop_stdout()
+        return EXIT_PIPE_CLOSED
+    except BaseException:  # argparse's SystemExit after --help, say
+        _flush_quietly()
+        raise
+    _flush_quietly()  # here, not at exit, where a closed pipe is a traceback and code 120
+    return code
+
+
+def _drop_stdout() -> None:
+    """Send what is still buffered for stdout nowhere: its reader has gone."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _flush_quietly() -> None:
+    """Flush stdout; if its reader has gone, drop what is left instead."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _drop_stdout()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "init":  # writes a configuration rather than reading one
@@ -247,6 +280,7 @@ def _summary(status: dict[str, object], running: int | None) -> str:
                 lines.append(
                     f"  windows {feature}: {info.get('sensors')} sensors, {info.get('outcomes')}"
                 )
+                lines.extend(_warm_up_lines(info.get("warm_up")))
     state = status.get("state")
     if isinstance(state, dict):
         set_aside = state.get("set_aside")
@@ -265,6 +299,19 @@ def _summary(status: dict[str, object], running: int | None) -> str:
         )
     lines.extend(_session_lines(status))
     return "\n".join(lines)
+
+
+def _warm_up_lines(warm_up: object) -> list[str]:
+    """Sensors whose windows are not whole yet: how many, the fewest periods, when all are."""
+    if not isinstance(warm_up, dict) or not warm_up.get("sensors_short"):
+        return []
+    ready_at = warm_up.get("all_ready_at")
+    when = iso8601(float(ready_at)) if isinstance(ready_at, int | float) else "unknown"
+    return [
+        f"    warm-up: {warm_up['sensors_short']} sensor(s) below {warm_up.get('need')} periods "
+        f"(fewest {warm_up.get('fewest_periods')}; calibrated from "
+        f"{warm_up.get('calibrates_from')}), all whole by {when}"
+    ]
 
 
 def _session_lines(status: dict[str, object]) -> list[str]:

@@ -133,6 +133,7 @@ class Ticker:
                         current=_describe(calibrator.geometry),
                     )
             self.store[slot].admit_complete_only = _has_simpler_sibling(slot, calibrator, loaded)
+            self.store[slot].min_history_periods = calibrator.manifest.calibrates_from
         return reset
 
     def ingest(self, reading: Reading) -> dict[str, AddOutcome]:
@@ -195,6 +196,7 @@ class Ticker:
                     "feature": self._feature_of(slot),
                     "sensors": len(windows.sensor_ids),
                     "outcomes": {o.value: n for o, n in windows.counts.items()},
+                    "warm_up": windows.warm_up().as_dict(),
                 }
                 for slot, windows in self.store.items()
             },
@@ -295,9 +297,13 @@ class Ticker:
             if calibrator is not None
             else int(self.store[batch.slot].geometry.period_seconds)
         )
-        intervals = None if calibrator is None else calibrator.manifest.intervals
+        n = int(ready.windows.shape[1])  # N: [B, N] or [B, N, C]
+        history = np.full(len(ready), n) if ready.history is None else ready.history
         out: list[CalibratedReading] = []
         for row, sensor_id in enumerate(ready.sensor_ids):
+            intervals = (
+                None if calibrator is None else calibrator.manifest.intervals_for(int(history[row]))
+            )
             quality = ready.quality[row]
             calibrated: float | None = None
             if calibrator is None or failed:
@@ -322,6 +328,8 @@ class Ticker:
                     interval=None
                     if intervals is None or calibrated is None
                     else Interval(*intervals.interval(calibrated), intervals.level),
+                    history_periods=int(history[row]),
+                    window_length=n,
                 )
             )
         return out

@@ -54,7 +54,22 @@ def reading_payload(reading: CalibratedReading) -> dict[str, object]:
             "high": reading.interval.high,
             "level": reading.interval.level,
         }
+    if reading.history_periods is not None:
+        document["history_periods"] = reading.history_periods
+        warm_up = _warm_up(reading)
+        if warm_up is not None:
+            document["warm_up"] = warm_up
     return document
+
+
+def _warm_up(reading: CalibratedReading) -> dict[str, object] | None:
+    """Progress of a sensor whose window is not whole yet: periods it has, the N it needs, and
+    when it will have them (the end of that period, as ``ts``); None once whole."""
+    have, need = reading.history_periods, reading.window_length
+    if have is None or need is None or have >= need:
+        return None
+    end = reading.period_start + reading.period_seconds * (1 + need - have)
+    return {"have": have, "need": need, "ready_at": iso8601(end)}
 
 
 def reading_message(reading: CalibratedReading) -> bytes:
@@ -72,22 +87,33 @@ def _reading_text(reading: CalibratedReading) -> str | None:
     """The template's JSON text, or None when a field is not of the plain kind it handles."""
     raw, calibrated, interval = reading.raw, reading.calibrated, reading.interval
     start, seconds, version = reading.period_start, reading.period_seconds, reading.model_version
+    history, need = reading.history_periods, reading.window_length
     if (
         type(raw) is not float
         or (calibrated is not None and type(calibrated) is not float)
         or type(start) is not float
         or type(seconds) is not int
         or (version is not None and type(version) is not int)
+        or (history is not None and type(history) is not int)
+        or (need is not None and type(need) is not int)
     ):
         return None
     tail = "}"
+    if history is not None:
+        tail = f',"history_periods":{history}}}'
+        if need is not None and history < need:
+            ready_at = _iso_text(start + seconds * (1 + need - history))
+            tail = (
+                f',"history_periods":{history},"warm_up":{{"have":{history},"need":{need},'
+                f'"ready_at":{ready_at}}}}}'
+            )
     if interval is not None:
         low, high, level = interval.low, interval.high, interval.level
         if not (_plain_float(low) and _plain_float(high) and _plain_float(level)):
             return None
         tail = (
             f',"interval":{{"low":{float.__repr__(low)},"high":{float.__repr__(high)},'
-            f'"level":{float.__repr__(level)}}}}}'
+            f'"level":{float.__repr__(level)}}}{tail}'
         )
     return (
         f'{{"ts":{_iso_text(start + seconds)},"period_start":{_iso_text(start)},'

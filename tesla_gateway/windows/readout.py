@@ -2,7 +2,8 @@
 
 In the ring (:mod:`tesla_gateway.windows.ring`) period ``t`` lives at column ``t % N``, so a
 window ending at period ``p`` starts at column ``(p + 1) % N``; these functions turn that layout
-into the model's oldest-first input and say, per window, why it is not valid.
+into the model's oldest-first input, pad a young sensor's window (fewer than ``N`` periods since
+its first) by the contract's rule, and say, per window, why it is not valid.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from tesla_gateway.contract.calibrated import Quality
-from tesla_gateway.contract.series import window_is_valid
-from tesla_gateway.windows.state import Float32Array, FloatArray, IntArray
+from tesla_gateway.contract.geometry import WindowGeometry
+from tesla_gateway.contract.series import pad_history, window_is_valid
+from tesla_gateway.windows.state import NO_PERIOD, Float32Array, FloatArray, IntArray, WarmUp
 
-__all__ = ["gather_windows", "window_quality"]
+__all__ = ["gather_windows", "history_periods", "pad_young", "warm_up", "window_quality"]
 
 _GATHER_CHUNK = 1024
 
@@ -37,17 +39,61 @@ def gather_windows(ring: Float32Array, rows: IntArray, newest: IntArray, out: Fl
             out[chunk, :, n - shift :] = source[:, :, :shift]
 
 
-def window_quality(window: FloatArray, period: int, first_period: int) -> tuple[Quality, ...]:
+def history_periods(periods: IntArray, first: IntArray, n: int) -> IntArray:
+    """Periods of real history of each window ending at ``periods``: those since the sensor's
+    first observed period ``first``, at most ``N`` (``N`` when the first is unknown)."""
+    known = first != NO_PERIOD
+    since = np.where(known, periods - np.where(known, first, 0) + 1, n)
+    return np.clip(since, 1, n).astype(np.int64)
+
+
+def pad_young(
+    windows: Float32Array, periods: IntArray, first: IntArray, min_history: int
+) -> IntArray:
+    """Each [B, C, N] window's periods of history (:func:`history_periods`); pads, in place,
+    those shorter than ``N`` but at least the model's ``min_history``: their periods before the
+    sensor's first take its oldest reading (the contract's rule, :func:`pad_history`), so the
+    model calibrates them."""
+    history = history_periods(periods, first, windows.shape[2])
+    young = np.flatnonzero((history < windows.shape[2]) & (history >= min_history))
+    if young.size:
+        windows[young] = pad_history(windows[young], history[young])
+    return history
+
+
+def warm_up(
+    first: IntArray, last_closed: IntArray, geometry: WindowGeometry, min_history: int
+) -> WarmUp:
+    """How far the sensors' windows are from whole: those with fewer than ``N`` periods, the
+    fewest any has, and when the last of them will be whole (Unix s)."""
+    n, period_seconds = geometry.window_length, geometry.period_seconds
+    known = (first != NO_PERIOD) & (last_closed != NO_PERIOD)
+    have = history_periods(last_closed[known], first[known], n)
+    short = have < n
+    ready = (last_closed[known][short] + (n - have[short]) + 1) * period_seconds
+    return WarmUp(
+        need=n,
+        calibrates_from=min_history,
+        sensors_short=int(short.sum()),
+        fewest_periods=int(have.min()) if have.size else None,
+        all_ready_at=float(ready.max()) if ready.size else None,
+    )
+
+
+def window_quality(
+    window: FloatArray, period: int, first_period: int, min_history: int
+) -> tuple[Quality, ...]:
     """Flags for one [C, N] window, ending at ``period``, whose newest first-channel value was
-    observed; ``first_period`` is the sensor's first observed period (for warm-up)."""
+    observed; ``first_period`` is the sensor's first observed period: a window with fewer
+    periods since than the model's ``min_history`` is warming up."""
     if window_is_valid(window, newest_observed=True):
         return ()
-    n = window.shape[1]
     flags: list[Quality] = []
     present = ~np.isnan(window[:, -1])  # channels supplied in the closed period
     if not present.all():
         flags.append(Quality.MISSING_CHANNEL)
-    if period - first_period + 1 < n:
+    n = window.shape[1]
+    if period - first_period + 1 < min_history:
         flags.append(Quality.WARMING_UP)
     window_periods = np.arange(period - n + 1, period + 1)
     holes = np.isnan(window[present]).any(axis=0) & (window_periods >= first_period)

@@ -26,8 +26,8 @@ from tesla_gateway.contract.calibrated import Quality
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.contract.series import gap_fill, period_index
+from tesla_gateway.windows import readout
 from tesla_gateway.windows.outcome import AddOutcome
-from tesla_gateway.windows.readout import gather_windows, window_quality
 from tesla_gateway.windows.seen import ChannelValues, SeenReadings, all_channels, channel_mask
 from tesla_gateway.windows.state import (
     NO_PERIOD,
@@ -36,6 +36,7 @@ from tesla_gateway.windows.state import (
     FloatArray,
     IntArray,
     ReadyWindows,
+    WarmUp,
     WindowState,
 )
 
@@ -91,6 +92,7 @@ class ModelWindows:
         # The channels a sensor without a window has sent so far (a mask), kept only once it
         # sent one beyond the first: PM and rh/temp in separate messages add up here.
         self.admit_complete_only = False
+        self.min_history_periods = self._n  # the model's (the ticker sets it from its manifest)
         self._partial: dict[str, int] = {}
         self._allocate(max(capacity, 1))
 
@@ -398,7 +400,7 @@ class ModelWindows:
         windows = np.empty((periods.size, c, n), dtype=np.float32)
         for index, snap in enumerate(self._overflow):
             windows[index] = snap.window
-        gather_windows(self._ring, rows, self._pending_period[rows], windows[overflow:])
+        readout.gather_windows(self._ring, rows, self._pending_period[rows], windows[overflow:])
         raw = np.concatenate(
             [
                 np.array([snap.raw for snap in self._overflow], dtype=np.float64),
@@ -414,13 +416,16 @@ class ModelWindows:
         sensor_ids = tuple(snap.sensor_id for snap in self._overflow) + tuple(
             self._ids[int(row)] for row in rows
         )
+        history = readout.pad_young(windows, periods, first, self.min_history_periods)
         # Flags only for windows holding a hole: a full window is plain OK, no Python per row.
         # A window's sum is NaN exactly when it holds a NaN (values are finite otherwise), and
         # summing needs no [B, C, N] boolean temporary.
         incomplete = np.flatnonzero(np.isnan(windows.sum(axis=(1, 2))))
         flags: list[tuple[Quality, ...]] = [()] * periods.size
         for hole in incomplete.tolist():
-            flags[hole] = window_quality(windows[hole], int(periods[hole]), int(first[hole]))
+            flags[hole] = readout.window_quality(
+                windows[hole], int(periods[hole]), int(first[hole]), self.min_history_periods
+            )
         self._overflow.clear()
         self._pending[rows] = False
         self._pending_rows -= int(rows.size)
@@ -431,6 +436,17 @@ class ModelWindows:
             windows=shaped,
             raw=raw,
             quality=tuple(flags),
+            history=history,
+        )
+
+    def warm_up(self) -> WarmUp:
+        """Sensors whose windows are not whole yet (:func:`readout.warm_up`)."""
+        live = len(self._ids)
+        return readout.warm_up(
+            self._first_period[:live],
+            self._last_closed[:live],
+            self.geometry,
+            self.min_history_periods,
         )
 
     # -- persistence ------------------------------------------------------------------------

@@ -23,6 +23,7 @@ __all__ = [
     "FloatArray",
     "IntArray",
     "ReadyWindows",
+    "WarmUp",
     "WindowState",
     "WindowStoreError",
 ]
@@ -52,6 +53,9 @@ class ReadyWindows:
     windows: Float32Array  # [B, N] or [B, N, C]
     raw: FloatArray  # [B] mean of the first channel's readings in the closed period (float64)
     quality: tuple[tuple[Quality, ...], ...]  # [B]
+    # [B] periods of real history per window (N: whole); a shorter window of a model that
+    # calibrates from it was edge-padded (tesla_gateway/contract/series.py, pad_history)
+    history: IntArray | None = None
 
     @property
     def valid(self) -> BoolArray:
@@ -59,6 +63,26 @@ class ReadyWindows:
 
     def __len__(self) -> int:
         return len(self.sensor_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class WarmUp:
+    """A model's sensors whose windows are not whole yet (``tesla-gateway status``)."""
+
+    need: int  # N: periods of a whole window
+    calibrates_from: int  # periods from which the model calibrates (the manifest's minimum)
+    sensors_short: int  # sensors with fewer than N periods since their first
+    fewest_periods: int | None  # the fewest periods any sensor has (None: no sensor)
+    all_ready_at: float | None  # Unix s when the last of them has N periods, if none stops
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "need": self.need,
+            "calibrates_from": self.calibrates_from,
+            "sensors_short": self.sensors_short,
+            "fewest_periods": self.fewest_periods,
+            "all_ready_at": self.all_ready_at,
+        }
 
 
 @dataclass(slots=True)

@@ -48,6 +48,10 @@ def _readings(draw: st.DrawFn) -> CalibratedReading:
     interval = None
     if draw(st.booleans()):
         interval = Interval(draw(_finite_or_not), draw(_finite_or_not), draw(_finite_or_not))
+    history = window_length = None
+    if draw(st.booleans()):  # a window was read: its history and N (a young sensor's < N)
+        window_length = draw(st.integers(1, 10_000))
+        history = draw(st.integers(1, window_length))
     return CalibratedReading(
         sensor_id=draw(st.from_regex(r"[A-Za-z0-9_.-]{1,16}", fullmatch=True)),
         feature=draw(st.sampled_from(["pm10", "pm2_5"])),
@@ -60,6 +64,8 @@ def _readings(draw: st.DrawFn) -> CalibratedReading:
         model_version=draw(st.none() | st.integers(0, 2**40)),
         quality=tuple(draw(st.lists(st.sampled_from(list(Quality)), max_size=3))),
         interval=interval,
+        history_periods=history,
+        window_length=window_length,
     )
 
 
