@@ -1,4 +1,5 @@
-"""The one wheel builder (``make wheel``, the tests) and the fresh-venv installer the tests use.
+"""The one wheel builder (``make wheel``, the tests), the sdist builder the packaging tests
+check, and the fresh-venv installer the tests use.
 
 ``build_wheel`` builds from a copy of the checkout's sources, never in place: setuptools' build/
 folder would otherwise carry files deleted since an earlier build into the next wheel. Every
@@ -7,27 +8,29 @@ top-level package is copied, so what the wheel holds is pyproject.toml's and set
 ``install_into_venv`` installs a wheel into a new venv with exactly its runtime dependencies, from
 a wheelhouse of their wheels (filled once through pip's configured index, then offline).
 
-Standard library only: ``python3 -m devkit.wheel`` runs from a checkout with no venv.
+Standard library only: ``python3 -m devkit.wheel`` runs from a checkout with no venv;
+``build_sdist`` calls the running interpreter's setuptools (the dev venv's).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from devkit.errors import DevkitError
 
-__all__ = ["WheelError", "build_wheel", "install_into_venv", "main"]
+__all__ = ["WheelError", "build_sdist", "build_wheel", "install_into_venv", "main"]
 
 REPO = Path(__file__).resolve().parents[1]
 # Besides the packages: the build's own files and the data setup.py maps into the package.
-_BUILD_FILES = ("pyproject.toml", "setup.py", "README.md")
+_BUILD_FILES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE")
 _DATA = ("models", "deploy/gateway.example.toml")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
 
@@ -36,13 +39,10 @@ class WheelError(DevkitError):
     """Building or installing the wheel failed; the message carries pip's output."""
 
 
-def build_wheel(out_dir: Path, *, build_isolation: bool = True, repo: Path = REPO) -> Path:
-    """Build the gateway wheel into ``out_dir`` and return its path.
-
-    With ``build_isolation`` pip fetches the build requirements (setuptools) as a user's build
-    would; without it the running interpreter's setuptools builds (offline, faster).
-    """
-    out_dir.mkdir(parents=True, exist_ok=True)
+@contextlib.contextmanager
+def _source_copy(repo: Path) -> Iterator[Path]:
+    """The build's files, every top-level package and the mapped data, copied to a scratch
+    folder that is removed afterwards."""
     with tempfile.TemporaryDirectory(prefix="tesla-wheel-") as scratch:
         source = Path(scratch) / "src"
         source.mkdir()
@@ -52,6 +52,35 @@ def build_wheel(out_dir: Path, *, build_isolation: bool = True, repo: Path = REP
             shutil.copytree(package, source / package.name, ignore=_IGNORE)
         for name in _DATA:
             _copy(repo / name, source / name)
+        yield source
+
+
+def build_sdist(out_dir: Path, *, repo: Path = REPO) -> Path:
+    """Build the gateway's source distribution into ``out_dir`` (the same files the wheel is
+    built from) with the running interpreter's setuptools; return its path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _source_copy(repo) as source:
+        hook = "import sys, setuptools.build_meta as b; print(b.build_sdist(sys.argv[1]))"
+        result = subprocess.run(  # noqa: S603  # our interpreter, fixed arguments
+            [sys.executable, "-c", hook, str(out_dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=source,
+        )
+    if result.returncode != 0:
+        raise WheelError(f"building the sdist failed:\n{result.stdout}{result.stderr}")
+    return out_dir / result.stdout.strip().splitlines()[-1]
+
+
+def build_wheel(out_dir: Path, *, build_isolation: bool = True, repo: Path = REPO) -> Path:
+    """Build the gateway wheel into ``out_dir`` and return its path.
+
+    With ``build_isolation`` pip fetches the build requirements (setuptools) as a user's build
+    would; without it the running interpreter's setuptools builds (offline, faster).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _source_copy(repo) as source:
         _pip(
             "wheel",
             "--no-deps",
