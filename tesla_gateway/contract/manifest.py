@@ -14,9 +14,10 @@ import itertools
 import json
 import math
 import os
+import re
 import tempfile
 from datetime import datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from pydantic import (
@@ -56,6 +57,8 @@ MANIFEST_FILENAME = "manifest.json"
 SCHEMA_VERSION: Literal[1] = 1
 
 Precision = Literal["float32", "int8"]
+# An absolute POSIX path inside a text: '/' not preceded by a name character, up to a separator.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/[^\s:,;]+")
 
 
 class _Strict(BaseModel):
@@ -201,7 +204,13 @@ class HistoryIntervals(_Strict):
 class DataSummary(_Strict):
     """Where the training data came from and how much of it survived cleaning."""
 
-    source: str = Field(description="Loader and location, e.g. 'ispra-1min:../shared/data/...'.")
+    source: str = Field(
+        description=(
+            "Dataset, loader and data folder, e.g. 'ispra-1min:ispra-1min:ispra-1min'; an "
+            "absolute path is kept as its last component (the builder's folders mean nothing "
+            "where the model runs)."
+        )
+    )
     target: str = Field(description="Reference column the model learned to reproduce.")
     train_sensors: list[str]
     validation_sensor: str
@@ -211,6 +220,11 @@ class DataSummary(_Strict):
     sensors_dropped: list[str] = Field(default_factory=list)
     windows: dict[str, int] = Field(description="Valid windows per split.")
     attribution: str
+
+    @field_validator("source")
+    @classmethod
+    def _without_builder_paths(cls, value: str) -> str:
+        return _ABSOLUTE_PATH.sub(lambda match: PurePosixPath(match.group()).name, value)
 
 
 class Manifest(_Strict):
