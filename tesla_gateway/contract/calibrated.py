@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
-__all__ = ["CalibratedReading", "Interval", "Quality"]
+__all__ = ["PUBLISHED_DECIMALS", "CalibratedReading", "Interval", "Quality", "published_value"]
+
+# Concentrations leave the gateway to a tenth of a µg/m³ (docs/mqtt.md, "Calibrated readings").
+PUBLISHED_DECIMALS = 1
+
+
+def published_value(value: float) -> float:
+    """``value`` as the gateway publishes it: to 0.1 µg/m³, since a finer figure is noise (the
+    sensors resolve 1 µg/m³, the models' errors are whole µg/m³) and ``33.393028259277344``
+    claims otherwise; never ``-0.0``; a non-finite value as it is."""
+    return round(float(value), PUBLISHED_DECIMALS) + 0.0 if math.isfinite(value) else value
 
 
 class Quality(enum.StrEnum):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from tesla_gateway.contract.calibrated import CalibratedReading
+from tesla_gateway.contract.calibrated import CalibratedReading, published_value
 
 __all__ = ["LatestValues", "SensorValue"]
 
@@ -38,8 +38,12 @@ class LatestValues:
             key = (reading.sensor_id, reading.feature)
             kept = values.get(key)
             if kept is None or reading.period_start >= kept.period_start:
-                values[key] = SensorValue(
-                    reading.period_start, reading.raw, reading.calibrated, reading.model_name
+                calibrated = reading.calibrated
+                values[key] = SensorValue(  # the values as published: to 0.1 µg/m³
+                    reading.period_start,
+                    published_value(reading.raw),
+                    None if calibrated is None else published_value(calibrated),
+                    reading.model_name,
                 )
 
     def forget(self, sensor_ids: Iterable[str]) -> None:

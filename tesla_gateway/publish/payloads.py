@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
-from tesla_gateway.contract.calibrated import CalibratedReading, Quality
+from tesla_gateway.contract.calibrated import CalibratedReading, Quality, published_value
 from tesla_gateway.contract.timefmt import iso8601
 
 __all__ = [
@@ -31,12 +31,14 @@ _UNIT_ALIASES = {"ug/m3": DISPLAY_UNIT, "µg/m3": DISPLAY_UNIT, DISPLAY_UNIT: DI
 
 
 def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
+    """A concentration as published (to 0.1 µg/m³), or None when there is none."""
+    return published_value(value) if value is not None and math.isfinite(value) else None
 
 
 def reading_payload(reading: CalibratedReading) -> dict[str, object]:
     """The JSON document of a calibrated topic (docs/mqtt.md); ``interval`` only when the
-    model's manifest carries prediction intervals and the value is calibrated."""
+    model's manifest carries prediction intervals and the value is calibrated. Concentrations
+    (raw, calibrated, the interval's ends) to 0.1 µg/m³ (contract.calibrated.published_value)."""
     document: dict[str, object] = {
         "ts": iso8601(reading.period_start + reading.period_seconds),
         "period_start": iso8601(reading.period_start),
@@ -50,8 +52,8 @@ def reading_payload(reading: CalibratedReading) -> dict[str, object]:
     }
     if reading.interval is not None:
         document["interval"] = {
-            "low": reading.interval.low,
-            "high": reading.interval.high,
+            "low": published_value(reading.interval.low),
+            "high": published_value(reading.interval.high),
             "level": reading.interval.level,
         }
     if reading.history_periods is not None:
@@ -112,7 +114,8 @@ def _reading_text(reading: CalibratedReading) -> str | None:
         if not (_plain_float(low) and _plain_float(high) and _plain_float(level)):
             return None
         tail = (
-            f',"interval":{{"low":{float.__repr__(low)},"high":{float.__repr__(high)},'
+            f',"interval":{{"low":{float.__repr__(published_value(low))},"high":'
+            f"{float.__repr__(published_value(high))},"
             f'"level":{float.__repr__(level)}}}{tail}'
         )
     return (
@@ -132,7 +135,9 @@ def _plain_float(value: object) -> bool:
 
 def _number_text(value: float | None) -> str:
     """``_finite`` as JSON: ``null`` for None and non-finite values."""
-    return float.__repr__(value) if value is not None and math.isfinite(value) else "null"
+    if value is None or not math.isfinite(value):
+        return "null"
+    return float.__repr__(published_value(value))
 
 
 @lru_cache(maxsize=1024)

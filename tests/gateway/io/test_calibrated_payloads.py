@@ -15,7 +15,7 @@ from tesla_gateway.publish import payloads
 
 def test_a_calibrated_message_is_the_documented_json() -> None:
     reading = CalibratedReading(
-        "s1", "pm10", 1_700_000_000.0 - 20, 60, 12.25, 10.5, "ug/m3", "tesla", 3, ()
+        "s1", "pm10", 1_700_000_000.0 - 20, 60, 12.31, 10.5, "ug/m3", "tesla", 3, ()
     )
     message = payloads.reading_message(reading)
     assert b": " not in message and b", " not in message  # compact
@@ -24,13 +24,42 @@ def test_a_calibrated_message_is_the_documented_json() -> None:
         "ts": "2023-11-14T22:14:00Z",
         "period_start": "2023-11-14T22:13:00Z",
         "period_s": 60,
-        "raw": 12.25,
+        "raw": 12.3,
         "calibrated": 10.5,
         "unit": "µg/m³",
         "model": "tesla",
         "model_version": 3,
         "quality": [],
     }
+
+
+def test_concentrations_are_published_to_a_tenth() -> None:
+    """Before: ``"calibrated":33.393028259277344``, a precision no sensor or model has."""
+    reading = CalibratedReading(
+        "s1", "pm10", 60.0, 60, 12.3456, 33.393028259277344, "ug/m3", "m", 1, (Quality.OK,),
+        Interval(30.04999, 36.7123, 0.9),
+    )  # fmt: skip
+    for message in (payloads.reading_message(reading), _general(reading)):
+        text = message.decode()
+        assert '"raw":12.3,"calibrated":33.4,' in text
+        assert '"interval":{"low":30.0,"high":36.7,"level":0.9}' in text
+    batch = json.loads(payloads.batch_payloads([reading], 10)[0][1])
+    assert (batch[0]["raw"], batch[0]["calibrated"]) == (12.3, 33.4)
+    barely_negative = CalibratedReading(
+        "s1", "pm10", 60.0, 60, -0.04, None, "ug/m3", None, None, ()
+    )
+    assert b'"raw":0.0,' in payloads.reading_message(barely_negative)  # never "-0.0"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False, width=64))
+def test_every_published_concentration_has_at_most_one_decimal(value: float) -> None:
+    reading = CalibratedReading("s1", "pm10", 60.0, 60, value, value, "ug/m3", "m", 1, ())
+    document = json.loads(payloads.reading_message(reading))
+    for published in (document["raw"], document["calibrated"]):
+        assert published == round(value, 1)
+        if abs(value) < 1e15:  # beyond, a float has no tenths left to write
+            assert len(repr(published).split(".")[1]) == 1
 
 
 # -- the template encoder is the general encoder, byte for byte ---------------------------------

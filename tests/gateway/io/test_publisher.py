@@ -490,5 +490,5 @@ def test_a_quiet_sensor_goes_offline_on_its_availability_topic(
 def test_payload_carries_the_interval_only_when_there_is_one() -> None:
     plain = reading(0)
     assert "interval" not in reading_payload(plain)
-    with_interval = dataclasses.replace(plain, interval=Interval(low=8.5, high=11.25, level=0.9))
-    assert reading_payload(with_interval)["interval"] == {"low": 8.5, "high": 11.25, "level": 0.9}
+    with_interval = dataclasses.replace(plain, interval=Interval(low=8.5, high=11.3, level=0.9))
+    assert reading_payload(with_interval)["interval"] == {"low": 8.5, "high": 11.3, "level": 0.9}
