@@ -14,10 +14,10 @@ Reading it is total (a damaged file never stops the daemon):
   queue started (:mod:`tesla_gateway.publish.outbox_storage`);
 * a row of the wrong types or with text that is not UTF-8 is dropped and counted, never
   returned (:mod:`tesla_gateway.publish.outbox_messages`);
-* a file that cannot be opened because of the disk (full, read-only, permissions) is left
-  alone: with ``memory_fallback`` the queue lives in memory (same bound, counted, reported as
-  ``storage: memory``) and moves back to the file once the disk takes it and the memory queue
-  has drained.
+* a file that cannot be opened or written because of the disk (full, read-only, permissions)
+  is left alone: with ``memory_fallback`` the queue lives in memory (same bound, counted,
+  reported as ``storage: memory``), starting with the messages the file holds, and moves back
+  to the file once the disk takes it and the memory queue has drained.
 """
 
 from __future__ import annotations
@@ -129,6 +129,7 @@ class Outbox:
             "disk_error": self._storage.disk_error,
             "memory_periods": self._storage.memory_periods,
             "memory_messages": self.memory_messages,
+            "taken_from_file": self._storage.taken_from_file,
             "invalid_rows_dropped": self.invalid_rows_dropped,
             "resets": self.resets,
             "read_failures": self.read_failures,
@@ -140,9 +141,7 @@ class Outbox:
         """Queue messages in order; return how many old ones were dropped to stay in bound."""
         if not messages:
             return 0
-        self._maybe_back_to_disk()
-        if self.in_memory:
-            self.memory_messages += len(messages)
+        self.back_to_disk()
         now = time.time()
         rows = [(m.topic, m.payload, m.qos, int(m.retain), now) for m in messages]
 
@@ -184,7 +183,10 @@ class Outbox:
             )
             return excess
 
-        return self._write("append", insert)
+        dropped = self._write("append", insert)
+        if self.in_memory:
+            self.memory_messages += len(messages)
+        return dropped
 
     def remove(self, ids: Sequence[int]) -> None:
         """Forget messages the broker acknowledged."""
@@ -217,14 +219,17 @@ class Outbox:
         self._bad_ids.clear()
 
     def _write(self, what: str, operation: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run a write; a corrupt file is set aside and the write retried on a fresh queue."""
+        """Run a write; a corrupt file is set aside and the write retried on a fresh queue, a
+        file the disk refuses to write (with ``memory_fallback``) on the memory queue."""
         try:
             return operation(self._storage.db)
         except READ_ERRORS as exc:
             self._forget_shape()
-            if is_disk_error(exc):
+            if not is_disk_error(exc):
+                self._reset(f"{what}: {describe(exc)}")
+            # The disk refuses the file: in memory, with the file's messages (ids kept).
+            elif not self._storage.leave_disk(f"cannot write to outbox: {describe(exc)}"):
                 raise OutboxError(f"cannot write to outbox {self.path}: {exc}") from exc
-            self._reset(f"{what}: {describe(exc)}")
         try:
             return operation(self._storage.db)
         except READ_ERRORS as exc:
@@ -254,7 +259,7 @@ class Outbox:
         Rows that are not a message (wrong types, text that is not UTF-8) are skipped, counted
         and deleted; they are never returned.
         """
-        self._maybe_back_to_disk()
+        self.back_to_disk()
         if self._rewind:  # the queue changed under the caller: send from its front again
             self._rewind = False
             after_id = 0
@@ -343,11 +348,15 @@ class Outbox:
         if self._storage.in_memory:  # (replace raises if it was in memory before)
             self._rewind = True
 
-    def _maybe_back_to_disk(self) -> None:
-        """Move a drained memory queue back to its file once the disk takes it."""
-        if self._storage.back_to_disk():
-            self._forget_shape()
-            self._rewind = True  # the file may hold older messages, with ids below the cursor
+    def back_to_disk(self) -> bool:
+        """Move a drained memory queue back to its file if the disk takes it (tried at most
+        every few seconds); True if moved. Appends and reads try it too; an idle daemon's
+        publisher calls it so that a quiet queue does not stay in memory."""
+        if not self._storage.back_to_disk():
+            return False
+        self._forget_shape()
+        self._rewind = True  # the file may hold older messages, with ids below the cursor
+        return True
 
 
 def _consecutive(ids: Sequence[int]) -> bool:

@@ -44,6 +44,7 @@ from tesla_gateway.task_group import run_task_group
 __all__ = ["OUTBOX_FILENAME", "Publisher"]
 
 OUTBOX_FILENAME = "outbox.sqlite3"
+_OUTBOX_HOME_POLL_S = 1.0  # how often a memory outbox is offered its file (it retries every 5 s)
 
 
 def _mark_retrieved(future: asyncio.Future[Any]) -> None:
@@ -288,6 +289,7 @@ class Publisher:
         }
         if self._availability is not None:
             tasks["publisher-availability"] = self._expire_forever(self._availability)
+        tasks["publisher-outbox-home"] = self._outbox_home_forever()
         self._runner = asyncio.create_task(run_task_group(tasks), name="publisher")
         return self
 
@@ -363,6 +365,14 @@ class Publisher:
         while True:
             await asyncio.sleep(interval)
             self.expire_quiet_sensors()
+
+    async def _outbox_home_forever(self) -> None:
+        """An outbox in memory (the disk refused its file) goes back to the file once the disk
+        takes it, also while no message comes to try it."""
+        while True:
+            await asyncio.sleep(_OUTBOX_HOME_POLL_S)
+            if self._outbox.in_memory and self._outbox.back_to_disk() and len(self._outbox):
+                self._delivery.notify()  # the file held messages the memory queue had not
 
     async def publish_stats(self, connection: MqttConnection | None = None) -> bool:
         """Publish the stats snapshot now; False if not connected (the next one replaces it)."""

@@ -87,13 +87,15 @@ def write_config(
     gateway_id: str,
     model_dir: Path,
     broker_port: int,
+    publisher_port: int | None = None,
     state_dir: Path | None = None,
     save_interval_s: float = 60.0,
     shard: tuple[int, int] | None = None,
     serial_port: Path | None = None,
     mqtt: bool = True,
 ) -> Path:
-    """A daemon configuration; ``state_dir`` defaults to ``path.parent / 'state'``."""
+    """A daemon configuration; ``state_dir`` defaults to ``path.parent / 'state'``, the
+    publisher's broker (``publisher_port``) to the sources' one."""
     state = state_dir if state_dir is not None else path.parent / "state"
     text = f"""
 gateway_id = "{gateway_id}"
@@ -116,7 +118,7 @@ level = "info"
 shutdown_flush_s = 5
 stats_interval_s = 0.5
 [publisher.broker]
-port = {broker_port}
+port = {publisher_port if publisher_port is not None else broker_port}
 reconnect_initial_s = 0.05
 reconnect_max_s = 0.5
 """

@@ -6,11 +6,13 @@ the privilege to mount, the test is skipped: ENOSPC cannot be produced faithfull
 (EBUSY) while the daemon holds its outbox open for writing, so a read-only tmpfs is mounted over
 the state directory instead: every new open (snapshots, status.json) fails with EROFS while the
 already-open outbox keeps working, as on a file system whose new writes are refused. In both the
-daemon must keep calibrating, report the problem (stats topic: ``publish_failures``,
-``state.save_failures``), and recover when the space or write access returns. A daemon
+daemon must keep calibrating, report the problem (stats topic: ``state.save_failures``; on the
+full disk the outbox's ``memory_periods``: its queue moved to memory, with the file's messages,
+and no reading failed to queue), and recover when the space or write access returns. A daemon
 *started* on the full disk, then on the read-only state dir (a ``remount,ro`` of the tmpfs,
 possible while no daemon holds it open), must do the same: its outbox lives in memory and its
-pid file is a reported problem until the disk takes writes again.
+pid file is a reported problem until the disk takes writes again. So must a daemon *restarted*
+on a disk that filled while its outbox held messages: it delivers them from memory.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from paho.mqtt import publish
 
 from devkit.broker import Mosquitto
 from tests.reliability.harness import (
@@ -123,7 +127,10 @@ def test_disk_full_and_read_only_state_dir(
     def stats() -> dict[str, Any]:
         return collector.stats.get("gw-d", {})
 
-    def phase(name: str, fault: Any, heal: Any, *, outbox_fails: bool) -> None:
+    def memory_periods(snapshot: dict[str, Any]) -> int:
+        return int(snapshot["publisher"]["outbox"]["memory_periods"])
+
+    def phase(name: str, fault: Any, heal: Any, *, outbox_to_memory: bool) -> None:
         before = stats()
         fault()
         keys = stream(6)
@@ -133,13 +140,14 @@ def test_disk_full_and_read_only_state_dir(
             lambda: (
                 stats().get("ticker", {}).get("published", 0)
                 >= before["ticker"]["published"] + 5 * sensors_n
-                and (not outbox_fails or stats()["publish_failures"] > before["publish_failures"])
+                and (not outbox_to_memory or memory_periods(stats()) > memory_periods(before))
                 and stats()["state"]["save_failures"] > before["state"]["save_failures"]
             ),
             f"the daemon to keep calibrating and report ({name})",
         )
         during = stats()
         assert daemon.process.poll() is None
+        assert during["publish_failures"] == before["publish_failures"], during  # none lost
         heal()
         after_keys = stream(4)
         wait_for(lambda: all(collector.snapshot()[k] for k in after_keys[:-sensors_n]), "recovery")
@@ -153,6 +161,7 @@ def test_disk_full_and_read_only_state_dir(
             ),
             "deliveries_lost_during_fault": sum(1 for k in keys if not received[k]),
             "publish_failures": during["publish_failures"] - before["publish_failures"],
+            "outbox_memory_periods": memory_periods(during) - memory_periods(before),
             "state_save_failures": (
                 during["state"]["save_failures"] - before["state"]["save_failures"]
             ),
@@ -167,13 +176,13 @@ def test_disk_full_and_read_only_state_dir(
             "disk_full",
             lambda: filler.append(fill(small_tmpfs)),
             lambda: remove_files(*filler, small_tmpfs / "filler2"),
-            outbox_fails=True,
+            outbox_to_memory=True,
         )
         phase(
             "read_only",
             lambda: mount_read_only_over(small_tmpfs),
             lambda: unmount_over(small_tmpfs),
-            outbox_fails=False,
+            outbox_to_memory=False,
         )
         assert daemon.stop() == 0
     finally:
@@ -291,3 +300,140 @@ def test_start_on_a_full_disk_and_on_a_read_only_state_dir(
         sensors.close()
         collector.close()
     report("disk_faults_at_start", phases)
+
+
+def probe_stats(port: int, collector: Collector) -> bool:
+    """Publish a stats document for a probe gateway; True once the collector has one."""
+    publish.single("tesla/probe/stats", b"{}", hostname="127.0.0.1", port=port)
+    time.sleep(0.05)
+    return "probe" in collector.stats
+
+
+def test_restart_on_a_full_disk_keeps_the_outbox_and_runs_degraded(
+    tmp_path: Path, mosquitto: Mosquitto, small_tmpfs: Path
+) -> None:
+    """Issue 26 item 4: a daemon whose outbox holds messages (its broker is down) while the
+    disk fills, stopped and started again on the still full disk, exited 1 ("cannot write to
+    outbox ...: database or disk is full": the file opens, the first write fails). It must run
+    as a cold start on a full disk does, and keep what the outbox file holds: its queue in
+    memory with the file's messages in it, calibrating, reporting, delivering every message of
+    the first run once the broker is back, and back on its file, without the delivered
+    messages, once space returns."""
+    sensors_n = 2
+    names = [f"node-{i}" for i in range(sensors_n)]
+    outbound = Mosquitto(tmp_path / "outbound")  # the publisher's broker, down until phase 2
+    outbound.start()
+    collector = Collector(outbound.port)  # a persistent session: gets what was sent meanwhile
+    # Its subscription must be in the session the broker saves when it stops.
+    wait_for(lambda: probe_stats(outbound.port, collector), "the collector's subscription")
+    outbound.stop()
+    config = write_config(
+        tmp_path / "gw.toml",
+        gateway_id="gw-f",
+        model_dir=copy_default_model(tmp_path / "model"),
+        broker_port=mosquitto.port,
+        publisher_port=outbound.port,
+        state_dir=small_tmpfs,
+        save_interval_s=0.2,
+    )
+    sensors = Sensors(mosquitto.port)
+    base = grid_base(100)
+    period = 0
+    figures: dict[str, Any] = {}
+
+    def stream(count: int) -> list[tuple[str, str, str]]:
+        nonlocal period
+        keys = []
+        for _ in range(count):
+            for name in names:
+                sensors.send(name, base + period * PERIOD_S + 30, 25.0)
+                keys.append(("gw-f", name, iso(base + period * PERIOD_S)))
+            period += 1
+        return keys
+
+    def stats() -> dict[str, Any]:
+        return collector.stats.get("gw-f", {})
+
+    def restarted_and_reporting() -> bool:
+        second.check_alive()  # raises, with the daemon's log, if it exited
+        return stats().get("uptime_s") is not None
+
+    def wait_with_log(daemon: Daemon, condition: Any, what: str) -> None:
+        try:
+            wait_for(condition, what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; end of the daemon's log:\n{daemon.log_tail(60)}") from exc
+
+    daemons: list[Daemon] = []
+    try:
+        # 1. A normal run whose broker is down: the outbox file fills with its messages.
+        first = Daemon(config, small_tmpfs)
+        daemons.append(first)
+        first_keys = stream(6)
+        queued = wait_for(
+            lambda: (
+                first.status().get("ticker", {}).get("published", 0) >= 6 * sensors_n
+                and first.status()["publisher"]["queued"]
+            ),
+            "the first run's readings in its outbox",
+        )
+        # The disk fills while it runs; it is stopped, and started again on the full disk.
+        filler = fill(small_tmpfs)
+        during_fill = stream(2)
+        wait_for(lambda: "state_save_failed" in first.log.read_text(), "the full disk noticed")
+        assert first.stop() == 0
+        second = Daemon(config, small_tmpfs, wait_status=False)  # no status.json on a full disk
+        daemons.append(second)
+        restart_keys = stream(4)
+        # 2. Broker back: the restarted daemon reports and delivers, the disk still full.
+        outbound.start()
+        wait_with_log(second, restarted_and_reporting, "stats of the restarted daemon")
+        wait_for(
+            lambda: all(collector.snapshot()[k] for k in first_keys + restart_keys[:-sensors_n]),
+            "the first run's messages and the restarted daemon's readings delivered",
+        )
+        wait_for(lambda: stats()["ticker"]["published"] >= 3 * sensors_n, "stats to count them")
+        during = stats()
+        outbox = during["publisher"]["outbox"]
+        assert outbox["memory_periods"] >= 1, outbox
+        assert outbox["taken_from_file"] >= queued, (outbox, queued)
+        assert during["state"]["save_failures"] > 0, during["state"]
+        # 3. Space returns: state saves, status.json and the outbox file resume (the outbox at
+        # its next message), and the file no longer holds the messages delivered from memory.
+        remove_files(filler, small_tmpfs / "filler2")
+        after_keys = stream(3)
+        wait_for(lambda: all(collector.snapshot()[k] for k in after_keys[:-sensors_n]), "recovery")
+        wait_for(
+            lambda: (
+                stats()["state"]["saves"] > 0
+                and stats()["publisher"]["outbox"]["storage"] == "disk"
+                and stats()["publisher"]["queued"] == 0
+            ),
+            "state saves and the outbox file to resume, empty",
+        )
+        wait_for(lambda: second.status().get("pid") == second.pid, "status.json written again")
+        received = collector.snapshot()
+        figures = {
+            "queued_in_file_at_restart": queued,
+            "taken_from_file": outbox["taken_from_file"],
+            "first_run_delivered": sum(1 for k in first_keys if received[k]),
+            "first_run_expected": len(first_keys),
+            "during_fill_delivered": sum(1 for k in during_fill if received[k]),
+            "during_fill_expected": len(during_fill),
+            "restart_delivered": sum(1 for k in restart_keys if received[k]),
+            "delivered_after_recovery": sum(1 for k in after_keys if received[k]),
+            "duplicated": sum(n - 1 for n in received.values() if n > 1),
+            "periods_calibrated_on_full_disk": during["ticker"]["published"],
+            "state_save_failures": during["state"]["save_failures"],
+            "outbox_storage": outbox["storage"],
+            "outbox_disk_error": outbox["disk_error"],
+            "state_problems": during["state"]["problems"],
+        }
+        assert second.stop() == 0
+    finally:
+        for daemon in daemons:
+            daemon.kill()
+        sensors.close()
+        collector.close()
+        outbound.stop()
+    report("disk_full_restart", figures)

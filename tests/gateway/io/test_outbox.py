@@ -166,6 +166,69 @@ def test_a_disk_that_refuses_the_file_keeps_the_queue_in_memory_until_it_takes_i
         assert [m.payload for m in reopened.peek(10)] == [b"6"]
 
 
+def refuse_writes(outbox: Outbox) -> None:
+    """The file takes no new page from now on: the next write that needs one fails with
+    SQLITE_FULL, as on a full disk (reading and a new connection are unaffected)."""
+    outbox._storage.db.execute("PRAGMA max_page_count = 1")  # (raised to the current size)
+
+
+def test_a_file_the_disk_stops_writing_hands_its_messages_to_memory(tmp_path: Path) -> None:
+    """Issue 26 item 4: a write the disk refuses (SQLite rolls the transaction back itself)
+    moves the queue to memory with every message of the file, ids kept: messages sent from the
+    file are acknowledged in memory, the rest follow in order, then the new ones. Drained and
+    back on its file, the file no longer holds them. (The refused write used to raise, or, when
+    refused at the statement, set the file aside as corrupt.)"""
+    path = tmp_path / "o.sqlite3"
+    now = [0.0]
+    set_aside = SetAsideLog()
+    with Outbox.open(
+        path, max_messages=6, set_aside=set_aside, memory_fallback=True, clock=lambda: now[0]
+    ) as outbox:
+        assert outbox.append([message(n) for n in range(7)]) == 1  # the file's count: 1
+        in_flight = outbox.peek_after(0, 2)
+        refuse_writes(outbox)
+        with capture_logs() as logs:
+            assert outbox.append([OutboxMessage("t/big", b"x" * 20_000)]) == 1
+        assert outbox.in_memory and set_aside.count == 0 and outbox.resets == 0
+        assert outbox.stats()["taken_from_file"] == 6
+        assert [e["taken_from_file"] for e in logs if e["event"] == "outbox_in_memory"] == [6]
+        outbox.remove([m.id for m in in_flight])  # sent from the file, acknowledged now
+        rest = outbox.peek_after(in_flight[-1].id, 10)
+        assert [m.payload for m in rest] == [b"3", b"4", b"5", b"6", b"x" * 20_000]
+        assert outbox.dropped_total == 2  # the file's 1 and the bound's 1 in memory
+        outbox.remove([m.id for m in rest])
+        now[0] = 10.0
+        assert outbox.back_to_disk() and not outbox.in_memory and len(outbox) == 0
+    with Outbox.open(path, max_messages=6) as reopened:
+        assert reopened.peek(10) == [] and reopened.dropped_total == 2
+
+
+def test_a_file_the_disk_refuses_to_open_is_read_into_memory(tmp_path: Path) -> None:
+    """A start on a disk that refuses the file (here its ``-shm`` cannot be created) reads the
+    messages the file holds into the memory queue, ahead of the new ones; they stay in the file
+    until the drained queue moves back to it, so a restart before that sends them again."""
+    path = tmp_path / "o.sqlite3"
+    with Outbox.open(path, max_messages=4) as outbox:
+        outbox.append([message(n) for n in range(6)])  # 2 dropped at the bound
+    shm = tmp_path / "o.sqlite3-shm"
+    shm.symlink_to(tmp_path / "missing" / "shm")  # SQLITE_CANTOPEN, as a full disk gives
+    now = [0.0]
+    with Outbox.open(path, max_messages=4, memory_fallback=True, clock=lambda: now[0]) as outbox:
+        assert outbox.in_memory and outbox.stats()["taken_from_file"] == 4
+        outbox.append([message(6)])
+        queued = outbox.peek(10)
+        assert [m.payload for m in queued] == [b"3", b"4", b"5", b"6"]
+        assert outbox.dropped_total == 3
+    with Outbox.open(path, max_messages=4, memory_fallback=True, clock=lambda: now[0]) as outbox:
+        assert [m.payload for m in outbox.peek(10)] == [b"2", b"3", b"4", b"5"]  # kept
+        outbox.remove([m.id for m in outbox.peek(10)])
+        shm.unlink()  # the disk takes the file again
+        now[0] = 10.0
+        assert outbox.back_to_disk()
+    with Outbox.open(path, max_messages=4) as reopened:
+        assert reopened.peek(10) == [] and reopened.dropped_total == 2
+
+
 def test_without_memory_fallback_a_refusing_disk_is_an_error(tmp_path: Path) -> None:
     blocker = tmp_path / "state"
     blocker.write_text("x")
