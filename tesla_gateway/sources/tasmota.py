@@ -141,7 +141,7 @@ class TasmotaSourceConfig(FleetMqttConfig):
     def _zone_given(cls, data: Any) -> Any:
         if isinstance(data, dict) and "timezone" not in data:
             raise ValueError(
-                "set timezone on this tasmota source: the IANA zone the devices' clocks run in "
+                "set timezone on this Tasmota source: the IANA zone the devices' clocks run in "
                 "(Tasmota's Timezone setting; the console's 'Status 7' shows it), e.g. "
                 'timezone = "Europe/Rome". Tasmota\'s Time has no offset by default; '
                 "'UTC' only if the devices run in UTC or send an offset (SetOption52)"

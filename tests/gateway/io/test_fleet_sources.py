@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from tesla_gateway.contract.readings import Reading, ReadingRejectedError, RejectReason
-from tesla_gateway.daemon.config import GatewayConfig
+from tesla_gateway.daemon.config import GatewayConfig, load_config
+from tesla_gateway.errors import ConfigError
 from tesla_gateway.sources.esphome import (
     EsphomeGrouper,
     EsphomeSourceConfig,
@@ -92,11 +93,20 @@ def test_tasmota_cf1_fahrenheit_zone_and_epoch() -> None:
     assert tasmota(epoch).timestamp == 1715200042
 
 
-def test_tasmota_needs_the_devices_timezone() -> None:
+def test_tasmota_needs_the_devices_timezone(tmp_path: Path) -> None:
     """Tasmota's Time has no offset by default: a source without timezone is refused at load
     with the key named, rather than read as UTC (issue 27)."""
-    with pytest.raises(ValidationError, match=r"set timezone on this tasmota source"):
+    with pytest.raises(ValidationError, match=r"set timezone on this Tasmota source"):
         TasmotaSourceConfig.model_validate({"kind": "tasmota"})
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        'gateway_id = "gw"\nstate_dir = "s"\n[[models]]\nfeature = "pm10"\nmodel_dir = "m"\n'
+        '[[sources]]\nkind = "tasmota"\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(config, environ={})
+    assert "sources[0]: set timezone on this Tasmota source" in str(caught.value)
 
 
 @pytest.mark.parametrize(
