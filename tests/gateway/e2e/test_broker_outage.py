@@ -32,6 +32,7 @@ from tests.gateway.e2e.harness import (
     write_config,
 )
 from tests.support.models import ModelFactory
+from tests.support.published import as_published
 
 BEFORE = N + 2  # periods delivered before the outage
 DURING = 15  # periods calibrated while the broker is down
@@ -89,7 +90,7 @@ def test_outage_queues_calibrated_readings_and_delivers_all_in_order(
         for period, value in zip(valid, expected, strict=True):
             payload = got[iso(base + period * P)]
             assert payload["quality"] == ["ok"]
-            assert payload["calibrated"] == pytest.approx(float(value), rel=1e-4, abs=1e-3)
+            assert payload["calibrated"] == as_published(float(value))
 
         # The MQTT source came back too: its readings are calibrated after the outage.
         wait_for(lambda: all(daemon.status()["mqtt_sources_connected"].values()), "resubscribe")

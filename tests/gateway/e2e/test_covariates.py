@@ -15,7 +15,6 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from devkit.broker import Mosquitto
 from tests.gateway.e2e.harness import (
@@ -32,6 +31,7 @@ from tests.gateway.e2e.harness import (
     write_config,
 )
 from tests.support.models import ModelFactory, TestModel
+from tests.support.published import as_published
 
 PLAIN, COVARIATE = "pm10-plain", "pm10-rh-temp"
 CHANNELS = ("pm10", "rh", "temp_c")
@@ -99,18 +99,16 @@ def test_a_bad_covariate_costs_the_covariate_and_never_the_period(
         assert len(got) == PERIODS  # before: the 5 periods with a bad rh were never published
         for period in range(N, PERIODS):
             payload = got[iso(base + period * P)]
-            assert payload["raw"] == pytest.approx(float(values["pm10"][period]))
+            assert payload["raw"] == as_published(float(values["pm10"][period]))
             if period in BAD_RH:  # the covariate window lacks rh now: the PM-only model serves
                 assert payload["model"] == PLAIN, period
-                assert payload["calibrated"] == pytest.approx(
-                    expected(plain, values, period), rel=1e-4, abs=1e-3
-                )
+                assert payload["calibrated"] == as_published(expected(plain, values, period))
             else:
                 assert payload["model"] == COVARIATE, period
                 assert payload["calibrated"] is not None
         for period in range(N, min(BAD_RH)):  # windows with only what the node sent
-            assert got[iso(base + period * P)]["calibrated"] == pytest.approx(
-                expected(covariate, values, period), rel=1e-4, abs=1e-3
+            assert got[iso(base + period * P)]["calibrated"] == as_published(
+                expected(covariate, values, period)
             )
         counted = wait_for(
             lambda: (r := rejected_by_reason(calibrated)).get("bad_covariate") == len(BAD_RH) and r,
@@ -150,10 +148,8 @@ def test_pm_and_covariates_in_separate_messages_reach_the_covariate_model(
         for period in range(N, periods):
             payload = got[iso(base + period * P)]
             assert payload["model"] == COVARIATE, (period, payload)
-            assert payload["raw"] == pytest.approx(float(values["pm10"][period]))
-            assert payload["calibrated"] == pytest.approx(
-                expected(covariate, values, period), rel=1e-4, abs=1e-3
-            )
+            assert payload["raw"] == as_published(float(values["pm10"][period]))
+            assert payload["calibrated"] == as_published(expected(covariate, values, period))
         stats = calibrated.latest_stats()
         [slot] = [s for s, m in stats["models"].items() if m["channels"] == list(CHANNELS)]
         assert stats["windows"][slot]["sensors"] == 1

@@ -12,7 +12,6 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from devkit.broker import Mosquitto
 from devkit.pty import PtySerial
@@ -34,6 +33,7 @@ from tests.gateway.e2e.harness import (
     write_config,
 )
 from tests.support.models import ModelFactory
+from tests.support.published import as_published
 
 PERIODS = 31
 SHORT_GAP = (10, 11)  # 2 missing periods: interpolated
@@ -78,15 +78,13 @@ def test_short_gap_is_filled_and_long_gap_is_flagged_until_it_scrolls_out(
             assert sorted(got) == sorted(iso(base + p * P) for p in observed)  # none made up
             for period in observed:
                 payload = got[iso(base + period * P)]
-                assert payload["raw"] == pytest.approx(series[period])
+                assert payload["raw"] == as_published(series[period])
                 if period in flagged:
                     assert payload["quality"] == ["gap"], period
                     assert payload["calibrated"] is None
                 elif period in ok:
                     assert payload["quality"] == ["ok"], period
-                    assert payload["calibrated"] == pytest.approx(
-                        float(expected[period]), rel=1e-4, abs=1e-3
-                    )
+                    assert payload["calibrated"] == as_published(float(expected[period]))
                 else:
                     assert payload["quality"] == ["warming_up"], period
         # The windows right after the short gap were calibrated on interpolated values.

@@ -12,7 +12,6 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from devkit.broker import Mosquitto
 from devkit.pty import PtySerial
@@ -31,6 +30,7 @@ from tests.gateway.e2e.harness import (
     write_config,
 )
 from tests.support.models import ModelFactory, corrupt_model_file
+from tests.support.published import as_published
 
 PHASES = ((0, N + 1), (N + 1, N + 3), (N + 3, N + 5))  # [start, end) periods per model phase
 PERIODS = PHASES[-1][1]
@@ -94,7 +94,7 @@ def test_dropped_in_model_is_validated_before_it_serves(
                 payload = got[iso(base + period * P)]
                 assert payload["quality"] == ["ok"], period  # windows survived the swaps
                 assert payload["model_version"] == version, period
-                assert payload["calibrated"] == pytest.approx(float(value), rel=1e-4, abs=1e-3)
+                assert payload["calibrated"] == as_published(float(value))
         assert daemon.status()["models"]["pm10"]["rejected"] == 1  # refused once, not retried
         assert daemon.stop() == 0
     finally:

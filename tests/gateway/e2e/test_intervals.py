@@ -8,7 +8,6 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from devkit.broker import Mosquitto
 from tesla_gateway.contract.manifest import PredictionIntervals, write_manifest
@@ -27,6 +26,7 @@ from tests.gateway.e2e.harness import (
     write_config,
 )
 from tests.support.models import ModelFactory
+from tests.support.published import as_published
 
 PERIODS = 14
 
@@ -37,7 +37,8 @@ def test_daemon_publishes_the_manifest_intervals_with_each_calibrated_value(
     model = model_factory.copy(tmp_path / "model", **MODEL)
     values = np.random.default_rng(7).uniform(5, 120, PERIODS).round(2)
     # Edges between the outputs this series will get, so the published values span 3 bins.
-    outputs = np.sort(litert_expected(model.path, windows_ending_at(values, range(N - 1, PERIODS))))
+    computed = litert_expected(model.path, windows_ending_at(values, range(N - 1, PERIODS)))
+    outputs = np.sort(computed)
     edges = [float(np.mean(outputs[i - 1 : i + 1])) for i in (2, 5)]
     intervals = PredictionIntervals(
         level=0.9, edges=edges, half_widths=[1.0, 3.0, 9.0], counts=[120, 120, 120],
@@ -58,14 +59,16 @@ def test_daemon_publishes_the_manifest_intervals_with_each_calibrated_value(
         assert all(m["calibrated"] is None and "interval" not in m for m in warm)
         ok = [got[iso(base + p * P)] for p in range(N - 1, PERIODS)]
         assert all(m["quality"] == ["ok"] for m in ok)
-        widths = {round(m["interval"]["high"] - m["calibrated"], 6) for m in ok}
-        assert widths == {1.0, 3.0, 9.0}  # every bin was looked up
-        for message in ok:
+        # Published to a tenth (each end and the value): widths within 0.1 of the bins'.
+        widths = {round(m["interval"]["high"] - m["calibrated"]) for m in ok}
+        assert widths == {1, 3, 9}  # every bin was looked up
+        for message, output in zip(ok, computed, strict=True):
             value = message["calibrated"]
-            low, high = intervals.interval(value)
+            assert value == as_published(float(output))
+            low, high = intervals.interval(float(output))
             assert message["interval"] == {
-                "low": pytest.approx(low),
-                "high": pytest.approx(high),
+                "low": as_published(low),
+                "high": as_published(high),
                 "level": 0.9,
             }
             assert message["interval"]["low"] <= value <= message["interval"]["high"]

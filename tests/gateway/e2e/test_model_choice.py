@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 
 from devkit.broker import Mosquitto
 from tesla_gateway.contract.manifest import load_manifest
@@ -34,6 +33,7 @@ from tests.gateway.e2e.harness import (
     wait_for,
     write_config,
 )
+from tests.support.published import as_published
 
 MODELS = Path(__file__).resolve().parents[3] / "models"
 PLAIN, COVARIATE = "pm10-ispra-1min", "pm10-ispra-1min-rh-temp"
@@ -126,9 +126,7 @@ def test_each_sensor_is_calibrated_by_the_model_of_its_channels(
                 assert payload["calibrated"] is None and payload["quality"] == ["warming_up"]
                 continue
             assert payload["model"] == model_of[sensor], (sensor, period, payload)
-            assert payload["calibrated"] == pytest.approx(
-                float(expected[sensor][period]), rel=1e-4, abs=1e-3
-            )
+            assert payload["calibrated"] == as_published(float(expected[sensor][period]))
 
     try:
         daemons.append(Daemon(config, state))

@@ -12,7 +12,6 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from devkit.broker import Mosquitto
 from devkit.pty import PtySerial
@@ -33,6 +32,7 @@ from tests.gateway.e2e.harness import (
     write_config,
 )
 from tests.support.models import ModelFactory
+from tests.support.published import as_published
 
 PERIODS = N + 6
 
@@ -74,7 +74,7 @@ def test_mqtt_and_serial_readings_are_calibrated_together(
                 payload = got[iso(base + period * P)]
                 assert payload["ts"] == iso(base + (period + 1) * P)
                 assert payload["period_s"] == P
-                assert payload["raw"] == pytest.approx(values[period])
+                assert payload["raw"] == as_published(values[period])
                 assert payload["unit"] == "µg/m³"
                 assert payload["model"] == "test-tesla"
                 if period < N - 1:
@@ -82,9 +82,7 @@ def test_mqtt_and_serial_readings_are_calibrated_together(
                     assert payload["calibrated"] is None
                 else:
                     assert payload["quality"] == ["ok"]
-                    assert payload["calibrated"] == pytest.approx(
-                        float(expected[period - N + 1]), rel=1e-4, abs=1e-3
-                    )
+                    assert payload["calibrated"] == as_published(float(expected[period - N + 1]))
         status = daemons[-1].status()
         assert status["readings_in"] == PERIODS * 5
         assert status["rejected"]["total"] == 0

@@ -13,7 +13,6 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from devkit.broker import Mosquitto
 from devkit.pty import PtySerial
@@ -33,6 +32,7 @@ from tests.gateway.e2e.harness import (
     write_config,
 )
 from tests.support.models import ModelFactory
+from tests.support.published import as_published
 
 BEFORE = N + 1
 PERIODS = BEFORE + 3
@@ -79,8 +79,8 @@ def test_restart_restores_windows_and_receives_readings_sent_while_down(
             for period, value in zip(after, expected, strict=True):
                 payload = got[iso(base + period * P)]
                 assert payload["quality"] == ["ok"], (sensor, period)
-                assert payload["raw"] == pytest.approx(values[period])
-                assert payload["calibrated"] == pytest.approx(float(value), rel=1e-4, abs=1e-3)
+                assert payload["raw"] == as_published(values[period])
+                assert payload["calibrated"] == as_published(float(value))
         status = daemons[-1].status()
         assert status["readings_in"] == 2 * (PERIODS - BEFORE)
         assert status["rejected"]["total"] == 0
