@@ -143,6 +143,7 @@ class GatewayService:
             tick_lock=self._tick_lock,
             queued=self._queued,
             handing_off=lambda: self._handing_off > 0,
+            outbox_in_memory=lambda: self.publisher is not None and self.publisher.outbox_in_memory,
             save_interval_s=config.state.save_interval_s,
         )
         self.reporter = Reporter(

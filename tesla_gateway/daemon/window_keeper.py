@@ -47,6 +47,7 @@ class WindowKeeper:
         tick_lock: asyncio.Lock,
         queued: Callable[[], int],
         handing_off: Callable[[], bool],
+        outbox_in_memory: Callable[[], bool],
         save_interval_s: float,
     ) -> None:
         self._models = models
@@ -58,6 +59,7 @@ class WindowKeeper:
         self._tick_lock = tick_lock  # a snapshot never falls between a tick and its submit
         self._queued = queued  # readings in the ingest queue: logged, not yet in a window
         self._handing_off = handing_off  # a tick's periods out of the windows, not in the outbox
+        self._outbox_in_memory = outbox_in_memory  # the disk refused the outbox: no durable copy
         self._save_interval_s = save_interval_s
 
     def sync_windows(self) -> None:
@@ -99,12 +101,23 @@ class WindowKeeper:
                 self._ingest_log.checkpointed(checkpoint)
 
     def _may_save(self) -> bool:
-        """False once a tick failed between taking its periods and handing them off."""
-        if not self._handing_off():
+        """False while a checkpoint would claim readings whose periods are nowhere durable.
+
+        A snapshot no longer holds the periods already calibrated, so it may only be written (and
+        the ingest log told those readings are covered) when their messages are in the outbox
+        file: not after a tick failed between taking its periods and handing them off, and not
+        while the outbox lives in memory (its state dir refused it). The previous snapshot and
+        checkpoint stay, so a crash meanwhile replays those readings.
+        """
+        if self._handing_off():
+            reason = "a tick's periods left the windows and never reached the outbox"
+        elif self._outbox_in_memory():
+            reason = "the outbox is in memory (its file was refused): its messages are not durable"
+        else:
             return True
         _log.error(
             "windows_not_saved",
-            reason="a tick's periods left the windows and never reached the outbox",
+            reason=reason,
             consequence="the previous snapshot and checkpoint stay; a restart replays them",
         )
         return False

@@ -17,6 +17,7 @@ on a disk that filled while its outbox held messages: it delivers them from memo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import subprocess
@@ -437,3 +438,51 @@ def test_restart_on_a_full_disk_keeps_the_outbox_and_runs_degraded(
         collector.close()
         outbound.stop()
     report("disk_full_restart", figures)
+
+
+def test_no_snapshot_or_checkpoint_while_the_outbox_is_in_memory(
+    tmp_path: Path, small_tmpfs: Path
+) -> None:
+    """Snapshots no longer hold calibrated periods, so a checkpoint taken while their messages
+    exist only in a memory outbox would let a crash lose them: the keeper waits for the file.
+    Real service, real windows and ingest log; the publisher's state dir is a full tmpfs."""
+    from structlog.testing import capture_logs
+
+    from tesla_gateway.contract.readings import Reading
+    from tesla_gateway.daemon.config import load_config
+    from tesla_gateway.daemon.service import GatewayService
+    from tesla_gateway.publish.publisher import Publisher
+
+    model = Path(__file__).resolve().parents[2] / "models" / "pm10-ispra-1min"
+    state = tmp_path / "state-ok"
+    config_file = tmp_path / "gateway.toml"
+    config_file.write_text(
+        f'gateway_id = "gw-1"\nstate_dir = "{state}"\n'
+        f'[[models]]\nfeature = "pm10"\nmodel_dir = "{model}"\n',
+        encoding="utf-8",
+    )
+    service = GatewayService(load_config(config_file))
+    service.models.refresh(force=True)
+    service.windows.sync_windows()
+    service.ingest_log.start()
+    now = time.time()
+    for minute in range(30):
+        service._ingest(Reading("s1", now - 1800 + 60 * minute, {"pm10": 20.0}, source="mqtt"))
+    fill(small_tmpfs)
+    service.publisher = Publisher(
+        service.config.publisher,
+        gateway_id="gw-1",
+        state_dir=small_tmpfs,
+        set_aside=service.set_aside,
+    )
+    try:
+        assert service.publisher.outbox_in_memory
+        with capture_logs() as logs:
+            service.windows.save_and_checkpoint()
+        assert not list(state.glob("windows/*.npz")), (
+            "a snapshot was written beside a memory outbox"
+        )
+        assert [e for e in logs if e["event"] == "windows_not_saved"]
+    finally:
+        asyncio.run(service.publisher.aclose())
+        service._instance.release()
