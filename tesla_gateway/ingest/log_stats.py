@@ -3,12 +3,16 @@ failed file operation (counted and logged, never raised: the daemon keeps calibr
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
-__all__ = ["IngestLogStats", "report_failure"]
+__all__ = ["REPEAT_LOG_S", "IngestLogStats", "report_failure"]
+
+REPEAT_LOG_S = 60.0  # a failure that repeats is logged at most this often
 
 _log = structlog.get_logger(__name__)
 
@@ -32,6 +36,9 @@ class IngestLogStats:
     covered_seq: int = 0
     next_seq: int = 0
     last_error: str | None = None
+    # Not reported: when a failure was last logged, and how many repeats were not since.
+    failure_logged_at: float | None = None
+    failures_not_logged: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -53,13 +60,28 @@ class IngestLogStats:
         }
 
 
-def report_failure(stats: IngestLogStats, directory: Path, what: str, exc: OSError) -> None:
-    """Keep the error for the stats topic and log it."""
+def report_failure(
+    stats: IngestLogStats,
+    directory: Path,
+    what: str,
+    exc: OSError,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Keep the error for the stats topic and log it: at once, then at most once a minute with
+    how many repeats were not logged (a full disk fails every write: 39 lines in 6 s before)."""
     stats.last_error = f"{what}: {exc.strerror or exc}"
+    now = clock()
+    if stats.failure_logged_at is not None and now - stats.failure_logged_at < REPEAT_LOG_S:
+        stats.failures_not_logged += 1
+        return
     _log.error(
         "ingest_log_failed",
         directory=str(directory),
         operation=what,
         error=exc.strerror or str(exc),
         errno=exc.errno,
+        not_logged_since=stats.failures_not_logged,
     )
+    stats.failure_logged_at = now
+    stats.failures_not_logged = 0

@@ -37,3 +37,33 @@ def test_status_line_and_stats_name_set_aside_files_and_an_unwritable_pid_file(
         assert stats["problems"] and "pid file" in stats["problems"][0]
     finally:
         service._instance.release()
+
+
+def test_a_status_file_that_cannot_be_written_is_logged_once_then_on_recovery(
+    tmp_path: Path,
+) -> None:
+    """status.json fails at every interval on a full disk: one line, not one per interval."""
+    from structlog.testing import capture_logs
+
+    state = tmp_path / "state"
+    config_file = tmp_path / "gateway.toml"
+    config_file.write_text(
+        f'gateway_id = "gw-1"\nstate_dir = "{state}"\n'
+        f'[[models]]\nfeature = "pm10"\nmodel_dir = "{DEFAULT_MODEL}"\n',
+        encoding="utf-8",
+    )
+    service = GatewayService(load_config(config_file))
+    state.mkdir(exist_ok=True)
+    status_file = service.config.status_file
+    status_file.mkdir()  # a directory where the file goes: every write fails, as on a full disk
+    try:
+        with capture_logs() as logs:
+            for _ in range(20):
+                service.reporter.write_status({})
+            status_file.rmdir()
+            service.reporter.write_status({})
+        events = [e["event"] for e in logs if e["event"].startswith("status_write")]
+        assert events == ["status_write_failed", "status_write_recovered"]
+        assert status_file.is_file()
+    finally:
+        service._instance.release()

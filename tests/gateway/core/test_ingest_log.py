@@ -362,3 +362,23 @@ def test_a_sync_out_of_file_descriptors_is_retried_not_fatal(tmp_path: Path) -> 
     loop.close()
     assert log.stats.fsyncs == 1
     assert replayed_by_a_restart(tmp_path) == [reading(index) for index in range(5)]
+
+
+def test_a_failure_that_repeats_is_logged_at_most_once_a_minute(tmp_path: Path) -> None:
+    """A full disk fails every write: one line when it starts, then one a minute with a count."""
+    from structlog.testing import capture_logs
+
+    from tesla_gateway.ingest.log_stats import IngestLogStats, report_failure
+
+    stats = IngestLogStats()
+    now = [1000.0]
+    full = OSError(28, "No space left on device")
+    with capture_logs() as logs:
+        for step in range(5):
+            now[0] = 1000.0 + 10 * step
+            report_failure(stats, tmp_path, "write", full, clock=lambda: now[0])
+        now[0] = 1061.0
+        report_failure(stats, tmp_path, "write", full, clock=lambda: now[0])
+    lines = [e for e in logs if e["event"] == "ingest_log_failed"]
+    assert [line["not_logged_since"] for line in lines] == [0, 4]
+    assert stats.last_error == "write: No space left on device"
