@@ -76,7 +76,7 @@ def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--reference-uncertainty",
         type=float,
         default=0.0,
-        help="u(x) of the reference in the GDE formula, ug/m3 (default 0: conservative)",
+        help="u(x) of the reference in the GDE formula, µg/m³ (default 0: conservative)",
     )
     parser.add_argument(
         "--history-periods",
@@ -84,6 +84,23 @@ def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         metavar="K",
         help="score as if every sensor had only its last K periods (1..N; the older part of "
         "each window edge-padded, as the gateway pads a new sensor's window)",
+    )
+
+
+def _add_history_curve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "history-curve",
+        help="a model's error by history length on its test sensor: JSON, table and plot",
+    )
+    parser.add_argument("--model", type=Path, required=True, help="model directory")
+    parser.add_argument("--dataset", required=True, help="registered dataset, e.g. ispra-1min")
+    parser.add_argument("--data", type=Path, help="folder for --dataset (default ../shared/data)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for <model>.json/.md/.png")
+    parser.add_argument(
+        "--baseline", type=Path, help="another model directory scored the same way (e.g. before)"
+    )
+    parser.add_argument(
+        "--points", help="history lengths K, comma-separated (default: log-spaced 1..N)"
     )
 
 
@@ -362,6 +379,24 @@ def _default_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _history_curve(args: argparse.Namespace) -> int:
+    from tesla_gateway.contract.manifest import load_manifest
+    from training.data import load_dataset
+    from training.defaults import DEFAULT_MODELS
+    from training.history_report import measure, table, write_report
+
+    name = load_manifest(args.model).name
+    targets = next((d.history_targets for d in DEFAULT_MODELS if d.name == name), ())
+    points = None if args.points is None else tuple(int(k) for k in _channel_list(args.points))
+    report = measure(
+        args.model, load_dataset(args.dataset, args.data), points=points, baseline_dir=args.baseline
+    )
+    written = write_report(report, args.out, targets)
+    print(table(report, targets))
+    print(json.dumps({"written": [str(path) for path in written]}))
+    return 0
+
+
 def _trust_fields(manifest: Manifest) -> dict[str, object]:
     return {
         "validation": None
@@ -378,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(sub)
     _add_evaluate(sub)
     _add_defaults(sub)
+    _add_history_curve(sub)
     _add_release_commands(sub)
     bench_cli.add_parser(sub)
     retrain_cli.add_parser(sub)
@@ -391,6 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "export": _export,
         "evaluate": _evaluate,
         "default-models": _default_models,
+        "history-curve": _history_curve,
         "keygen": _keygen,
         "release": _release,
         "push": _push,

@@ -40,6 +40,7 @@ from training.data import (
 from training.errors import DataError, DivergedTrainingError, RunDirError
 from training.harm import compare_on
 from training.history import sample_history, truncate
+from training.history_fit import fine_tune
 from training.metrics import LinearCalibration, error_metrics
 from training.models import ModelConfig, TeslaConfig, build_model
 
@@ -102,6 +103,24 @@ class TrainConfig(BaseModel):
             "as the gateway pads a young sensor (training/history.py); above 0 the model "
             "calibrates from one period of history. Early stopping still watches whole windows."
         ),
+    )
+    partial_history_epochs: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "0: truncated windows mixed in from the first epoch. Above 0: train on whole windows "
+            "first, then fine-tune this many epochs with truncated ones and keep the epoch with "
+            "the best short-history validation RMSE (training/history_fit.py)."
+        ),
+    )
+    partial_history_learning_rate: float = Field(
+        default=1e-4, gt=0, description="Adam step size of the short-history fine-tuning."
+    )
+    partial_history_tolerance: float = Field(
+        default=0.01,
+        ge=0,
+        description="Fine-tuned weights are kept only while the whole-window validation RMSE "
+        "stays within this share of the first phase's.",
     )
 
 
@@ -307,13 +326,15 @@ def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") ->
     model.compile(optimizer=keras.optimizers.Adam(config.learning_rate), loss="mse")
 
     validation_x, validation_y = prepared.validation.gather(np.arange(len(prepared.validation)))
+    indices = _training_indices(config, prepared.train)
+    two_phases = config.partial_history_fraction > 0 and config.partial_history_epochs > 0
     history = model.fit(
         WindowBatches(
             prepared.train,
-            _training_indices(config, prepared.train),
+            indices,
             config.batch_size,
             config.seed,
-            config.partial_history_fraction,
+            0.0 if two_phases else config.partial_history_fraction,
         ),
         validation_data=(validation_x, validation_y),
         epochs=config.epochs,
@@ -327,14 +348,22 @@ def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") ->
         ],
         verbose=verbose,
     )
+    history_values = {k: [float(v) for v in vs] for k, vs in history.history.items()}
+    if two_phases:
+        batches = WindowBatches(
+            prepared.train, indices, config.batch_size, config.seed + 1,
+            config.partial_history_fraction,
+        )  # fmt: skip
+        history_values.update(
+            fine_tune(model, config, prepared, batches, verbose=verbose).as_history()
+        )
     linear = LinearCalibration.fit(prepared.train.current_raw(), prepared.train.targets())
     validation_predicted = predict_windows(model, prepared.validation)
-    _refuse_diverged(config, validation_predicted, history.history)
+    _refuse_diverged(config, validation_predicted, history_values)
     validation = error_metrics(validation_predicted, validation_y)
     baselines = compare_on(prepared.validation, validation_predicted, linear)
     test = _test_metrics(model, prepared, linear)
 
-    history_values = {k: [float(v) for v in vs] for k, vs in history.history.items()}
     write_run(
         run_dir,
         config=config,

@@ -18,6 +18,7 @@ from training.data import generate_synthetic
 from training.errors import DataError
 from training.evaluate import evaluate_model_dir
 from training.history import history_points, sample_history, truncate
+from training.history_report import HistoryTarget, measure, write_report
 from training.model_dir import export_run
 from training.models import TeslaConfig
 from training.train import TrainConfig, WindowBatches, prepare_data, train
@@ -152,3 +153,45 @@ def test_evaluate_cli_takes_history_periods(model_dir: Path, tmp_path: Path) -> 
         capture_output=True, text=True, check=False, timeout=300,
     )  # fmt: skip
     assert json.loads(json_run.stdout.strip().splitlines()[-1])["history_periods"] == 2
+
+
+@pytest.mark.slow
+def test_two_phases_keep_the_whole_window_accuracy(tmp_path: Path) -> None:
+    """Whole windows first, then fine-tuning on truncated ones: the kept epoch's whole-window
+    validation RMSE is within the tolerance of the first phase's, and the model is that epoch's."""
+    config = _config(0.5).model_copy(
+        update={"epochs": 2, "partial_history_epochs": 2, "partial_history_tolerance": 0.05}
+    )
+    result = train(config, tmp_path / "run", verbose=0)
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    whole, short = history["fine_tune_whole_rmse"], history["fine_tune_short_rmse"]
+    assert len(whole) == len(short) == 3 and len(history["loss"]) == 2
+    chosen = int(history["fine_tune_chosen_epoch"][0])
+    assert whole[chosen] <= whole[0] * 1.05
+    assert short[chosen] == min(
+        s for s, w in zip(short, whole, strict=True) if w <= whole[0] * 1.05
+    )
+    assert result.validation.rmse == pytest.approx(whole[chosen], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_history_curve_writes_the_json_table_and_plot(model_dir: Path, tmp_path: Path) -> None:
+    data = generate_synthetic(**OPTIONS)  # type: ignore[arg-type]
+    report = measure(model_dir, data, points=(1, 4, N), baseline_dir=model_dir)
+    manifest = load_manifest(model_dir)
+    assert [p.periods for p in report.points] == [1, 4, N]
+    assert report.linear_rmse == manifest.test.linear.rmse
+    assert report.points[-1].rmse == pytest.approx(manifest.test.model.rmse, rel=1e-3)
+    assert all(p.baseline_rmse == pytest.approx(p.rmse) for p in report.points)
+    easy, hard = HistoryTarget(1, 100.0, "easy"), HistoryTarget(4, 0.0, "impossible")
+    written = write_report(report, tmp_path, (easy, hard))
+    assert [path.suffix for path in written] == [".json", ".md", ".png"]
+    document = json.loads(written[0].read_text())
+    assert [t["met"] for t in document["targets"]] == [True, False]
+    assert document["targets"][1]["worst_ratio"] == report.ratio_from(4)
+    text = written[1].read_text()
+    assert "| easy | worst" in text and "| **no** |" in text
+    assert "whole window (K = N) within 2% of before | +0.0% vs before | yes" in text
+    assert written[2].read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(DataError, match="reach down"):
+        measure(model_dir, data, points=(4, N)).ratio_from(1)
