@@ -44,7 +44,7 @@ SEQ_MAX = 2**32 - 1  # a node's per-reading sequence number is a uint32 (wraps)
 _KEPT = ", the reading kept"
 
 # Physically possible values per field; outside them a reading is a fault, not weather.
-# PMS5003: effective range 0-500 ug/m3, maximum 1000 (datasheet); RH in %; temperature in degC.
+# PMS5003: effective range 0-500 µg/m³, maximum 1000 (datasheet); RH in %; temperature in degC.
 FIELD_LIMITS: Mapping[str, tuple[float, float]] = MappingProxyType(
     {
         "pm1": (0.0, 1000.0),

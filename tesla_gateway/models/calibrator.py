@@ -160,7 +160,7 @@ class Calibrator:
             raise ModelLoadError(f"{self.model_dir}: test invoke failed: {exc}") from exc
         if not math.isfinite(value):
             raise ModelLoadError(
-                f"{self.model_dir}: test invoke on a constant window of {median} ug/m3 returned "
+                f"{self.model_dir}: test invoke on a constant window of {median} µg/m³ returned "
                 f"{value}; the model is broken, refusing it"
             )
 

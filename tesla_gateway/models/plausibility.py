@@ -1,7 +1,7 @@
 """The bound on what a model may publish: a number no concentration could be is not ``ok``.
 
 A signed model can still compute nonsense (wrong weights, a broken export, a graph that
-extrapolates wildly): raw 20 ug/m3 in, -10,770 out. The gateway checks every output against the
+extrapolates wildly): raw 20 µg/m³ in, -10,770 out. The gateway checks every output against the
 model's own manifest and publishes it only inside these bounds (docs/mqtt.md, "implausible"):
 
 * **below zero beyond the interval**: ``value + w < 0``, with ``w`` the half-width of the
@@ -85,11 +85,11 @@ class PlausibleRange:
         width = float(self.half_widths[int(np.searchsorted(self.edges, value, side="right"))])
         if value + width < 0:
             return (
-                f"{value:.6g} ug/m3 lies below zero by more than its interval half-width "
+                f"{value:.6g} µg/m³ lies below zero by more than its interval half-width "
                 f"{width:.4g}"
             )
         ceiling = HIGH_FACTOR * max(self.trained_max, raw if math.isfinite(raw) else 0.0)
         return (
-            f"{value:.6g} ug/m3 exceeds {HIGH_FACTOR:g} x max(trained maximum "
+            f"{value:.6g} µg/m³ exceeds {HIGH_FACTOR:g} x max(trained maximum "
             f"{self.trained_max:.4g} ({self.trained_max_source}), raw {raw:.4g}) = {ceiling:.4g}"
         )

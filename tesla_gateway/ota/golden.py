@@ -12,7 +12,7 @@ Agreeing with its own golden windows proves the graph is the one released, not t
 sane: a release tool signs whatever the graph computes. :func:`check_plausible` therefore also
 holds the outputs on those windows (or, without golden windows, on constant windows at the
 training inputs' p01, p50 and p99) to the bound every published value meets at run time
-(tesla_gateway/models/plausibility.py): a model that answers raw 20 ug/m3 with -10,770 is
+(tesla_gateway/models/plausibility.py): a model that answers raw 20 µg/m³ with -10,770 is
 refused before it serves.
 """
 
@@ -45,9 +45,9 @@ __all__ = [
 ]
 
 GOLDEN_FILENAME = "golden.json"
-# Outputs are in ug/m3. The same graph under another LiteRT build, thread count or batch size
+# Outputs are in µg/m³. The same graph under another LiteRT build, thread count or batch size
 # differs by float rounding only (measured: docs/ota-protocol.md, "Golden windows"); a wrong
-# graph differs by whole ug/m3.
+# graph differs by whole µg/m³.
 GOLDEN_ABS_TOLERANCE = 1e-3
 GOLDEN_REL_TOLERANCE = 1e-4
 
@@ -148,7 +148,7 @@ def check_plausible(calibrator: _Bounded, golden: GoldenWindows | None) -> None:
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise ImplausibleReleaseError(
-            f"the model's output for {what} {row} (newest raw {float(last[row]):.4g} ug/m3) is "
+            f"the model's output for {what} {row} (newest raw {float(last[row]):.4g} µg/m³) is "
             f"implausible: {calibrator.plausible.reason(float(outputs[row]), float(last[row]))}"
             f" ({int(bad.sum())} of {len(outputs)} reference windows); the manifest's own "
             "training range and intervals say no concentration could be that: check the "

@@ -57,7 +57,7 @@ def test_a_signed_release_emitting_ten_thousands_is_refused_and_nothing_changes(
     assert raised.value.reason == "implausible"
     message = str(raised.value)
     # The first golden window is constant at the training inputs' p01 (1 ug/m3): -500 out.
-    assert "golden window 0" in message and "-500 ug/m3 lies below zero" in message
+    assert "golden window 0" in message and "-500 µg/m³ lies below zero" in message
     assert snapshot(model_dir) == before  # not a byte changed, no slot left behind
 
 
