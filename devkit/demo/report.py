@@ -56,6 +56,9 @@ def write_traces(board: Scoreboard, path: Path) -> Path:
                 "reference",
                 "quality",
                 "model",
+                "interval_low",
+                "interval_high",
+                "history_periods",
             ]
         )
         for score in board.sensors.values():
@@ -71,15 +74,25 @@ def write_traces(board: Scoreboard, path: Path) -> Path:
                         "" if not math.isfinite(output.reference) else output.reference,
                         " ".join(output.quality),
                         output.model or "",
+                        "" if output.low is None else round(output.low, 3),
+                        "" if output.high is None else round(output.high, 3),
+                        "" if output.history_periods is None else output.history_periods,
                     ]
                 )
     return path
 
 
 def write_plot(
-    board: Scoreboard, demo_slice: DemoSlice, path: Path, roles: dict[str, str], title: str
+    board: Scoreboard,
+    demo_slice: DemoSlice,
+    path: Path,
+    roles: dict[str, str],
+    *,
+    title: str,
+    window_length: int,
 ) -> Path | None:
-    """Raw, calibrated and reference traces per sensor; None if matplotlib is not installed."""
+    """Raw, calibrated (with its 90 % interval as a band) and reference traces per sensor, the
+    model that calibrated each; None if matplotlib is not installed."""
     try:
         import matplotlib
 
@@ -92,7 +105,7 @@ def write_plot(
         len(sensors), 1, figsize=(12, 3.2 * len(sensors)), sharex=True, squeeze=False
     )
     for axis, score in zip(axes[:, 0], sensors, strict=True):
-        _plot_sensor(axis, score, demo_slice, roles.get(score.sensor_id, ""))
+        _plot_sensor(axis, score, demo_slice, roles.get(score.sensor_id, ""), window_length)
     axes[-1, 0].set_xlabel("time (UTC), replayed")
     figure.suptitle(title)
     figure.tight_layout()
@@ -102,7 +115,7 @@ def write_plot(
     return path
 
 
-def _plot_sensor(axis: Any, score: Any, demo_slice: DemoSlice, role: str) -> None:
+def _plot_sensor(axis: Any, score: Any, demo_slice: DemoSlice, role: str, n: int) -> None:
     starts = sorted(score.outputs)
     times = [datetime.fromtimestamp(start, UTC) for start in starts]
     outputs = [score.outputs[start] for start in starts]
@@ -122,14 +135,37 @@ def _plot_sensor(axis: Any, score: Any, demo_slice: DemoSlice, role: str) -> Non
         label="reference (station)",
     )
     axis.plot(times, raw, color="tab:gray", linewidth=0.8, alpha=0.8, label="raw (PMS5003)")
+    low = [math.nan if o.low is None else o.low for o in outputs]
+    high = [math.nan if o.high is None else o.high for o in outputs]
+    if any(math.isfinite(value) for value in high):
+        axis.fill_between(
+            times, low, high, color="tab:blue", alpha=0.18, linewidth=0, label="90 % interval"
+        )
     axis.plot(times, calibrated, color="tab:blue", linewidth=1.0, label="calibrated (gateway)")
     warm = [t for t, o in zip(times, outputs, strict=True) if "warming_up" in o.quality]
     if warm:
         axis.axvspan(warm[0], warm[-1], color="tab:orange", alpha=0.12, label="warm-up")
+    young = [
+        t
+        for t, o in zip(times, outputs, strict=True)
+        if o.calibrated is not None and o.history_periods is not None and o.history_periods < n
+    ]
+    if young:  # calibrated from a window not yet whole: the interval is wider there
+        axis.axvline(young[-1], color="tab:green", linewidth=0.9, linestyle="--")
+        axis.annotate(
+            f"whole window ({n} periods) from here",
+            (young[-1], 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(4, -12),
+            textcoords="offset points",
+            fontsize=7,
+            color="tab:green",
+        )
     axis.set_ylabel("PM10 µg/m³")
+    models = ", ".join(sorted(score.models)) or "no calibration"
     axis.set_title(
-        f"{score.sensor_id} via {score.link}{f' ({role})' if role else ''}: RMSE raw "
-        f"{_fmt(score.rmse_raw)} → calibrated {_fmt(score.rmse_calibrated)} µg/m³ "
+        f"{score.sensor_id} via {score.link}{f' ({role})' if role else ''}, model {models}: "
+        f"RMSE raw {_fmt(score.rmse_raw)} → calibrated {_fmt(score.rmse_calibrated)} µg/m³ "
         f"over {score.scored} periods",
         fontsize=10,
     )

@@ -26,6 +26,9 @@ class Output:
     reference: float
     quality: tuple[str, ...]
     model: str | None = None  # the model that calibrated it (several serve pm10: channels)
+    low: float | None = None  # the published prediction interval, when there is one
+    high: float | None = None
+    history_periods: int | None = None  # periods of history the window had (N: whole)
 
 
 @dataclass(slots=True)
@@ -126,6 +129,8 @@ class Scoreboard:
                 reference=self._reference[score.sensor_id].get(start.timestamp(), math.nan),
                 quality=tuple(str(flag) for flag in document["quality"]),
                 model=None if document.get("model") is None else str(document["model"]),
+                **_interval(document.get("interval")),
+                history_periods=_optional_int(document.get("history_periods")),
             )
         except (ValueError, KeyError, TypeError, AttributeError):
             self.malformed += 1
@@ -136,6 +141,21 @@ class Scoreboard:
     def complete(self) -> bool:
         """Every period sent so far has come back."""
         return all(len(score.outputs) >= score.sent for score in self.sensors.values())
+
+
+def _interval(interval: object) -> dict[str, float | None]:
+    """``low``/``high`` of a published interval (both None without one)."""
+    if not isinstance(interval, dict):
+        return {"low": None, "high": None}
+    return {"low": _optional(interval.get("low")), "high": _optional(interval.get("high"))}
+
+
+def _optional_int(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"not an integer: {value!r}")
+    return value
 
 
 def _optional(value: object) -> float | None:

@@ -77,10 +77,11 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoOutcome:
     span = demo_slice.end - demo_slice.start + manifest.period_seconds
     speed = options.speed if options.speed is not None else span / options.seconds
     wall_seconds = min(options.seconds, span / speed)
-    if wall_seconds * speed < manifest.window_length * manifest.period_seconds:
+    if wall_seconds * speed < manifest.calibrates_from * manifest.period_seconds:
         out.write(
-            f"note: {wall_seconds:.0f} s at {speed:.0f}x replays less than one window "
-            f"({manifest.window_length} periods): nothing will be calibrated\n"
+            f"note: {wall_seconds:.0f} s at {speed:.0f}x replays less than the "
+            f"{manifest.calibrates_from} periods the model calibrates from: nothing will be "
+            "calibrated\n"
         )
     options.out_dir.mkdir(parents=True, exist_ok=True)
     daemon_log = options.out_dir / "gateway.log"
@@ -180,11 +181,21 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoOutcome:
             )
     summary = summary_table(board, roles)
     traces = write_traces(board, options.out_dir / "demo-traces.csv")
-    title = (
-        f"{manifest.name} v{manifest.version} (N={manifest.window_length}) in the gateway "
-        "daemon, on the replayed Ispra demo slice"
+    served = [f"{manifest.name} v{manifest.version} (PM10 only)"] + (
+        [] if covariate is None else [f"{covariate.name} v{covariate.version} (PM10, rh, temp_c)"]
     )
-    plot = write_plot(board, demo_slice, options.out_dir / "demo-traces.png", roles, title=title)
+    title = (
+        f"The gateway daemon on the replayed Ispra demo slice: {' and '.join(served)}, "
+        f"N={manifest.window_length}, calibrated from period {manifest.calibrates_from}"
+    )
+    plot = write_plot(
+        board,
+        demo_slice,
+        options.out_dir / "demo-traces.png",
+        roles,
+        title=title,
+        window_length=manifest.window_length,
+    )
     return DemoOutcome(board, summary, plot, traces, exit_code)
 
 
@@ -236,6 +247,7 @@ async def _replay(
                 header=settings.header,
                 history_end=demo_slice.end,
                 window_length=settings.manifest.window_length,
+                calibrates_from=settings.manifest.calibrates_from,
                 check=daemon.check_alive,
             )
             async with asyncio.TaskGroup() as group:

@@ -46,6 +46,7 @@ class LiveView:
         history_end: float,
         window_length: int,
         check: Callable[[], None],
+        calibrates_from: int | None = None,
     ) -> None:
         self._board = scoreboard
         self._clock = clock
@@ -54,6 +55,7 @@ class LiveView:
         self._header = header
         self._history_end = history_end
         self._window_length = window_length
+        self._calibrates_from = window_length if calibrates_from is None else calibrates_from
         self._check = check  # raises if something the demo depends on has died
 
     async def run(self) -> None:
@@ -112,7 +114,13 @@ class LiveView:
         lines += [
             "",
             f"{dim}µg/m³; errors against the station reference over the n calibrated periods; "
-            f"the first {self._window_length - 1} periods of each sensor are warm-up.{reset}",
+            + (
+                f"the first {self._window_length - 1} periods of each sensor are warm-up."
+                if self._calibrates_from >= self._window_length
+                else f"calibrated from period {self._calibrates_from}, with the history the "
+                f"sensor has; its window is whole after {self._window_length} periods."
+            )
+            + reset,
         ]
         return "\n".join(lines)
 

@@ -12,7 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.models import ModelFactory
+from tesla_gateway.contract.manifest import PredictionIntervals, write_manifest
+from tests.support.models import ModelFactory, TestModel
 
 DEMO_TIMEOUT_S = 120
 SENSORS = ("4065D0", "4065E0", "4065ED")
@@ -28,6 +29,17 @@ def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _calibrates_from_one_period(model: TestModel) -> None:
+    """As the committed defaults do: min_history_periods 1, with intervals to draw."""
+    intervals = PredictionIntervals(
+        level=0.9, edges=[], half_widths=[3.0], counts=[100], calibration_sensor="v"
+    )
+    write_manifest(
+        model.path,
+        model.manifest.model_copy(update={"min_history_periods": 1, "intervals": intervals}),
+    )
+
+
 def test_demo_runs_the_daemon_and_ends_by_itself(
     tmp_path: Path, model_factory: ModelFactory
 ) -> None:
@@ -39,6 +51,8 @@ def test_demo_runs_the_daemon_and_ends_by_itself(
         name="test-rh-temp",
         extra_channels=("rh", "temp_c"),
     )
+    for served in (model, covariate):
+        _calibrates_from_one_period(served)
     out = tmp_path / "out"
     # 4 s at one replayed hour per second: 240 minutes per sensor, N = 8.
     result = run_demo(
@@ -54,7 +68,10 @@ def test_demo_runs_the_daemon_and_ends_by_itself(
     by_sensor = {s: [r for r in rows if r["sensor_id"] == s] for s in SENSORS}
     for sensor, sensor_rows in by_sensor.items():
         assert len(sensor_rows) > 100, sensor
-        assert sum(r["quality"] == "warming_up" for r in sensor_rows) == 7
+        # calibrated from the first period on, with the history it had and an interval
+        assert not any(r["quality"] == "warming_up" for r in sensor_rows)
+        assert sensor_rows[0]["calibrated"] != "" and sensor_rows[0]["interval_high"] != ""
+        assert [int(r["history_periods"]) for r in sensor_rows[:9]] == [1, 2, 3, 4, 5, 6, 7, 8, 8]
         assert sum(r["calibrated"] != "" for r in sensor_rows) > 50
     assert {r["link"] for r in rows} == {"mqtt", "serial"}
     # The first node has no humidity sensor (PM10 only): the PM-only model calibrates it; the
