@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from tesla_gateway.errors import GatewayError
 from training.bench import cli as bench_cli
+from training.cli_types import model_name
 from training.errors import TrainingError
 from training.retrain import cli as retrain_cli
 
@@ -47,7 +48,9 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     parser = sub.add_parser("export", help="export a run to a verified model directory")
     parser.add_argument("--run", type=Path, required=True, help="run directory from `train`")
     parser.add_argument("--out", type=Path, required=True, help="model directory to write")
-    parser.add_argument("--name", required=True, help="model name, e.g. pm10-ispra-1min")
+    parser.add_argument(
+        "--name", required=True, type=model_name, help="model name, e.g. pm10-ispra-1min"
+    )
     parser.add_argument("--version", type=int, help="release number (default: Unix time)")
     parser.add_argument(
         "--targets",

@@ -36,6 +36,7 @@ from tesla_gateway.errors import ManifestError, ModelIntegrityError
 
 __all__ = [
     "MANIFEST_FILENAME",
+    "MODEL_NAME_PATTERN",
     "DataSummary",
     "ErrorMetrics",
     "HistoryIntervals",
@@ -57,6 +58,8 @@ MANIFEST_FILENAME = "manifest.json"
 SCHEMA_VERSION: Literal[1] = 1
 
 Precision = Literal["float32", "int8"]
+# A model name: in directory names, topics and logs (training checks it before an export starts).
+MODEL_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 # An absolute POSIX path inside a text: '/' not preceded by a name character, up to a separator.
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/[^\s:,;]+")
 
@@ -231,7 +234,7 @@ class Manifest(_Strict):
     """What a runtime needs to run a model correctly and a person needs to trust it."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$", description="Model family name.")
+    name: str = Field(pattern=MODEL_NAME_PATTERN, description="Model family name.")
     version: int = Field(
         ge=1, lt=2**32, description="Monotonic release number; updates must carry a larger one."
     )

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from training.cli_types import model_name
 from training.errors import RetrainError
 
 __all__ = ["add_parser", "run"]
@@ -44,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--seed", type=int)
     parser.add_argument("--pairs-weight", type=int, help="repeat each pairs window per epoch")
     parser.add_argument("--max-original-windows", type=int)
-    parser.add_argument("--name", help="model name (default: the champion's)")
+    parser.add_argument("--name", type=model_name, help="model name (default: the champion's)")
     parser.add_argument("--key", type=Path, help="private key: sign an accepted challenger")
     parser.add_argument("--target", choices=("gateway", "node"))
     parser.add_argument("--broker", help="HOST:PORT: push the signed release there")
