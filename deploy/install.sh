@@ -20,7 +20,8 @@
 #              remote: the broker to connect to (required)
 # --broker-port N, --broker-user NAME, --broker-ca FILE  remote only: port (1883, or 8883
 #              with --broker-ca), user name (tesla-gateway) and the CA that signed the broker's
-#              certificate (TLS); the password goes into /etc/tesla-gateway/credentials/tesla-gateway
+#              certificate (TLS); the password goes into
+#              /etc/tesla-gateway/credentials/tesla-gateway
 # --node ID    a sensor node allowed to publish sensors/ID/raw (repeatable; kept across runs
 #              in /etc/tesla-gateway/mqtt-nodes; local broker only)
 # --root DIR   install into DIR instead of / (a throwaway tree: no apt, no systemctl; the
@@ -61,7 +62,9 @@ MQTT_GATEWAY_USER="tesla-gateway"
 MQTT_READER_USER="tesla-reader"
 MQTT_RELEASE_USER="tesla-release"
 
-usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() {  # the comment block at the top of this file
+    awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit "${1:-0}"
+}
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -95,13 +98,18 @@ done
 case "$BROKER" in
     local)
         if [[ -n "$BROKER_PORT$BROKER_USER$BROKER_CA" ]]; then
-            echo "install.sh: --broker-port, --broker-user and --broker-ca are for --broker remote" >&2
+            echo "install.sh: --broker-port, --broker-user and --broker-ca are for" \
+                "--broker remote" >&2
             exit 2
         fi
         [[ -n "$BROKER_HOST" ]] || BROKER_HOST="$(hostname -f 2>/dev/null || hostname)" ;;
     remote)
-        [[ -n "$BROKER_HOST" ]] || { echo "install.sh: --broker remote needs --broker-host" >&2; exit 2; }
-        [[ -n "$BROKER_CA" ]] && { [[ -r "$BROKER_CA" ]] || { echo "install.sh: cannot read --broker-ca $BROKER_CA" >&2; exit 2; }; }
+        if [[ -z "$BROKER_HOST" ]]; then
+            echo "install.sh: --broker remote needs --broker-host" >&2; exit 2
+        fi
+        if [[ -n "$BROKER_CA" && ! -r "$BROKER_CA" ]]; then
+            echo "install.sh: cannot read --broker-ca $BROKER_CA" >&2; exit 2
+        fi
         [[ -n "$BROKER_PORT" ]] || BROKER_PORT="$([[ -n "$BROKER_CA" ]] && echo 8883 || echo 1883)"
         [[ -n "$BROKER_USER" ]] || BROKER_USER="tesla-gateway"
         [[ "$BROKER_PORT" =~ ^[0-9]{1,5}$ && "$BROKER_PORT" -ge 1 && "$BROKER_PORT" -le 65535 ]] \
@@ -351,7 +359,8 @@ ensure_file "$SOURCE/deploy/gateway.example.toml" "$CONF_DIR/gateway.example.tom
 if [[ "$BROKER" == "local" ]]; then
     BROKER_CONNECT=(127.0.0.1 "$PLAIN_PORT" "$MQTT_GATEWAY_USER" "")
 else
-    BROKER_CONNECT=("$BROKER_HOST" "$BROKER_PORT" "$BROKER_USER" "${BROKER_CA:+$CONF_DIR/broker-ca.pem}")
+    BROKER_CONNECT=("$BROKER_HOST" "$BROKER_PORT" "$BROKER_USER"
+        "${BROKER_CA:+$CONF_DIR/broker-ca.pem}")
     [[ -n "$BROKER_CA" ]] && ensure_file "$BROKER_CA" "$CONF_DIR/broker-ca.pem" 0644 root root
 fi
 gateway_toml() {  # gateway.toml.in for this gateway and its broker (host, port, user, CA)
@@ -394,79 +403,86 @@ if [[ "$BROKER" == "remote" ]]; then
         "(Settings, People) or a login of the Mosquitto add-on"
 fi
 
+# --- the local broker: the gateway's users, ACL, certificates and listeners --------------
+BROKER_CHANGED=0  # mosquitto restarts only for its own files
 if [[ "$BROKER" == "local" ]]; then
-ensure_content "$CONF_DIR/mqtt-nodes" 0640 root root < <(printf '%s\n' "$all_nodes" | sed '/^$/d')
-if [[ $OWNED -eq 1 && ! -e "$R$CONF_DIR/mqtt-broker-owned" ]]; then
-    ensure_content "$CONF_DIR/mqtt-broker-owned" 0640 root root \
-        <<< "mosquitto was installed by deploy/install.sh: its local only mode served nobody"
-fi
-ensure_dir "$MOSQ_DIR" 0755 root root
-ensure_dir "$MOSQ_DIR/certs" 0755 root root
-ensure_dir "$MOSQ_DIR/conf.d" 0755 root root
-if [[ ! -e "$R$OWN_PASSWD" ]]; then act install -m 0640 /dev/null "$R$OWN_PASSWD"; fi
-for user in "${users[@]}"; do
-    secret="$CONF_DIR/credentials/$user"
-    new_secret "$secret"
-    if [[ "$user" == "$MQTT_GATEWAY_USER" ]]; then
-        ensure_meta "$secret" 0640 root "$SERVICE_USER"  # the daemon's password_file
-    else
-        ensure_meta "$secret" 0600 root root  # for the operator to hand to that client
+    broker_before=$CHANGED
+    ensure_content "$CONF_DIR/mqtt-nodes" 0640 root root \
+        < <(printf '%s\n' "$all_nodes" | sed '/^$/d')
+    if [[ $OWNED -eq 1 && ! -e "$R$CONF_DIR/mqtt-broker-owned" ]]; then
+        ensure_content "$CONF_DIR/mqtt-broker-owned" 0640 root root \
+            <<< "mosquitto was installed by deploy/install.sh: its local only mode served nobody"
     fi
-    if ! grep -q "^$user:" "$R$OWN_PASSWD" 2>/dev/null; then
-        if [[ $DRY_RUN -eq 1 ]]; then echo "would: add $user to $OWN_PASSWD"; CHANGED=$((CHANGED + 1))
-        else act mosquitto_passwd -b "$R$OWN_PASSWD" "$user" "$(cat "$R$secret")"; fi
-    fi
-done
-ensure_meta "$OWN_PASSWD" 0640 root "$MOSQ_GROUP"
-ensure_content "$OWN_ACL" 0640 root "$MOSQ_GROUP" < "$WORK/acl"
+    ensure_dir "$MOSQ_DIR" 0755 root root
+    ensure_dir "$MOSQ_DIR/certs" 0755 root root
+    ensure_dir "$MOSQ_DIR/conf.d" 0755 root root
+    if [[ ! -e "$R$OWN_PASSWD" ]]; then act install -m 0640 /dev/null "$R$OWN_PASSWD"; fi
+    for user in "${users[@]}"; do
+        secret="$CONF_DIR/credentials/$user"
+        new_secret "$secret"
+        if [[ "$user" == "$MQTT_GATEWAY_USER" ]]; then
+            ensure_meta "$secret" 0640 root "$SERVICE_USER"  # the daemon's password_file
+        else
+            ensure_meta "$secret" 0600 root root  # for the operator to hand to that client
+        fi
+        if ! grep -q "^$user:" "$R$OWN_PASSWD" 2>/dev/null; then
+            if [[ $DRY_RUN -eq 1 ]]; then
+                echo "would: add $user to $OWN_PASSWD"; CHANGED=$((CHANGED + 1))
+            else act mosquitto_passwd -b "$R$OWN_PASSWD" "$user" "$(cat "$R$secret")"; fi
+        fi
+    done
+    ensure_meta "$OWN_PASSWD" 0640 root "$MOSQ_GROUP"
+    ensure_content "$OWN_ACL" 0640 root "$MOSQ_GROUP" < "$WORK/acl"
 
-# --- TLS: a local CA and a server certificate, created once (replace with your own) ---------
-if [[ ! -e "$R$CA" ]]; then
-    if [[ $DRY_RUN -eq 1 ]]; then echo "would: create CA and server certificate for $BROKER_HOST"
-    else
-        work="$(mktemp -d)"
-        ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
-        openssl req -x509 "${ec[@]}" -keyout "$work/ca.key" -out "$work/ca.pem" -days 3650 \
-            -subj "/CN=tesla-gateway local CA" 2>/dev/null
-        san="subjectAltName=DNS:$BROKER_HOST,DNS:localhost,IP:127.0.0.1"
-        printf '%s\nextendedKeyUsage=serverAuth\n' "$san" > "$work/ext"
-        openssl req "${ec[@]}" -keyout "$work/server.key" -out "$work/server.csr" \
-            -subj "/CN=$BROKER_HOST" 2>/dev/null
-        openssl x509 -req -in "$work/server.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" \
-            -CAcreateserial -out "$work/server.pem" -days 825 -extfile "$work/ext" 2>/dev/null
-        install -m 0600 "$work/ca.key" "$R$CONF_DIR/credentials/tesla-ca.key"
-        install -m 0644 "$work/server.pem" "$R$MOSQ_DIR/certs/tesla-server.pem"
-        install -m 0640 "$work/server.key" "$R$MOSQ_DIR/certs/tesla-server.key"
-        install -m 0644 "$work/ca.pem" "$R$CA"
-        rm -rf "$work"
-        CHANGED=$((CHANGED + 1))
+    # --- TLS: a local CA and a server certificate, created once (replace with your own) -----
+    if [[ ! -e "$R$CA" ]]; then
+        if [[ $DRY_RUN -eq 1 ]]; then
+            echo "would: create CA and server certificate for $BROKER_HOST"
+        else
+            work="$(mktemp -d)"
+            ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+            openssl req -x509 "${ec[@]}" -keyout "$work/ca.key" -out "$work/ca.pem" -days 3650 \
+                -subj "/CN=tesla-gateway local CA" 2>/dev/null
+            san="subjectAltName=DNS:$BROKER_HOST,DNS:localhost,IP:127.0.0.1"
+            printf '%s\nextendedKeyUsage=serverAuth\n' "$san" > "$work/ext"
+            openssl req "${ec[@]}" -keyout "$work/server.key" -out "$work/server.csr" \
+                -subj "/CN=$BROKER_HOST" 2>/dev/null
+            openssl x509 -req -in "$work/server.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" \
+                -CAcreateserial -out "$work/server.pem" -days 825 -extfile "$work/ext" 2>/dev/null
+            install -m 0600 "$work/ca.key" "$R$CONF_DIR/credentials/tesla-ca.key"
+            install -m 0644 "$work/server.pem" "$R$MOSQ_DIR/certs/tesla-server.pem"
+            install -m 0640 "$work/server.key" "$R$MOSQ_DIR/certs/tesla-server.key"
+            install -m 0644 "$work/ca.pem" "$R$CA"
+            rm -rf "$work"
+            CHANGED=$((CHANGED + 1))
+        fi
     fi
-fi
-ensure_meta "$CA" 0644 root root
-ensure_meta "$MOSQ_DIR/certs/tesla-server.pem" 0644 root root
-ensure_meta "$MOSQ_DIR/certs/tesla-server.key" 0640 root "$MOSQ_GROUP"
-ensure_meta "$CONF_DIR/credentials/tesla-ca.key" 0600 root root
+    ensure_meta "$CA" 0644 root root
+    ensure_meta "$MOSQ_DIR/certs/tesla-server.pem" 0644 root root
+    ensure_meta "$MOSQ_DIR/certs/tesla-server.key" 0640 root "$MOSQ_GROUP"
+    ensure_meta "$CONF_DIR/credentials/tesla-ca.key" 0600 root root
 
-# --- mosquitto's configuration: the plan made above --------------------------------------
-broker_before=$CHANGED
-while IFS=$'\t' read -r target source; do
-    [[ -n "$target" ]] && replace_text "$target" "$source"
-done < "$WORK/layout/edits"
-# The operator's files that carry the installer's marks, for uninstall.sh (it also finds them).
-if [[ -s "$WORK/layout/marked" || -e "$R$LEGACY" ]]; then
-    ensure_content "$LEGACY" 0640 root root < <(sed 's/^/edited /' "$WORK/layout/marked")
-fi
-old="$MOSQ_DIR/conf.d/tesla-gateway.conf"  # the name earlier installers used
-if head -n 1 "$R$old" 2>/dev/null | grep -q '^# Generated by deploy/install.sh'; then act rm -f "$R$old"; fi
-ensure_content "$OWN_CONF" 0644 root root < "$WORK/layout/own.conf"
-[[ $CHANGED -gt $broker_before ]] && BROKER_CHANGED=1
+    # --- mosquitto's configuration: the plan made above ----------------------------------
+    while IFS=$'\t' read -r target source; do
+        [[ -n "$target" ]] && replace_text "$target" "$source"
+    done < "$WORK/layout/edits"
+    # The operator's files that carry the installer's marks, for uninstall.sh (it also finds them).
+    if [[ -s "$WORK/layout/marked" || -e "$R$LEGACY" ]]; then
+        ensure_content "$LEGACY" 0640 root root < <(sed 's/^/edited /' "$WORK/layout/marked")
+    fi
+    old="$MOSQ_DIR/conf.d/tesla-gateway.conf"  # the name earlier installers used
+    if head -n 1 "$R$old" 2>/dev/null | grep -q '^# Generated by deploy/install.sh'; then
+        act rm -f "$R$old"
+    fi
+    ensure_content "$OWN_CONF" 0644 root root < "$WORK/layout/own.conf"
+    [[ $CHANGED -gt $broker_before ]] && BROKER_CHANGED=1
 fi
 
 # --- activate (real installs only) ------------------------------------------------------
 if [[ -z "$ROOT" && $CHANGED -gt 0 ]]; then
     act systemctl daemon-reload
     act systemctl enable tesla-gateway.service
-    [[ "${BROKER_CHANGED:-0}" -eq 1 ]] && act systemctl restart mosquitto.service
+    [[ $BROKER_CHANGED -eq 1 ]] && act systemctl restart mosquitto.service
     act systemctl restart tesla-gateway.service
 fi
 say "done: $CHANGED change(s)$([[ $DRY_RUN -eq 1 ]] && echo ' (dry run: nothing changed)')"

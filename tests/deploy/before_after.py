@@ -141,23 +141,22 @@ def before_and_after(
     work: Path, installed_root: InstalledRoot, root: Path, probes: Mapping[str, Probe]
 ) -> Outcome:
     """Probe, install, probe again; then check the rerun and the uninstall (see above)."""
-    ports = Ports()
 
-    def probe_all() -> dict[str, tuple[str, ...]]:
+    def probe_all(ports: Ports) -> dict[str, tuple[str, ...]]:
         return {
             name: reach(ports[p.port], p.user, p.password, TOPICS) for name, p in probes.items()
         }
 
     original = texts(root)
-    with running(root, work / "before", ports):
-        before = probe_all()
+    with running(root, work / "before") as ports:
+        before = probe_all(ports)
     first = subprocess.run(
         install_args(installed_root, root), capture_output=True, text=True, check=False
     )
     assert first.returncode == 0, first.stdout + first.stderr
     installed = texts(root)
-    with running(root, work / "after", ports):
-        after = probe_all()
+    with running(root, work / "after") as ports:
+        after = probe_all(ports)
         gateway_users_work(root, ports)
     again = subprocess.run(
         install_args(installed_root, root), capture_output=True, text=True, check=True

@@ -2,7 +2,8 @@
 
 mosquitto reads a copy of the root's etc/mosquitto in which every /etc/mosquitto path points into
 the copy, every listener listens on 127.0.0.1 (or ::1, as configured) at a free port (``Ports``
-maps each configured port to one, the same before and after an install), and pid file,
+maps each configured port to one, picked for each run: a port held over from an earlier run
+may be another test's by now), and pid file,
 persistence and log file are left out; as root it keeps its user ('mosquitto' does not exist
 here). The files stay separate because a listener setting belongs to the listener context of its
 own file: merged into one, they would mean something else. A configuration without any listener
@@ -60,8 +61,9 @@ def _listening(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def running(root: Path, work: Path, ports: Ports) -> Iterator[Ports]:
+def running(root: Path, work: Path) -> Iterator[Ports]:
     """mosquitto on ``root``'s configuration until the block ends; its log is work/log."""
+    ports = Ports()
     copy = work / "mosquitto"
     shutil.copytree(root / "etc/mosquitto", copy)
     configs = [copy / "mosquitto.conf", *(copy / "conf.d").glob("*.conf")]
@@ -85,6 +87,7 @@ def running(root: Path, work: Path, ports: Ports) -> Iterator[Ports]:
             assert process.poll() is None, log.read_text()
             assert time.monotonic() < deadline, "mosquitto did not start: " + log.read_text()
             time.sleep(0.05)
+        assert process.poll() is None, "mosquitto stopped: " + log.read_text()  # port taken?
         yield ports
     finally:
         process.terminate()
