@@ -257,18 +257,23 @@ class MqttConnection:
         )
         self._attempt = attempt
         timeout = self._broker.connect_timeout_s
+        # asyncio.timeout, never asyncio.wait_for: on Python 3.11 wait_for returns the awaited
+        # result when the close's cancellation arrives just as the step completes (CPython
+        # gh-86296); the supervisor then connected and waited for a loss that never came, and
+        # close() (a SIGTERM's shutdown) waited for the supervisor forever.
         try:
-            await asyncio.wait_for(asyncio.to_thread(self._clients.connect, client), timeout)
+            async with asyncio.timeout(timeout):
+                await asyncio.to_thread(self._connect_in_thread, attempt)
             if self._on_loop:
                 loop_io.attach(loop, attempt)
             else:
                 client.loop_start()
-            session_present = await asyncio.wait_for(asyncio.shield(attempt.connack), timeout)
+            async with asyncio.timeout(timeout):
+                session_present = await asyncio.shield(attempt.connack)
             if self._subscriptions and not session_present:
                 # Before reporting "connected", so nothing published to us in between is missed.
-                await asyncio.wait_for(
-                    self._send_subscribe(attempt, dict(self._subscriptions)), timeout
-                )
+                async with asyncio.timeout(timeout):
+                    await self._send_subscribe(attempt, dict(self._subscriptions))
             if attempt.lost.is_set():  # dropped again between CONNACK and now
                 raise MqttNotConnectedError("the connection closed right after CONNACK")
         except (MqttNotConnectedError, MqttSubscribeError) as exc:
@@ -295,6 +300,18 @@ class MqttConnection:
             after_failed_attempts=self._losses.after_connected(),
         )
         return attempt
+
+    def _connect_in_thread(self, attempt: Attempt) -> None:
+        """The blocking connect, in a worker thread that a cancellation or a timeout does not
+        stop. An attempt given up meanwhile (teardown released it) has its socket closed here:
+        left open, it would hold this client id at the broker and could take over the session
+        of the next attempt."""
+        if attempt.released.is_set():
+            return
+        self._clients.connect(attempt.client)
+        if attempt.released.is_set():
+            with contextlib.suppress(OSError):
+                attempt.client.close_sockets()
 
     @property
     def client_kind(self) -> ClientKind:
