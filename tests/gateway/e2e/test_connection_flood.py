@@ -156,7 +156,9 @@ def test_a_flood_of_idle_metrics_connections_under_a_low_fd_limit(
     assert figures["one_host_kept"] == 8  # max_connections_per_host
     assert figures["all_kept"] == 64  # max_connections
     assert isinstance(figures["fds_peak"], int) and figures["fds_peak"] < FDS_HELD_MAX
-    cut, first, last = figures["idle_cut"]  # type: ignore[misc]
+    idle_cut = figures["idle_cut"]
+    assert isinstance(idle_cut, tuple)
+    cut, first, last = idle_cut
     assert cut == 64 and REQUEST_TIMEOUT_S * 0.9 <= first <= last <= REQUEST_TIMEOUT_S + SLACK_S
     refused = (
         'tesla_gateway_listener_connections_refused_total{bound="per_host",listener="metrics"}'

@@ -98,14 +98,14 @@ def test_a_bad_covariate_costs_the_covariate_and_never_the_period(
         got = calibrated.by_period("node-rh")
         assert len(got) == PERIODS  # before: the 5 periods with a bad rh were never published
         for period in range(N, PERIODS):
-            payload = got[iso(base + period * P)]
-            assert payload["raw"] == as_published(float(values["pm10"][period]))
+            document = got[iso(base + period * P)]
+            assert document["raw"] == as_published(float(values["pm10"][period]))
             if period in BAD_RH:  # the covariate window lacks rh now: the PM-only model serves
-                assert payload["model"] == PLAIN, period
-                assert payload["calibrated"] == as_published(expected(plain, values, period))
+                assert document["model"] == PLAIN, period
+                assert document["calibrated"] == as_published(expected(plain, values, period))
             else:
-                assert payload["model"] == COVARIATE, period
-                assert payload["calibrated"] is not None
+                assert document["model"] == COVARIATE, period
+                assert document["calibrated"] is not None
         for period in range(N, min(BAD_RH)):  # windows with only what the node sent
             assert got[iso(base + period * P)]["calibrated"] == as_published(
                 expected(covariate, values, period)

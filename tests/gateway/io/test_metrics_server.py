@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -42,7 +43,7 @@ def _request(method: str, *headers: str) -> bytes:
 def _with_server(
     body: Callable[[MetricsServer, int], Awaitable[None]],
     snapshot: Callable[[], Mapping[str, object]] = lambda: {"readings_in": 7},
-    **kwargs: float,
+    **kwargs: Any,
 ) -> None:
     async def main() -> None:
         server = MetricsServer(

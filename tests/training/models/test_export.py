@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from training import export
+from training import export, tflm
 from training.device_ops import ARDUINO_TFLM_OPS
 from training.errors import ExportVerificationError
 from training.export import export_flatbuffers, litert_predict
@@ -98,7 +98,7 @@ def test_a_device_graph_tflite_micro_runs_differently_is_refused(
     """The node runs TFLite Micro, not LiteRT: a device graph whose Micro outputs disagree with
     LiteRT's is not exported. No real TFLite Micro disagrees on this graph, so its real outputs
     are handed back for the windows in reverse order (a kernel that mixed up its inputs)."""
-    real_run = export.run_tflm
+    real_run = tflm.run_tflm
 
     def reversed_run(flatbuffer: bytes, inputs: np.ndarray) -> np.ndarray:
         return real_run(flatbuffer, inputs)[::-1]
