@@ -409,7 +409,11 @@ class GatewayService:
         poll_s = min(HEARTBEAT_S, max(self.config.tick.grace_s / 2, 0.05))
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._tick_wanted.wait(), poll_s)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that
+                # comes with the event (the shutdown's last ingest wants a tick, then cancels
+                # this loop), and the loop ran on forever (CPython gh-86296).
+                async with asyncio.timeout(poll_s):
+                    await self._tick_wanted.wait()
                 await asyncio.sleep(self.config.tick.settle_s)  # let the others cross too
             self._tick_wanted.clear()
             await self._tick_once(publisher)
@@ -458,7 +462,8 @@ class GatewayService:
         while True:
             force = False
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._reload.wait(), self.config.runtime.model_poll_s)
+                async with asyncio.timeout(self.config.runtime.model_poll_s):  # (_tick_loop)
+                    await self._reload.wait()
                 force = True
             self._reload.clear()
             results = await asyncio.to_thread(self.models.refresh, force=force)
