@@ -1,14 +1,15 @@
 """SIGTERM at every stage of the daemon's start-up ends it cleanly (exit 0) and promptly.
 
 The real daemon is started again and again and stopped at one point of its start-up each time:
-the moment it reports ``running`` (both MQTT connections still connecting), while the broker is
+the moment it reports ``running`` (its MQTT connections still connecting), while the broker is
 slow to answer CONNECT (a relay hands the broker's bytes on late, so the SIGTERM falls before,
-on or after the CONNACK), while the broker is down (the connections retry), and once both
-connections are up. Each time the daemon must exit 0 within :data:`STOP_BOUND_S`.
+on or after the CONNACKs), while the broker is down (the connections retry), and once every
+connection is up. Each time the daemon must exit 0 within :data:`STOP_BOUND_S`.
 
-(On Python 3.11, ``asyncio.wait_for`` returned the connect's result instead of raising when the
-cancellation of a shutdown arrived just as the connect finished: the MQTT supervisor went on to
-connect and waited for the connection's loss forever, and so did the shutdown.)
+(On Python 3.11, ``asyncio.wait_for`` returned the connect's result, or raised its error, instead
+of the cancellation when a shutdown's cancellation arrived just as the connect finished: an MQTT
+supervisor went on to connect and waited for the connection's loss forever, or retried a refused
+connect forever, and the shutdown waited for it. The code before hung in each run of this file.)
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def test_sigterm_while_the_broker_is_down(starts: Starts, mosquitto: Mosquitto) 
 def test_sigterm_once_connected(starts: Starts, mosquitto: Mosquitto) -> None:
     for _ in range(2):
         daemon = starts.start(mosquitto.port)
-        daemon.wait_ready(WAIT_S)  # the MQTT source is subscribed
+        daemon.wait_ready(WAIT_S)  # every MQTT source is subscribed
         status = daemon.wait_status(lambda s: s.get("publisher", {}).get("connected") is True)
         assert status["publisher"]["connected"], "the publisher did not connect"
         starts.sigterm_and_wait(daemon, "both connections up")
