@@ -304,7 +304,8 @@ async def _publish_retained(broker: MqttBrokerConfig, topic: str, payload: bytes
     connection = MqttConnection(broker, client_id="", clean_start=True, name="release-push")
     async with connection:
         try:
-            await asyncio.wait_for(connection.wait_connected(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await connection.wait_connected()
         except TimeoutError:
             raise ReleaseError(
                 f"cannot connect to the broker {address} within {timeout_s} s, or it refused "
@@ -312,9 +313,8 @@ async def _publish_retained(broker: MqttBrokerConfig, topic: str, payload: bytes
                 "--username/--password-file and TLS"
             ) from None
         try:
-            await asyncio.wait_for(
-                connection.publish(topic, payload, qos=1, retain=True), timeout_s
-            )
+            async with asyncio.timeout(timeout_s):
+                await connection.publish(topic, payload, qos=1, retain=True)
         except (TimeoutError, MqttError) as exc:
             raise ReleaseError(
                 f"the broker {address} did not accept the release on {topic} within "

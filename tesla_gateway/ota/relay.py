@@ -279,7 +279,9 @@ class _NodeWorker:
             if remaining <= 0:
                 return None
             try:
-                status = await asyncio.wait_for(self._statuses.get(), min(remaining, _POLL_S))
+                # asyncio.timeout, not wait_for (banned in pyproject.toml: it can swallow a cancel)
+                async with asyncio.timeout(min(remaining, _POLL_S)):
+                    status = await self._statuses.get()
             except TimeoutError:
                 if not self._link.connected:
                     raise _LinkLostError("port closed while waiting for the node") from None
@@ -306,7 +308,8 @@ class _NodeWorker:
             remaining = until - asyncio.get_running_loop().time()
             if remaining > 0:
                 with contextlib.suppress(TimeoutError):
-                    stale = await asyncio.wait_for(self._statuses.get(), remaining)
+                    async with asyncio.timeout(remaining):
+                        stale = await self._statuses.get()
                     _log.info("ota_stale_answer_dropped", port=self.port, code=stale.code)
         while not self._statuses.empty():  # answers to earlier, timed-out frames
             self._statuses.get_nowait()

@@ -329,7 +329,8 @@ class Publisher:
         try:
             if connection is not None and connection.connected and len(self._outbox):
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wait_idle(), self._config.shutdown_flush_s)
+                    async with asyncio.timeout(self._config.shutdown_flush_s):
+                        await self.wait_idle()
             runner, self._runner = self._runner, None
             if runner is not None:
                 runner.cancel()
@@ -338,9 +339,8 @@ class Publisher:
             if connection is not None:
                 if connection.connected:
                     with contextlib.suppress(MqttNotConnectedError, TimeoutError):
-                        await asyncio.wait_for(
-                            connection.publish(self.topics.status, b"offline", retain=True), 2.0
-                        )
+                        async with asyncio.timeout(2.0):
+                            await connection.publish(self.topics.status, b"offline", retain=True)
                 await connection.close()
         finally:
             if self._closed_counts is None:
