@@ -6,7 +6,9 @@ validation comparison and the training target range. The first two depend only o
 outputs on the validation sensor, so they are recomputed here from the directory's own float
 graph (run by the gateway's calibrator, which matches Keras to 1e-4 of the output scale) on the
 data the model was trained with; the target range is the training windows' reference values.
-The FlatBuffers are untouched; only ``manifest.json`` is rewritten.
+The FlatBuffers are untouched; only ``manifest.json`` is rewritten. A model trained on short
+histories gets its history fields recomputed the same way (min_history_periods, the curve and the
+per-history intervals: training/history.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tesla_gateway.models.calibrator import Calibrator
 from training.conformal import DEFAULT_LEVEL, fit_intervals
 from training.errors import DataError
 from training.harm import compare_on
+from training.history import history_fields
 from training.metrics import LinearCalibration
 from training.train import TrainConfig, prepare_data, target_range
 
@@ -64,11 +67,24 @@ def annotate_model_dir(
     intervals = fit_intervals(
         predicted, windows.targets(), sensor=prepared.summary.validation_sensor, level=level
     )
+    short = (
+        {}
+        if config.partial_history_fraction == 0
+        else history_fields(
+            calibrator.calibrate,
+            windows,
+            linear.predict(windows.current_raw()),
+            period_seconds=prepared.data.period_seconds,
+            sensor=prepared.summary.validation_sensor,
+            level=level,
+        )
+    )
     updated = manifest.model_copy(
         update={
             "intervals": intervals,
             "validation_baselines": baselines,
             "target_range": target_range(prepared.train),
+            **short,
         }
     )
     write_manifest(model_dir, Manifest.model_validate(updated.model_dump()))

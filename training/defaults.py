@@ -86,6 +86,9 @@ DEFAULT_MODELS = (
             partial_history_fraction=0.5,
             partial_history_epochs=6,
             partial_history_learning_rate=3e-5,
+            # Antwerp's validation sensor pays for short histories on whole windows (+8 %
+            # after 5 epochs, for -9 % on the short ones): allowed up to 10 % there
+            partial_history_tolerance=0.1,
         ),
         history_targets=_PM_ONLY_1H,
     ),

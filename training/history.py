@@ -11,6 +11,7 @@ window of a set to the same ``K``: the per-history curve of the manifest and of
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -25,7 +26,9 @@ from training.metrics import error_metrics
 __all__ = [
     "CHUNK",
     "Predict",
+    "calibrates_from",
     "history_curve",
+    "history_fields",
     "history_intervals",
     "history_points",
     "predict_truncated",
@@ -43,6 +46,9 @@ IntArray = npt.NDArray[np.int64]
 # horizons people ask about (a quarter hour, an hour, three hours, a day, a week).
 _SPANS_S = (900, 3600, 3 * 3600, 6 * 3600, 86_400, 2 * 86_400, 7 * 86_400)
 _LOG_POINTS = 10
+# A model calibrates from the shortest history from which, on the validation sensor, it is never
+# worse than the linear calibration by more than this share (issue 27's bar for one period).
+LINEAR_TOLERANCE = 0.02
 
 
 def sample_history(rng: np.random.Generator, count: int, n: int, fraction: float) -> IntArray:
@@ -130,3 +136,41 @@ def history_intervals(
         for k, values in sorted(predicted.items())
         if k < window_length
     ]
+
+
+def calibrates_from(curve: Sequence[HistoryPoint], tolerance: float = LINEAR_TOLERANCE) -> int:
+    """The manifest's ``min_history_periods``: the shortest measured history from which every
+    longer one scores within ``tolerance`` of linear (the whole window when none does; a curve
+    without linear scores calibrates from its shortest point)."""
+    start = curve[-1].periods
+    for point in reversed(curve):
+        if point.linear is not None and point.model.rmse > (1 + tolerance) * point.linear.rmse:
+            break
+        start = point.periods
+    return start
+
+
+def history_fields(
+    predict: Predict,
+    validation: WindowSet,
+    linear: npt.NDArray[np.floating],
+    *,
+    period_seconds: int,
+    sensor: str,
+    level: float,
+) -> dict[str, Any]:
+    """The manifest's short-history fields from a model's outputs on the validation sensor's
+    windows truncated to each history length: ``min_history_periods`` (:func:`calibrates_from`),
+    ``history_curve`` (beside ``linear``, the linear fit's output on the same windows) and
+    ``history_intervals``."""
+    n = validation.window_length
+    predicted = predict_truncated(predict, validation, history_points(n, period_seconds))
+    reference = validation.targets()
+    curve = history_curve(predicted, reference, linear)
+    return {
+        "min_history_periods": calibrates_from(curve),
+        "history_curve": curve,
+        "history_intervals": history_intervals(
+            predicted, reference, window_length=n, sensor=sensor, level=level
+        ),
+    }

@@ -31,11 +31,9 @@ from training.data import WindowSet
 from training.errors import DataError
 from training.export import ExportTargets, ExportVerification, export_flatbuffers
 from training.harm import check_not_harmful, compare_on
-from training.history import history_curve, history_intervals, history_points, predict_truncated
+from training.history import history_fields
 from training.metrics import LinearCalibration
 from training.train import (
-    PreparedData,
-    TrainConfig,
     load_run,
     predict_windows,
     prepare_data,
@@ -153,7 +151,14 @@ def export_run(
     short = (
         {}
         if config.partial_history_fraction == 0
-        else _history_fields(model, prepared, metrics, config, sensor=sensor, level=interval_level)
+        else history_fields(
+            lambda x: model.predict(x, verbose=0, batch_size=1024),
+            prepared.validation,
+            LinearCalibration(**metrics["linear"]).predict(prepared.validation.current_raw()),
+            period_seconds=prepared.data.period_seconds,
+            sensor=sensor,
+            level=interval_level,
+        )
     )
     check, check_reference = check_windows(prepared.test)
     exported = export_flatbuffers(
@@ -204,30 +209,3 @@ def export_run(
     write_manifest(model_dir, manifest)
     verify_model_files(model_dir, load_manifest(model_dir))
     return ExportedModel(model_dir, manifest, exported.verification)
-
-
-def _history_fields(
-    model: Any,
-    prepared: PreparedData,
-    metrics: dict[str, Any],
-    config: TrainConfig,
-    *,
-    sensor: str,
-    level: float,
-) -> dict[str, Any]:
-    """A model trained on truncated histories calibrates from one period: the manifest says so,
-    with its validation error per history length and intervals per history bucket."""
-    validation = prepared.validation
-    points = history_points(config.window_length, prepared.data.period_seconds)
-    predicted = predict_truncated(
-        lambda x: model.predict(x, verbose=0, batch_size=1024), validation, points
-    )
-    reference = validation.targets()
-    linear = LinearCalibration(**metrics["linear"]).predict(validation.current_raw())
-    return {
-        "min_history_periods": 1,
-        "history_curve": history_curve(predicted, reference, linear),
-        "history_intervals": history_intervals(
-            predicted, reference, window_length=config.window_length, sensor=sensor, level=level
-        ),
-    }

@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tesla_gateway.contract.manifest import load_manifest
+from tesla_gateway.contract.manifest import ErrorMetrics, HistoryPoint, load_manifest
 from tesla_gateway.contract.series import pad_history
 from tesla_gateway.models.calibrator import Calibrator
 from training.data import generate_synthetic
 from training.errors import DataError
 from training.evaluate import evaluate_model_dir
-from training.history import history_points, sample_history, truncate
+from training.history import calibrates_from, history_points, sample_history, truncate
 from training.history_report import HistoryTarget, measure, write_report
 from training.model_dir import export_run
 from training.models import TeslaConfig
@@ -43,6 +43,22 @@ def test_history_points_span_one_to_n_with_the_usual_horizons() -> None:
     assert history_points(360, 60) == (1, 2, 4, 7, 15, 26, 60, 97, 180, 360)
     assert {1, 24, 48, 168} <= set(history_points(168, 3600))
     assert history_points(3, 60) == (1, 2, 3)
+
+
+def _point(periods: int, rmse: float, linear: float | None = 10.0) -> HistoryPoint:
+    return HistoryPoint(
+        periods=periods,
+        model=ErrorMetrics(rmse=rmse, mae=rmse, n=9),
+        linear=None if linear is None else ErrorMetrics(rmse=linear, mae=linear, n=9),
+    )
+
+
+def test_a_model_calibrates_from_where_it_stays_within_2_percent_of_linear() -> None:
+    assert calibrates_from([_point(1, 10.1), _point(4, 9.0), _point(8, 5.0)]) == 1
+    assert calibrates_from([_point(1, 10.3), _point(4, 9.0), _point(8, 5.0)]) == 4
+    # a bump further on counts too: from there on means at every longer history
+    assert calibrates_from([_point(1, 9.0), _point(4, 10.5), _point(8, 5.0)]) == 8
+    assert calibrates_from([_point(1, 12.0, None), _point(8, 5.0, None)]) == 1
 
 
 def test_truncate_is_the_contracts_padding_on_the_time_axis() -> None:
@@ -91,8 +107,9 @@ def test_the_manifest_says_from_when_it_calibrates_and_how_the_error_grows(
     model_dir: Path,
 ) -> None:
     manifest = load_manifest(model_dir)
-    assert manifest.min_history_periods == 1 and manifest.calibrates_from == 1
     assert manifest.history_curve is not None and manifest.history_intervals is not None
+    assert manifest.min_history_periods == calibrates_from(manifest.history_curve)
+    assert manifest.calibrates_from == manifest.min_history_periods
     assert [p.periods for p in manifest.history_curve] == list(history_points(N, 60))
     whole = manifest.history_curve[-1]
     assert whole.periods == N
@@ -142,7 +159,7 @@ def test_evaluate_cli_takes_history_periods(model_dir: Path, tmp_path: Path) -> 
         capture_output=True, text=True, check=False, timeout=300,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr
-    assert "newest 4 of 48 periods (the model calibrates from 1)" in completed.stdout
+    assert "newest 4 of 48 periods (the model calibrates from " in completed.stdout
     refused = subprocess.run(
         [*command, "--csv", str(csv_path), "--history-periods", "0", "--json"],
         capture_output=True, text=True, check=False, timeout=300,
