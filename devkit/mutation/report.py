@@ -113,7 +113,11 @@ def render(
         "without equivalents leaves out the survivors explained below as equivalent (no test "
         "can tell them from the original). Verdicts: `devkit/mutation/verdicts.toml`. "
         "Statements raising an exception are not mutated (its message is prose, not a "
-        "promise; its type and the condition that raises it are). A target run with a time "
+        "promise; its type and the condition that raises it are); by the same rule a mutant "
+        "whose only effect is which message an error of the same type carries, for the same "
+        "input and with the same outcome, is equivalent (its verdict says *message only*). "
+        "Log events and their fields are promises (tests assert them with "
+        "`structlog.testing.capture_logs`). A target run with a time "
         "budget (`--budget-s`) counts only the mutants it reached; the rest are noted after "
         "its time.",
         "",

@@ -137,7 +137,14 @@ def run_target(
 
 
 def _configure(tree: Path, target: Target) -> None:
-    """Point mutmut at the target: its package, its modules, its tests, everything else copied."""
+    """Point mutmut at the target: its package, its modules, its tests, everything else copied.
+
+    A module or test file the tree lacks (renamed or split since the target was written) is an
+    error: mutmut would otherwise skip it silently and the report would cover less than it says.
+    """
+    absent = [path for path in (*target.modules, *target.tests) if not (tree / path).is_file()]
+    if absent:
+        raise FileNotFoundError(f"target {target.name}: not in the committed tree: {absent}")
     pyproject = tree / "pyproject.toml"
     original = tree / "pyproject.toml.orig"
     if not original.exists():

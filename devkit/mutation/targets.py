@@ -49,12 +49,13 @@ TARGETS: tuple[Target, ...] = (
         "window store",
         (
             "tesla_gateway/windows/ring.py",
+            "tesla_gateway/windows/seen.py",
             "tesla_gateway/windows/readout.py",
             "tesla_gateway/windows/state.py",
             "tesla_gateway/windows/store.py",
             "tesla_gateway/windows/snapshots.py",
         ),
-        _WINDOW_TESTS,
+        (*_WINDOW_TESTS, f"{_CORE}/test_admission.py"),  # admission evicts and reads last_seen
     ),
     Target(
         "clock sanity",
@@ -66,11 +67,14 @@ TARGETS: tuple[Target, ...] = (
         (
             "tesla_gateway/ingest/ingest_log.py",
             "tesla_gateway/ingest/log_record.py",
+            "tesla_gateway/ingest/log_scan.py",
             "tesla_gateway/ingest/log_segments.py",
+            "tesla_gateway/ingest/log_directory.py",
             "tesla_gateway/ingest/log_checkpoint.py",
             "tesla_gateway/ingest/log_replay.py",
+            "tesla_gateway/ingest/log_stats.py",
         ),
-        (f"{_CORE}/test_ingest_log.py",),
+        (f"{_CORE}/test_ingest_log.py", f"{_CORE}/test_ingest_log_damage.py"),
     ),
     Target(
         "outbox",
@@ -104,6 +108,7 @@ TARGETS: tuple[Target, ...] = (
             "tesla_gateway/sources/line_protocol.py",
             "tesla_gateway/sources/pms5003.py",
             "tesla_gateway/sources/payloads.py",
+            "tesla_gateway/sources/payloads_fast.py",
             "tesla_gateway/sources/payload_rules.py",
             "tesla_gateway/mqtt/wire.py",
             "tesla_gateway/ota/protocol.py",

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import errno
+import json
+import os
+import resource
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import structlog
 
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.contract.series import GapPolicy
+from tesla_gateway.set_aside import SetAsideLog
 from tesla_gateway.windows.outcome import AddOutcome
 from tesla_gateway.windows.ring import ModelWindows
 from tesla_gateway.windows.snapshots import StateStore
@@ -163,3 +171,206 @@ print(ok, saver.stats.save_failures, sorted(p.name for p in saver.directory.iter
     )
     assert result.stdout.split("\n")[-2] == "False 1 []"  # no half-written file left behind
     assert "state_save_failed" in result.stdout + result.stderr
+
+
+# -- what restore and save report, and which meta they refuse (survivors of make mutation) -----
+
+CLOCK = 1_700_000_123.0
+
+
+def rewrite(path: Path, meta_changes: dict[str, object], **arrays: np.ndarray) -> None:
+    """Replace fields of a saved snapshot's meta (and arrays), as damage or an old tool would."""
+    with np.load(path, allow_pickle=False) as data:
+        meta = json.loads(str(data["meta"]))
+        kept = {name: data[name] for name in data.files if name != "meta"}
+    meta.update(meta_changes)
+    kept.update(arrays)
+    with path.open("wb") as out:
+        np.savez(out, meta=np.array(json.dumps(meta)), **kept)
+
+
+def test_save_and_restore_report_what_they_did(tmp_path: Path) -> None:
+    set_aside = SetAsideLog(clock=lambda: CLOCK)
+    saver = StateStore(tmp_path / "deeper" / "state", clock=lambda: CLOCK, set_aside=set_aside)
+    assert saver.directory == tmp_path / "deeper" / "state" / "windows"
+    assert saver.save_all(filled_store()) and saver.save_all(filled_store())
+    assert saver.path_for("pm10").is_file()
+    with structlog.testing.capture_logs() as logs:
+        assert saver.restore("pm10", GEOMETRY) is not None
+        assert saver.restore("pm10", GEOMETRY) is not None
+    assert logs[0] == {
+        "event": "state_restored",
+        "log_level": "info",
+        "feature": "pm10",
+        "sensors": 2,
+        "saved_at": CLOCK,
+    }
+    other_channels = WindowGeometry(
+        window_length=4, period_seconds=P, channels=("pm10", "rh"), gap_policy=GEOMETRY.gap_policy
+    )
+    with structlog.testing.capture_logs() as logs:
+        assert saver.restore("pm10", other_channels) is None
+        assert saver.restore("pm10", other_channels) is None
+    assert logs[0] == {
+        "event": "state_incompatible",
+        "log_level": "warning",
+        "feature": "pm10",
+        "path": str(saver.path_for("pm10")),
+        "reason": "saved channels ['pm10'] differ from ['pm10', 'rh']",
+    }
+    saver.path_for("pm10").write_bytes(b"PK\x03\x04 and then nothing")
+    saver.restore("pm10", GEOMETRY)
+    saver.save("pm10", ModelWindows(GEOMETRY))
+    saver.path_for("pm10").write_bytes(b"not a zip")
+    saver.restore("pm10", GEOMETRY)
+    assert set_aside.count == 2
+    assert saver.stats.as_dict() == {
+        "saves": 3,
+        "save_failures": 0,
+        "restored": 2,
+        "incompatible": 2,
+        "corrupt": 2,
+        "last_error": (f"corrupt {saver.path_for('pm10')}: not a snapshot: no .npz (zip) header"),
+        "last_save_unix": CLOCK,
+    }
+    record = set_aside.as_dict()["files"][-1]  # type: ignore[index]
+    assert record["kind"] == "window snapshot pm10"
+    assert record["reason"] == "not a snapshot: no .npz (zip) header"
+
+
+def test_a_snapshot_that_cannot_be_opened_is_reported_and_kept(tmp_path: Path) -> None:
+    saver = StateStore(tmp_path)
+    saver.path_for("pm10").mkdir(parents=True)  # a directory where the file should be
+    with structlog.testing.capture_logs() as logs:
+        assert saver.restore("pm10", GEOMETRY) is None
+    path = str(saver.path_for("pm10"))
+    assert logs == [
+        {
+            "event": "state_read_failed",
+            "log_level": "error",
+            "feature": "pm10",
+            "path": path,
+            "error": f"[Errno 21] Is a directory: {path!r}",
+        }
+    ]
+    assert saver.stats.last_error == f"read {path}: Is a directory"
+    assert saver.stats.corrupt == 0 and saver.path_for("pm10").is_dir()
+
+
+def test_a_failed_save_is_reported_with_its_errno(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    saver = StateStore(blocker / "state")
+    with structlog.testing.capture_logs() as logs:
+        assert not saver.save("pm10", ModelWindows(GEOMETRY))
+    path = str(saver.path_for("pm10"))
+    assert logs == [
+        {
+            "event": "state_save_failed",
+            "log_level": "error",
+            "feature": "pm10",
+            "path": path,
+            "error": "Not a directory",
+            "errno": errno.ENOTDIR,
+        }
+    ]
+    assert saver.stats.last_error == f"save {path}: Not a directory"
+    assert saver.stats.saves == 0 and saver.stats.last_save_unix is None
+
+
+def test_the_temporary_file_is_written_beside_the_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rename that replaces a snapshot is atomic only within one directory (one file
+    system): the system's temporary directory is never used."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-temp-dir"))
+    saver = StateStore(tmp_path)
+    assert saver.save_all(filled_store())
+    assert [p.name for p in saver.directory.iterdir()] == ["pm10.npz"]
+
+
+def test_a_write_failing_midway_leaves_no_temporary_file(tmp_path: Path) -> None:
+    """A real EFBIG from the kernel (the process's file-size limit) part-way through the
+    snapshot, in this process: reported, and the half-written temporary file is removed."""
+    saver = StateStore(tmp_path)
+    store = filled_store()
+    saver.directory.mkdir(parents=True)
+    previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (512, hard))
+    try:
+        ok = saver.save_all(store)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous_handler)
+    assert not ok and saver.stats.save_failures == 1
+    assert list(saver.directory.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "meta_changes",
+    [
+        {"open_seen": [[True], []]},  # JSON true is not a timestamp
+        {"open_seen": [["1.0"], []]},
+        {"open_seen": [[1e300], []]},  # no float timestamp is that large
+        {"open_seen": [[1.0], 5]},
+        {"sensor_ids": "ab"},  # a string is not a list of sensor ids
+        {"sensor_ids": ["a", 5]},
+    ],
+    ids=["bool", "string", "huge", "not-a-list", "ids-string", "id-number"],
+)
+def test_snapshot_meta_of_the_wrong_type_is_corrupt(
+    tmp_path: Path, meta_changes: dict[str, object]
+) -> None:
+    saver = StateStore(tmp_path)
+    saver.save_all(filled_store())
+    rewrite(saver.path_for("pm10"), meta_changes)
+    assert saver.restore("pm10", GEOMETRY) is None
+    assert saver.stats.corrupt == 1
+
+
+def test_snapshot_meta_that_is_not_an_object_is_corrupt(tmp_path: Path) -> None:
+    saver = StateStore(tmp_path)
+    saver.save("pm10", ModelWindows(GEOMETRY))
+    path = saver.path_for("pm10")
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {name: data[name] for name in data.files if name != "meta"}
+    for meta in ("[1]", '"text"'):
+        with path.open("wb") as out:
+            np.savez(out, meta=np.array(meta), **arrays)
+        assert saver.restore("pm10", GEOMETRY) is None
+    assert saver.stats.corrupt == 2
+
+
+def test_open_seen_must_be_a_list_even_for_no_sensors(tmp_path: Path) -> None:
+    saver = StateStore(tmp_path)
+    saver.save("pm10", ModelWindows(GEOMETRY))
+    rewrite(saver.path_for("pm10"), {"open_seen": {}})
+    assert saver.restore("pm10", GEOMETRY) is None
+    assert saver.stats.corrupt == 1
+
+
+class _Planted:
+    """An object whose unpickling leaves a mark: a snapshot must never unpickle anything."""
+
+    def __init__(self, mark: Path) -> None:
+        self.mark = mark
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.mkdir, (str(self.mark),))
+
+
+def test_a_pickled_array_in_a_snapshot_is_never_unpickled(tmp_path: Path) -> None:
+    saver = StateStore(tmp_path)
+    saver.save_all(filled_store())
+    mark = tmp_path / "unpickled"
+    planted = np.empty(1, dtype=object)
+    planted[0] = _Planted(mark)
+    with np.load(saver.path_for("pm10"), allow_pickle=False) as data:
+        arrays = {name: data[name] for name in data.files}
+    arrays["ring"] = planted
+    with saver.path_for("pm10").open("wb") as out:
+        np.savez(out, **arrays)
+    assert saver.restore("pm10", GEOMETRY) is None
+    assert not mark.exists()
+    assert saver.stats.corrupt == 1

@@ -18,8 +18,11 @@ from tesla_gateway.contract.series import (
     sliding_windows,
     valid_window_ends,
 )
+from tesla_gateway.ingest.clock_sanity import ClockSanity
+from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.windows.outcome import AddOutcome
 from tesla_gateway.windows.ring import ModelWindows
+from tesla_gateway.windows.state import WindowStoreError
 from tesla_gateway.windows.store import WindowStore
 
 P = 60
@@ -367,3 +370,198 @@ def test_duplicates_are_found_in_any_arrival_order(offsets: list[int]) -> None:
     windows.add(reading("a", 1, 0, pm10=1.0), 0.0)
     ready = windows.ready_windows()
     assert ready.raw.tolist() == [pytest.approx(sum(set(offsets)) / len(set(offsets)))]
+
+
+# -- removal, last_seen and the store's bookkeeping (survivors of make mutation) ---------------
+
+
+def test_removing_a_sensor_moves_the_last_row_into_its_place() -> None:
+    """Eviction swaps the last row into the hole: the moved sensor keeps its window, its pending
+    period and its open period's duplicates; a newcomer gets a clean row."""
+    windows = ModelWindows(geometry(n=2))
+    feed(windows, "a", {0: [1.0], 1: [10.0]})
+    feed(windows, "b", {0: [2.0]})
+    feed(windows, "c", {0: [3.0], 1: [30.0]})
+    feed(windows, "d", {0: [4.0], 1: [40.0, 41.0]})  # t and t + 1 s in its open period
+    assert windows.pending_count == 3  # a, c and d closed period 0; b's is still open
+    assert windows.remove("a") is True
+    assert windows.pending_count == 2
+    assert windows.sensor_ids == ("d", "b", "c")
+    assert windows.remove("a") is False and windows.remove("nobody") is False
+    assert windows.add(reading("d", 1, 1, pm10=99.0), 0.0) is AddOutcome.DUPLICATE
+    assert windows.add(reading("e", 5, 0, pm10=7.0), 0.0) is AddOutcome.ACCEPTED  # the freed row
+    ready = windows.ready_windows(closed_through_period=BASE + 5)
+    by_sensor = {
+        (sensor, int(period) - BASE): ([None if math.isnan(v) else v for v in window], raw)
+        for sensor, period, window, raw in zip(
+            ready.sensor_ids, ready.periods, ready.windows.tolist(), ready.raw.tolist(), strict=True
+        )
+    }
+    assert by_sensor == {
+        ("d", 0): ([None, 4.0], 4.0),
+        ("c", 0): ([None, 3.0], 3.0),
+        ("d", 1): ([4.0, 40.5], 40.5),
+        ("b", 0): ([None, 2.0], 2.0),
+        ("c", 1): ([3.0, 30.0], 30.0),
+        ("e", 5): ([None, 7.0], 7.0),
+    }
+    assert windows.remove("e") is True and windows.sensor_ids == ("d", "b", "c")
+    assert windows.pending_count == 0
+
+
+def test_last_seen_is_the_end_of_each_sensors_newest_period_over_every_model() -> None:
+    store = WindowStore()
+    store.ensure("pm10", geometry(n=2, channels=("pm10", "rh")))
+    store.ensure("pm2_5", geometry(n=2, channels=("pm2_5",)))
+    assert store.last_seen() == {}
+    store.add(reading("a", 3, 0, pm10=1.0), 0.0)  # open period 3
+    store.add(reading("b", 1, 0, pm10=1.0), 0.0)
+    store.add(reading("b", 2, 0, rh=50.0), 0.0)  # closes 1; only rh in period 2
+    store["pm10"].close_through(BASE + 2)  # b has no open period: its rh says period 2
+    store.add(reading("c", 0, 0, pm2_5=1.0), 0.0)
+    store.add(reading("a", 5, 0, pm2_5=1.0), 0.0)  # a's newest is in the second model
+    store.add(reading("b", 0, 0, pm2_5=1.0), 0.0)  # b's newest is in the first
+    assert store["pm10"].last_seen() == {"a": (BASE + 4) * P, "b": (BASE + 3) * P}
+    assert store.last_seen() == {"a": (BASE + 6) * P, "b": (BASE + 3) * P, "c": (BASE + 1) * P}
+    assert store.features() == ["pm10", "pm2_5"]
+    assert "pm10" in store and "pm1" not in store
+
+
+def test_the_store_forgets_held_readings_with_the_windows_they_were_held_for() -> None:
+    rejects = RejectCounter()
+    sanity = ClockSanity(rejects)
+    store = WindowStore(clock_sanity=sanity)
+    ahead = reading("a", 10, 0, pm10=1.0)  # far ahead of the gateway clock at T0
+    restored = ModelWindows(geometry())
+    for replace in (
+        lambda: store.install("pm10", restored),
+        lambda: store.ensure("pm10", geometry(n=5)),
+        lambda: store.drop("pm10"),
+    ):
+        store.ensure("pm10", geometry())
+        assert store.add(ahead, float(T0)) == {"pm10": AddOutcome.HELD}
+        assert sanity.held == 1
+        replace()
+        assert sanity.held == 0
+        assert (
+            "pm10" not in store
+            or store["pm10"] is restored
+            or store["pm10"].geometry.window_length == 5
+        )
+    assert "pm10" not in store
+    store.drop("pm10")  # dropping what is not there is harmless
+
+
+def test_removing_sensors_from_the_store_counts_the_windows_that_went() -> None:
+    store = WindowStore()
+    store.ensure("pm10", geometry(channels=("pm10",)))
+    store.ensure("pm2_5", geometry(channels=("pm2_5",)))
+    store.add(reading("a", 0, 0, pm10=1.0, pm2_5=1.0), 0.0)
+    store.add(reading("b", 0, 0, pm10=1.0), 0.0)
+    assert store.remove_sensors(["a", "b", "c"]) == 3
+    assert store["pm10"].sensor_ids == () and store["pm2_5"].sensor_ids == ()
+
+
+def test_accepted_readings_are_counted_and_each_closed_period_is_pending() -> None:
+    windows = ModelWindows(geometry(n=2))
+    for sensor in ("a", "b", "c"):
+        feed(windows, sensor, {0: [1.0, 2.0], 1: [3.0]})
+    assert windows.counts[AddOutcome.ACCEPTED] == 9
+    assert windows.pending_count == 3
+    ready = windows.ready_windows()
+    assert ready.raw.dtype == np.float64 and ready.periods.dtype == np.int64
+
+
+def test_a_period_without_the_first_channel_is_not_a_window() -> None:
+    """Only periods that observed the model's PM channel are handed to the ticker."""
+    windows = ModelWindows(geometry(n=2, channels=("pm10", "rh")))
+    windows.add(reading("a", 0, 0, rh=50.0), 0.0)
+    windows.add(reading("a", 1, 0, pm10=4.0, rh=51.0), 0.0)
+    assert windows.pending_count == 0
+    ready = windows.ready_windows(closed_through_period=BASE + 1)
+    assert ready.periods.tolist() == [BASE + 1]
+
+
+def test_a_sensor_sending_every_channel_at_once_is_admitted_at_once() -> None:
+    windows = ModelWindows(geometry(n=2, channels=("pm10", "rh", "temp_c")))
+    windows.admit_complete_only = True
+    first = reading("a", 0, 0, pm10=1.0, rh=50.0, temp_c=10.0)
+    assert windows.add(first, 0.0) is AddOutcome.ACCEPTED
+    assert windows.sensor_ids == ("a",)
+
+
+def test_periods_closed_before_a_tick_name_their_sensor() -> None:
+    windows = ModelWindows(geometry(n=2, max_gap=0))
+    feed(windows, "a", {0: [1.0], 1: [2.0], 2: [3.0]})
+    feed(windows, "b", {0: [1.0], 1: [2.0]})
+    ready = windows.ready_windows()
+    assert sorted(zip(ready.sensor_ids, (ready.periods - BASE).tolist(), strict=True)) == [
+        ("a", 0),
+        ("a", 1),
+        ("b", 0),
+    ]
+
+
+def test_a_reading_without_the_models_channels_never_runs_ahead() -> None:
+    windows = ModelWindows(geometry())
+    assert not windows.would_run_ahead(reading("a", 10, 0, pm2_5=1.0), float(T0))
+    assert windows.would_run_ahead(reading("a", 10, 0, pm10=1.0), float(T0))
+
+
+def test_a_restore_keeps_what_gap_filling_and_the_ticker_need() -> None:
+    """The last observed value interpolates a gap across the restart; pending periods count."""
+    windows = ModelWindows(geometry(n=3, max_gap=1))
+    feed(windows, "a", {0: [10.0], 1: [20.0]})
+    feed(windows, "b", {0: [1.0], 1: [2.0]})
+    windows.close_through(BASE + 1)
+    restored = ModelWindows.from_state(windows.export_state())
+    assert windows.pending_count == 4
+    assert restored.pending_count == 2  # period 1 of each (period 0 was a snapshot, not kept)
+    restored.add(reading("a", 3, 0, pm10=40.0), 0.0)
+    ready = restored.ready_windows(closed_through_period=BASE + 3)
+    keys = zip(ready.sensor_ids, ready.periods.tolist(), strict=True)
+    newest = dict(zip(keys, ready.windows.tolist(), strict=True))
+    assert newest["a", BASE + 3] == [20.0, 30.0, 40.0]
+
+
+def test_a_state_naming_a_sensor_twice_is_refused() -> None:
+    windows = ModelWindows(geometry(n=2))
+    feed(windows, "a", {0: [1.0]})
+    feed(windows, "b", {0: [1.0]})
+    state = windows.export_state()
+    state.sensor_ids = ["a", "a"]
+    with pytest.raises(WindowStoreError):
+        ModelWindows.from_state(state)
+
+
+def test_a_hole_in_a_covariate_at_the_first_period_is_a_gap_while_warming_up() -> None:
+    windows = ModelWindows(geometry(n=4, channels=("pm10", "rh")))
+    windows.add(reading("a", 0, 0, pm10=1.0), 0.0)  # no rh in the first period
+    windows.add(reading("a", 1, 0, pm10=1.0, rh=50.0), 0.0)
+    windows.add(reading("a", 2, 0, pm10=1.0, rh=50.0), 0.0)
+    ready = windows.ready_windows(closed_through_period=BASE + 2)
+    assert ready.quality[-1] == (Quality.WARMING_UP, Quality.GAP)
+
+
+def test_more_than_eight_channels_share_the_last_duplicate_bit() -> None:
+    """Channels from the eighth on are told apart by one shared bit (seen.py): a part of a
+    reading bringing only later channels is new once, then a duplicate."""
+    names = tuple(f"c{index}" for index in range(10))
+    windows = ModelWindows(geometry(n=1, channels=("pm10", *names[1:])))
+    assert windows.add(reading("a", 0, 5, pm10=1.0), 0.0) is AddOutcome.ACCEPTED
+    assert windows.add(reading("a", 0, 5, c7=1.0), 0.0) is AddOutcome.ACCEPTED
+    assert windows.add(reading("a", 0, 5, c8=1.0, c9=2.0), 0.0) is AddOutcome.DUPLICATE
+    assert windows.add(reading("a", 0, 9, c9=2.0), 0.0) is AddOutcome.ACCEPTED
+    assert windows.add(reading("a", 0, 9, c8=3.0), 0.0) is AddOutcome.DUPLICATE
+    assert windows.add(reading("a", 0, 20, c8=3.0), 0.0) is AddOutcome.ACCEPTED
+
+
+def test_more_sensors_than_one_gather_chunk_all_get_their_window() -> None:
+    windows = ModelWindows(geometry(n=2))
+    for index in range(2100):  # over two of readout's 1024-row chunks, at one ring position
+        windows.add(reading(f"s{index}", 0, 0, pm10=float(index)), 0.0)
+    ready = windows.ready_windows(closed_through_period=BASE)
+    assert len(ready) == 2100
+    assert dict(zip(ready.sensor_ids, ready.windows[:, 1].tolist(), strict=True)) == {
+        f"s{index}": float(index) for index in range(2100)
+    }
