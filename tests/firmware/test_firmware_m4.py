@@ -33,8 +33,9 @@ MODELS = {
 GOLDEN_WINDOWS = 6
 # Against the Python tflite-micro interpreter (the runtime the exporter checks the graph with,
 # a newer TFLite Micro): the same integer recipes, but the Arduino library's CMSIS-NN int16
-# kernels round some intermediate results differently; measured: at most 2 output steps.
-TFLM_TOLERANCE_STEPS = 2
+# kernels round some intermediate results differently; measured: at most 2 output steps with
+# the first defaults, 4 with the pm10 model retrained for short histories (0.012 µg/m³).
+TFLM_TOLERANCE_STEPS = 4
 # Against LiteRT (what the gateway runs): its int16 kernels use other fixed-point recipes in
 # about 45 chained ops (layer norm, softmax tables); measured: at most 40 output steps, 0.12
 # ug/m3. The bound is 0.25 ug/m3, under a tenth of either model's test RMSE.

@@ -182,10 +182,15 @@ def test_init_check_config_and_run_from_the_installed_wheel(
 
     rng = np.random.default_rng(5)
     values = np.clip(40 + np.cumsum(rng.normal(0, 2.0, PERIODS)), 10, 120).round(2)
-    expected = litert(
-        MODELS / "pm10-ispra-1min",
-        np.stack([values[end - N + 1 : end + 1] for end in range(N - 1, PERIODS)]),
-    )
+    # The default calibrates from the first period: a window not yet whole has the sensor's first
+    # reading repeated before it (tesla_gateway.contract.series.pad_history).
+    windows = [
+        np.concatenate(
+            [np.repeat(values[:1], max(0, N - end - 1)), values[max(0, end - N + 1) : end + 1]]
+        )
+        for end in range(PERIODS)
+    ]
+    expected = litert(MODELS / "pm10-ispra-1min", np.stack(windows))
     topic = f"tesla/{GATEWAY_ID}/{SENSOR}/pm10"
     collector = Collector(mosquitto, [topic])
     nodes = paho.Client(CallbackAPIVersion.VERSION2, client_id="wheel-node")
@@ -226,7 +231,8 @@ def test_init_check_config_and_run_from_the_installed_wheel(
             assert [d["model"] for d in got] == ["pm10-ispra-1min"] * len(expected)
             # Published to a tenth of a µg/m³ (docs/mqtt.md).
             assert [d["calibrated"] for d in got] == as_published(expected.tolist())
-            assert [d["raw"] for d in got] == as_published(values[N - 1 :].tolist())
+            assert [d["raw"] for d in got] == as_published(values.tolist())
+            assert [d["history_periods"] for d in got] == [min(e + 1, N) for e in range(PERIODS)]
             status = run(venv_python, "status", "--config", str(config), cwd=tmp_path)
             assert status.returncode == 0, status.stdout + status.stderr
             assert f"gateway {GATEWAY_ID}" in status.stdout and "running, pid" in status.stdout

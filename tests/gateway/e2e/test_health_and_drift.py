@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 
 from devkit.broker import Mosquitto
-from tesla_gateway.contract.manifest import load_manifest
+from tesla_gateway.contract.manifest import load_manifest, write_manifest
 from tests.gateway.e2e.harness import (
     PREFIX,
     Calibrated,
@@ -55,7 +55,10 @@ PERIODS = N + 40
 DRIFT_AT = N + 15  # co-drift's gain doubles from this period on
 GAIN = 2.0
 CHUNK = 100  # periods per batch message
-RMSE_RATIO = 1.0  # drift above 1 x the model's test RMSE (manifest)
+RMSE_RATIO = 0.6  # drift above 0.6 x the model's test RMSE (manifest): 2.8 µg/m³
+# A rolling error over 20 pairs: over 8, the default's answer to the doubled gain came close to
+# the truth's for a few periods and the drift cleared again before the test looked.
+WINDOW_PAIRS = 20
 REFERENCE = "ref-1"
 HEADER = "timestamp,sensor_id,raw,reference,calibrated,model_version,rh,temp_c"
 
@@ -73,10 +76,10 @@ min_periods = 5
 stuck_periods = 5
 
 [drift]
-window_pairs = 8
+window_pairs = {WINDOW_PAIRS}
 min_pairs = 5
 rmse_ratio = {RMSE_RATIO}
-harm_margin = 0.5  # 5-8 pairs: a line fitted to so few can come close to the model by chance
+harm_margin = 0.5  # 5-20 pairs: a line fitted to so few can come close to the model by chance
 
 [pairs]
 reference_grace_s = 0.5
@@ -123,6 +126,15 @@ def test_pairs_health_and_drift_end_to_end(
 ) -> None:
     model_dir = tmp_path / "model"
     shutil.copytree(DEFAULT_MODEL, model_dir)
+    # Warm up for N periods as a model without min_history_periods does: the pairs before N
+    # stay uncalibrated, so drift and harm are judged on whole windows only (the default's
+    # short histories are tested in test_model_choice.py and tests/gateway/core).
+    write_manifest(
+        model_dir,
+        load_manifest(model_dir).model_copy(
+            update={"min_history_periods": None, "history_intervals": None}
+        ),
+    )
     manifest = load_manifest(model_dir)
     assert (manifest.window_length, manifest.period_seconds) == (N, P)
     threshold = RMSE_RATIO * manifest.test.model.rmse
@@ -275,7 +287,7 @@ def test_pairs_health_and_drift_end_to_end(
             lambda: latest_where(
                 calibrated,
                 f"{PREFIX}/co-track/pm10/health",
-                lambda d: d.get("reference", {}).get("pairs") == 8,
+                lambda d: d.get("reference", {}).get("pairs") == WINDOW_PAIRS,
             ),
             "co-track health with its rolling error",
         )

@@ -4,7 +4,9 @@ The daemon serves the committed defaults ``models/pm10-ispra-1min`` (PM10 alone)
 ``models/pm10-ispra-1min-rh-temp`` (PM10, relative humidity, temperature; N = 360 one-minute
 periods each) against a real broker. ``node-rh`` reports humidity and temperature with every
 reading, ``node-plain`` does not. The calibrated topic of each must carry the values LiteRT
-(run by the test) gives for that sensor's windows under the right model, and say which model;
+(run by the test) gives for that sensor's windows under the right model, and say which model,
+from the first period on (both defaults calibrate from one period: a young sensor's window has
+its first reading repeated before it, and the message says how many periods it really had);
 its health must name the same model; the PM-only sensor must cost no covariate window; and
 after a restart both sensors are calibrated at once by the same models (windows restored per
 model slot).
@@ -59,6 +61,14 @@ def documents(base: int, periods: range, series: dict[str, np.ndarray]) -> list[
     ]
 
 
+def window(series: np.ndarray, period: int) -> np.ndarray:
+    """The N periods ending at ``period``; a young sensor's (fewer than N since its first) with
+    its first reading repeated before it, as the gateway pads it."""
+    have = series[max(0, period - N + 1) : period + 1]
+    padding = np.repeat(series[:1], N - len(have), axis=0)
+    return np.concatenate([padding, have]).astype(np.float32)
+
+
 def health(calibrated: Calibrated, sensor: str) -> dict[str, Any] | None:
     payloads = calibrated.collector.on(f"{PREFIX}/{sensor}/pm10/health")
     return dict(json.loads(payloads[-1])) if payloads else None
@@ -89,14 +99,14 @@ def test_each_sensor_is_calibrated_by_the_model_of_its_channels(
     plain_pm10 = np.clip(40 + np.cumsum(rng.normal(0, 2.0, total)), 10, 140).round(2)
     with_rh = {"pm10": pm10, "rh": rh, "temp_c": temp_c}
     plain = {"pm10": plain_pm10}
-    valid = list(range(N - 1, total))
+    valid = list(range(total))  # the defaults calibrate from the first period (padded)
     expected = {
         "node-rh": dict(
             zip(
                 valid,
                 litert_expected(
                     covariate_dir,
-                    np.stack([np.stack([pm10, rh, temp_c], -1)[p - N + 1 : p + 1] for p in valid]),
+                    np.stack([window(np.stack([pm10, rh, temp_c], -1), p) for p in valid]),
                 ),
                 strict=True,
             )
@@ -104,9 +114,7 @@ def test_each_sensor_is_calibrated_by_the_model_of_its_channels(
         "node-plain": dict(
             zip(
                 valid,
-                litert_expected(
-                    plain_dir, np.stack([plain_pm10[p - N + 1 : p + 1] for p in valid])
-                ),
+                litert_expected(plain_dir, np.stack([window(plain_pm10, p) for p in valid])),
                 strict=True,
             )
         ),
@@ -122,9 +130,9 @@ def test_each_sensor_is_calibrated_by_the_model_of_its_channels(
         got = calibrated.by_period(sensor)
         for period in periods:
             payload = got[iso(base + period * P)]
-            if period < N - 1:
-                assert payload["calibrated"] is None and payload["quality"] == ["warming_up"]
-                continue
+            assert payload["quality"] == ["ok"], (sensor, period, payload)
+            assert payload["history_periods"] == min(period + 1, N)
+            assert ("warm_up" in payload) == (period < N - 1)
             assert payload["model"] == model_of[sensor], (sensor, period, payload)
             assert payload["calibrated"] == as_published(float(expected[sensor][period]))
 
