@@ -185,8 +185,8 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoOutcome:
         [] if covariate is None else [f"{covariate.name} v{covariate.version} (PM10, rh, temp_c)"]
     )
     title = (
-        f"The gateway daemon on the replayed Ispra demo slice: {' and '.join(served)}, "
-        f"N={manifest.window_length}, calibrated from period {manifest.calibrates_from}"
+        f"The gateway daemon on the replayed Ispra demo slice (N={manifest.window_length}, "
+        f"calibrated from period {manifest.calibrates_from})\nmodels: {' and '.join(served)}"
     )
     plot = write_plot(
         board,
