@@ -224,3 +224,31 @@ def test_the_calibrated_document_carries_history_and_warm_up_progress() -> None:
 
 def _fields(reading: CalibratedReading) -> dict[str, object]:
     return {name: getattr(reading, name) for name in CalibratedReading.__slots__}
+
+
+def test_status_prints_the_warm_up_of_each_model() -> None:
+    from tesla_gateway.daemon.cli import _summary
+
+    status: dict[str, object] = {
+        "updated_at": 0,
+        "windows": {
+            "pm10": {
+                "sensors": 3,
+                "outcomes": {},
+                "warm_up": {
+                    "need": 360,
+                    "calibrates_from": 1,
+                    "sensors_short": 2,
+                    "fewest_periods": 12,
+                    "all_ready_at": float(T0),
+                },
+            },
+            "pm2_5": {"sensors": 1, "outcomes": {}, "warm_up": {"sensors_short": 0}},
+        },
+    }
+    text = _summary(status, running=None)
+    assert (
+        "    warm-up: 2 sensor(s) below 360 periods (fewest 12; calibrated from 1), all whole by "
+        "2023-11-14T22:14:00Z"
+    ) in text
+    assert text.count("warm-up") == 1
