@@ -29,6 +29,7 @@ from devkit.broker import Mosquitto
 from devkit.daemon import GatewayDaemon
 from tesla_gateway.daemon.cli import main
 from tests.support.models import ModelFactory, TestModel, corrupt_model_file
+from tests.support.published import as_published
 
 P = 60
 N = 8
@@ -229,9 +230,7 @@ def test_daemon_end_to_end(
                 else:
                     assert payload["quality"] == ["ok"]
                     assert payload["model_version"] == 1
-                    assert payload["calibrated"] == pytest.approx(
-                        expected(v1, values, period), rel=1e-4, abs=1e-3
-                    )
+                    assert payload["calibrated"] == as_published(expected(v1, values, period))
 
         # Hot reload: v2 is accepted; a corrupt v3 is refused and v2 keeps serving.
         shutil.rmtree(model_dir)
@@ -274,9 +273,7 @@ def test_daemon_end_to_end(
             )
             assert payload["quality"] == ["ok"]
             assert payload["model_version"] == 2
-            assert payload["calibrated"] == pytest.approx(
-                expected(v2, values, 10), rel=1e-4, abs=1e-3
-            )
+            assert payload["calibrated"] == as_published(expected(v2, values, 10))
         capture = daemons[-1]
         assert capture.stop() == 0
         stopped = subprocess.run(
