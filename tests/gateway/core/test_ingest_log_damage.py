@@ -4,6 +4,8 @@ starts, and segments written by the format before framing still replay."""
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import struct
 import zlib
@@ -14,7 +16,17 @@ from structlog.testing import capture_logs
 
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.ingest.ingest_log import IngestLog
-from tesla_gateway.ingest.log_record import encode_record
+from tesla_gateway.ingest.log_checkpoint import parse_checkpoint, write_checkpoint_file
+from tesla_gateway.ingest.log_record import (
+    FRAME_CRC,
+    FRAME_HEAD,
+    FRAME_INDEX,
+    FRAME_MAGIC,
+    encode_record,
+    length_check,
+)
+from tesla_gateway.ingest.log_segments import MAX_SEQ
+from tesla_gateway.set_aside import SetAsideLog
 
 T0 = 1_700_000_040
 SEGMENT_HEADER = 17  # magic (4), version (1), first sequence number (8), crc32 (4)
@@ -290,3 +302,390 @@ def test_an_old_segment_damaged_in_the_middle_replays_what_precedes_it(tmp_path:
     assert replayed == OLD_READINGS[:5]
     assert log.stats.corrupt_segments == 1
     assert len(set_aside(tmp_path)) == 1
+
+
+# -- what replay reports, exactly (survivors of make mutation) ----------------------------------
+
+RECORD = len(encode_record(reading(0)))
+
+
+def frame(body: bytes, index: int) -> bytes:
+    """A good frame around any body (what the log would write for that body)."""
+    payload = body + FRAME_INDEX.pack(index)
+    head = FRAME_HEAD.pack(FRAME_MAGIC, len(payload), length_check(len(payload)))
+    return head + payload + FRAME_CRC.pack(zlib.crc32(payload))
+
+
+def segment_of(first_seq: int, frames: bytes) -> bytes:
+    header = struct.pack("<4sBQ", b"TGIL", 2, first_seq)
+    return header + struct.pack("<I", zlib.crc32(header)) + frames
+
+
+def records(first: int, count: int, index: int = 0) -> bytes:
+    return b"".join(encode_record(reading(first + i), index + i) for i in range(count))
+
+
+def replay_logged(directory: Path, **options: object) -> tuple[IngestLog, list[Reading], list]:  # type: ignore[type-arg]
+    with capture_logs() as logs:
+        log, replayed = started(directory, **options)
+    return log, replayed, logs
+
+
+def test_a_damaged_record_and_a_torn_end_are_logged_with_where_and_how_much(
+    tmp_path: Path,
+) -> None:
+    data = bytearray(segment_of(0, records(0, 10)))
+    data[SEGMENT_HEADER + 3 * RECORD + 20] ^= 0x04  # record 3's body
+    data[SEGMENT_HEADER + 6 * RECORD + 20] ^= 0x04  # record 6's body
+    data = data[: len(data) - 7]  # record 9 cut short
+    name = f"{0:020d}.seg"
+    (tmp_path / name).write_bytes(bytes(data))
+    log, replayed, logs = replay_logged(tmp_path)
+    assert replayed == [reading(i) for i in range(9) if i not in (3, 6)]
+    assert logs[:3] == [
+        {
+            "event": "ingest_log_torn_record",
+            "log_level": "warning",
+            "segment": name,
+            "offset": SEGMENT_HEADER + 9 * RECORD,
+            "bytes": RECORD - 7,
+        },
+        {
+            "event": "ingest_log_damaged_records",
+            "log_level": "error",
+            "segment": name,
+            "records": 2,
+            "bytes": 2 * RECORD,
+            "offset": SEGMENT_HEADER + 3 * RECORD,
+        },
+        {
+            "event": "ingest_log_replayed",
+            "log_level": "info",
+            "replayed": 7,
+            "covered_seq": 0,
+            "torn_records": 1,
+            "damaged_records": 2,
+            "corrupt_segments": 0,
+        },
+    ]
+    assert log.stats.last_error == f"damaged records in {name}"
+    assert log.stats.as_dict()["torn_records"] == 1
+
+
+def test_a_damaged_segment_header_with_good_frames_after_it_replays_them(tmp_path: Path) -> None:
+    data = bytearray(segment_of(0, records(0, 4)))
+    data[2] ^= 0x01  # the magic
+    name = f"{0:020d}.seg"
+    (tmp_path / name).write_bytes(bytes(data))
+    log, replayed, logs = replay_logged(tmp_path)
+    assert replayed == [reading(i) for i in range(4)]
+    assert logs[0] == {
+        "event": "ingest_log_damaged_header",
+        "log_level": "error",
+        "segment": name,
+        "records": 4,
+    }
+    assert log.stats.last_error == f"damaged header in {name}"
+    assert log.stats.corrupt_segments == 0 and set_aside(tmp_path) == []
+
+
+def test_a_damaged_header_with_nothing_readable_after_it_is_set_aside(tmp_path: Path) -> None:
+    aside = SetAsideLog()
+    name = f"{0:020d}.seg"
+    (tmp_path / name).write_bytes(b"\x01" * 64)
+    log, replayed, logs = replay_logged(tmp_path, set_aside=aside)
+    assert replayed == []
+    assert [e["event"] for e in logs][:1] == ["ingest_log_damaged_header"]
+    assert log.stats.corrupt_segments == 1
+    assert log.stats.last_error == f"corrupt {name}: bad segment header"
+    files = aside.as_dict()["files"]
+    assert [(f["kind"], f["reason"]) for f in files] == [  # type: ignore[attr-defined]
+        ("ingest log", "bad segment header")
+    ]
+    assert [e for e in logs if e["event"] == "ingest_log_replayed"] == [
+        {
+            "event": "ingest_log_replayed",
+            "log_level": "info",
+            "replayed": 0,
+            "covered_seq": 0,
+            "torn_records": 0,
+            "damaged_records": 1,  # the bytes after the header, in which no frame was found
+            "corrupt_segments": 1,
+        }
+    ]
+
+
+def test_segments_shorter_than_a_header_are_torn_and_removed(tmp_path: Path) -> None:
+    (tmp_path / f"{0:020d}.seg").write_bytes(b"")  # killed before the header
+    (tmp_path / f"{1:020d}.seg").write_bytes(b"TGI")  # killed within it
+    (tmp_path / f"{2:020d}.seg").write_bytes(b"TGIL\x02")
+    (tmp_path / f"{3:020d}.seg").write_bytes(segment_of(3, b""))  # a header, no record
+    log, replayed, logs = replay_logged(tmp_path)
+    assert replayed == []
+    assert log.stats.torn_records == 2
+    assert [e["event"] for e in logs] == ["ingest_log_replayed"]
+    assert sorted(p.name for p in tmp_path.glob("*.seg")) == [f"{3:020d}.seg"]  # the new one
+    assert log.stats.next_seq == 3
+
+
+def test_an_intact_frame_that_is_not_a_reading_is_a_corrupt_record(tmp_path: Path) -> None:
+    name = f"{0:020d}.seg"
+    frames = records(0, 2) + frame(b"\x05abc", 2) + frame(b"", 3) + records(4, 2, index=4)
+    (tmp_path / name).write_bytes(segment_of(0, frames))
+    log, replayed, logs = replay_logged(tmp_path)
+    assert replayed == [reading(i) for i in (0, 1, 4, 5)]
+    assert log.stats.corrupt_records == 2
+    assert log.stats.damaged_records == 0
+    bad = [e for e in logs if e["event"] == "ingest_log_bad_record"]
+    assert [(e["segment"], e["seq"], e["log_level"]) for e in bad] == [
+        (name, 2, "error"),
+        (name, 3, "error"),
+    ]
+    assert bad[0]["error"].startswith("bad record body: ")
+
+
+def test_junk_between_two_records_costs_nothing(tmp_path: Path) -> None:
+    for junk in (b"\x07", b"\x07\x07\x07"):
+        directory = tmp_path / f"junk-{len(junk)}"
+        directory.mkdir()
+        frames = records(0, 3) + junk + records(3, 3, index=3)
+        (directory / f"{0:020d}.seg").write_bytes(segment_of(0, frames))
+        log, replayed, logs = replay_logged(directory)
+        assert replayed == [reading(i) for i in range(6)]
+        assert log.stats.damaged_records == 0
+        damaged = [e for e in logs if e["event"] == "ingest_log_damaged_records"]
+        assert [(e["records"], e["bytes"]) for e in damaged] == [(0, len(junk))]
+
+
+def test_two_damaged_records_in_a_row_cost_those_two(tmp_path: Path) -> None:
+    data = bytearray(segment_of(0, records(0, 8)))
+    data[SEGMENT_HEADER + 3 * RECORD + 20] ^= 0x04  # record 3's body
+    data[SEGMENT_HEADER + 4 * RECORD + 4] ^= 0x04  # record 4's length check: its magic stays
+    (tmp_path / f"{0:020d}.seg").write_bytes(bytes(data))
+    log, replayed, _ = replay_logged(tmp_path)
+    assert replayed == [reading(i) for i in range(8) if i not in (3, 4)]
+    assert log.stats.damaged_records == 2
+
+
+def test_the_last_record_damaged_but_whole_is_a_torn_end(tmp_path: Path) -> None:
+    """A power cut can leave a record's length on disk and not all its bytes."""
+    data = bytearray(segment_of(0, records(0, 5)))
+    data[-1] ^= 0xFF  # its crc32
+    (tmp_path / f"{0:020d}.seg").write_bytes(bytes(data))
+    log, replayed, _ = replay_logged(tmp_path)
+    assert replayed == [reading(i) for i in range(4)]
+    assert (log.stats.torn_records, log.stats.damaged_records) == (1, 0)
+
+
+def test_a_last_record_whose_length_is_damaged_is_damage(tmp_path: Path) -> None:
+    """A length that fails its check is not followed: the bytes after the head are damage."""
+    data = bytearray(segment_of(0, records(0, 5)))
+    data[SEGMENT_HEADER + 4 * RECORD + 2] ^= 0x10  # record 4's length
+    (tmp_path / f"{0:020d}.seg").write_bytes(bytes(data))
+    log, replayed, _ = replay_logged(tmp_path)
+    assert replayed == [reading(i) for i in range(4)]
+    assert (log.stats.torn_records, log.stats.damaged_records) == (0, 1)
+
+
+def test_a_few_bytes_of_a_last_record_are_a_torn_end(tmp_path: Path) -> None:
+    data = segment_of(0, records(0, 5))[: SEGMENT_HEADER + 4 * RECORD + 3]
+    (tmp_path / f"{0:020d}.seg").write_bytes(data)
+    log, replayed, _ = replay_logged(tmp_path)
+    assert replayed == [reading(i) for i in range(4)]
+    assert (log.stats.torn_records, log.stats.damaged_records) == (1, 0)
+
+
+def test_an_unreadable_segment_is_reported_and_its_name_never_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An I/O error reading a segment (injected: no real one can be had here)."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    unreadable = first / f"{10:020d}.seg"
+    second.mkdir()
+    (second / f"{0:020d}.seg").write_bytes(segment_of(0, records(0, 10)))
+    (second / unreadable.name).write_bytes(segment_of(10, records(10, 3)))
+    (first / f"{0:020d}.seg").write_bytes(segment_of(0, records(0, 10)))
+    unreadable.write_bytes(segment_of(10, records(10, 3)))
+    (first / f"{13:020d}.seg").write_bytes(segment_of(13, records(13, 2)))
+    kept = unreadable.read_bytes()
+    real_read_bytes = Path.read_bytes
+
+    def read_bytes(path: Path) -> bytes:
+        if path.name == unreadable.name:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    log, replayed, logs = replay_logged(first)
+    assert replayed == [reading(i) for i in (*range(10), 13, 14)]
+    assert logs[0] == {
+        "event": "ingest_log_failed",
+        "log_level": "error",
+        "directory": str(first),
+        "operation": f"read {unreadable.name}",
+        "error": "Input/output error",
+        "errno": errno.EIO,
+        "not_logged_since": 0,
+    }
+    assert log.stats.next_seq == 15
+    # The last segment unreadable: the new segment is named past it, never over it.
+    again = IngestLog(second, max_bytes=1 << 30, fsync_interval_s=None)
+    assert list(again.replay()) == [reading(i) for i in range(10)]
+    again.start()
+    assert again.stats.next_seq == 11
+    assert real_read_bytes(second / unreadable.name) == kept
+
+
+def test_an_unreadable_checkpoint_replays_everything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log, _ = started(tmp_path)
+    for index in range(4):
+        log.append(reading(index))
+    log.checkpoint_now(queued=2)
+    log.append(reading(4))
+    log.commit()
+    checkpoint = tmp_path / "covered"
+    real_read_bytes = Path.read_bytes
+
+    def read_bytes(path: Path) -> bytes:
+        if path == checkpoint:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    again, replayed, logs = replay_logged(tmp_path)
+    assert replayed == [reading(i) for i in range(5)]  # from 0: the segment held 0..3
+    assert again.stats.covered_seq == 0
+    assert [(e["event"], e.get("operation")) for e in logs][:1] == [
+        ("ingest_log_failed", "read covered")
+    ]
+
+
+def test_a_bad_checkpoint_is_set_aside_with_its_reason(tmp_path: Path) -> None:
+    aside = SetAsideLog()
+    (tmp_path / f"{0:020d}.seg").write_bytes(segment_of(0, records(0, 3)))
+    (tmp_path / "covered").write_bytes(b"garbage")
+    log, replayed, _ = replay_logged(tmp_path, set_aside=aside)
+    assert replayed == [reading(i) for i in range(3)]
+    assert log.stats.last_error == "corrupt covered: bad checkpoint"
+    files = aside.as_dict()["files"]
+    assert [(f["kind"], f["reason"]) for f in files] == [  # type: ignore[attr-defined]
+        ("ingest log", "bad checkpoint")
+    ]
+
+
+def checkpoint_bytes(covered: int, *, magic: bytes = b"TGIC", version: int = 1) -> bytes:
+    data = struct.pack("<4sBQ", magic, version, covered)
+    return data + struct.pack("<I", zlib.crc32(data))
+
+
+def test_a_checkpoint_is_read_only_if_every_field_agrees() -> None:
+    assert parse_checkpoint(checkpoint_bytes(5)) == 5
+    assert parse_checkpoint(checkpoint_bytes(MAX_SEQ)) == MAX_SEQ
+    assert parse_checkpoint(checkpoint_bytes(MAX_SEQ + 1)) is None
+    assert parse_checkpoint(checkpoint_bytes(5, magic=b"TGIX")) is None
+    assert parse_checkpoint(checkpoint_bytes(5, version=2)) is None
+    bad_crc = bytearray(checkpoint_bytes(5))
+    bad_crc[-1] ^= 0x01
+    assert parse_checkpoint(bytes(bad_crc)) is None
+    assert parse_checkpoint(checkpoint_bytes(5)[:-1]) is None
+
+
+def test_a_log_can_reach_the_last_sequence_number(tmp_path: Path) -> None:
+    write_checkpoint_file(tmp_path, MAX_SEQ)
+    log, replayed = started(tmp_path)
+    assert replayed == [] and log.stats.next_seq == MAX_SEQ
+    log.append(reading(0))
+    log.commit()
+    assert log.stats.unexpected_files == 0
+    _, replayed = started(tmp_path)
+    assert replayed == [reading(0)]
+
+
+def test_what_is_set_aside_from_the_directory_says_why(tmp_path: Path) -> None:
+    aside = SetAsideLog()
+    directory = tmp_path / "log"
+    directory.write_bytes(b"a file")
+    IngestLog(directory, max_bytes=1 << 30, fsync_interval_s=None, set_aside=aside).start()
+    (directory / "notes.txt").write_text("kept by hand")
+    (directory / f"{0:020d}.seg.d").mkdir()
+    (directory / f"{1:020d}.seg").mkdir()
+    (directory / "99999999999999999999.seg").write_bytes(b"")
+    log = IngestLog(directory, max_bytes=1 << 30, fsync_interval_s=None, set_aside=aside)
+    log.start()
+    files = aside.as_dict()["files"]
+    assert sorted((f["kind"], Path(f["path"]).name, f["reason"]) for f in files) == [  # type: ignore[attr-defined]
+        ("ingest log", f"{0:020d}.seg.d", "not a file the ingest log writes"),
+        ("ingest log", f"{1:020d}.seg", "not a regular file"),
+        (
+            "ingest log",
+            "99999999999999999999.seg",
+            "a segment name beyond any sequence number the log writes",
+        ),
+        ("ingest log", "log", "not a directory"),
+        ("ingest log", "notes.txt", "not a file the ingest log writes"),
+    ]
+    assert log.stats.unexpected_files == 4
+    assert log.stats.last_error is not None
+    assert log.stats.last_error.startswith("unexpected ")
+
+
+def test_an_entry_gone_between_listing_and_looking_at_it_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A race no test can time: lstat of the first entry fails as if it had just gone."""
+    gone = tmp_path / f"{0:020d}.seg"
+    gone.write_bytes(segment_of(0, records(0, 2)))
+    (tmp_path / f"{2:020d}.seg").write_bytes(segment_of(2, records(2, 2)))
+    real_lstat = Path.lstat
+
+    def lstat(path: Path) -> os.stat_result:
+        if path == gone:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+        return real_lstat(path)
+
+    monkeypatch.setattr(Path, "lstat", lstat)
+    _, replayed, _ = replay_logged(tmp_path)
+    assert replayed == [reading(2), reading(3)]
+
+
+# -- format 1 ends ----------------------------------------------------------------------------
+
+
+def test_a_clean_old_segment_has_no_torn_end(tmp_path: Path) -> None:
+    (tmp_path / f"{0:020d}.seg").write_bytes(old_segment(0, OLD_READINGS))
+    log, replayed = started(tmp_path)
+    assert replayed == OLD_READINGS
+    assert log.stats.torn_records == log.stats.corrupt_segments == 0
+
+
+@pytest.mark.parametrize(
+    "end",
+    ["cut 3 bytes short", "whole with a bad crc", "a header and nothing", "3 more bytes"],
+)
+def test_an_old_segment_ending_in_one_bad_record_is_a_torn_end(tmp_path: Path, end: str) -> None:
+    data = bytearray(old_segment(0, OLD_READINGS))
+    if end == "cut 3 bytes short":
+        data = data[:-3]
+    elif end == "whole with a bad crc":
+        data[-len(old_body(OLD_READINGS[-1])) - 6] ^= 0x01
+    elif end == "a header and nothing":
+        data += struct.pack("<IH", 0, 5)  # crc32 0 is the crc32 of the empty body it has
+    else:
+        data += b"\x07\x07\x07"
+    (tmp_path / f"{0:020d}.seg").write_bytes(bytes(data))
+    log, replayed = started(tmp_path)
+    whole = OLD_READINGS if end in ("a header and nothing", "3 more bytes") else OLD_READINGS[:-1]
+    assert replayed == whole
+    assert (log.stats.torn_records, log.stats.corrupt_segments) == (1, 0)
+    assert log.stats.corrupt_records == 0
+
+
+def test_an_old_segment_with_data_after_a_bad_record_is_set_aside(tmp_path: Path) -> None:
+    data = old_segment(0, OLD_READINGS[:3]) + struct.pack("<IH", 1, 5) + b"X" * 100
+    (tmp_path / f"{0:020d}.seg").write_bytes(data)
+    log, replayed = started(tmp_path)
+    assert replayed == OLD_READINGS[:3]
+    assert log.stats.corrupt_segments == 1
