@@ -15,7 +15,12 @@ from tesla_gateway.contract.manifest import ErrorMetrics, Manifest, PredictionIn
 from training.cli import build_parser, train_config
 from training.conformal import MIN_PER_BIN, conformal_rank, fit_intervals, score_intervals
 from training.data import WindowSet
-from training.equivalence import daily_means, equivalence, expanded_relative_uncertainty
+from training.equivalence import (
+    daily_means,
+    equivalence,
+    expanded_relative_uncertainty,
+    orthogonal_regression,
+)
 from training.errors import DataError, HarmfulModelError
 from training.harm import check_not_harmful, compare_on
 from training.metrics import LinearCalibration
@@ -241,3 +246,103 @@ def test_train_flags_choose_channels_feature_and_period(tmp_path: Path) -> None:
         ["train", "--config", str(config_file), "--run-dir", str(tmp_path / "run")]
     ))  # fmt: skip
     assert plain.channels == ("raw",) and plain.dataset_options == {"feature": "pm2_5"}
+
+
+# -- the GDE figures' edges (survivors of make mutation) --------------------------------------
+
+
+def _days(reference: list[float], calibrated: list[float]) -> pd.DataFrame:
+    """Whole UTC days of hourly pairs, constant within each day (exact daily means)."""
+    hours = pd.date_range("2024-01-01", periods=24 * len(reference), freq="h", tz="UTC")
+    return pd.DataFrame(
+        {"timestamp": hours.strftime("%Y-%m-%dT%H:%M:%SZ"), "sensor_id": "s",
+         "reference": np.repeat(reference, 24), "calibrated": np.repeat(calibrated, 24)}
+    )  # fmt: skip
+
+
+def test_gde_needs_three_days_and_a_feature_with_a_limit_value() -> None:
+    assert equivalence(_days([10, 20], [12, 21]), feature="pm10", period_seconds=3600) is None
+    three = _days([10, 20, 30], [12, 21, 33])
+    assert equivalence(three, feature="pm10", period_seconds=3600) is not None
+    assert equivalence(three, feature="rh", period_seconds=3600) is None
+    with pytest.raises(ValueError, match="needs at least 3"):
+        expanded_relative_uncertainty(np.array([1.0, 2.0]), np.array([1.0, 2.5]), 50.0)
+    w, _, _ = expanded_relative_uncertainty(
+        np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.5, 3.0]), 50
+    )
+    assert w > 0
+
+
+def test_gde_figures_in_full() -> None:
+    """W exactly at the indicative objective meets it (W <= 50 %), and every field is there."""
+    result = equivalence(
+        _days([10, 20, 30], [22.5, 32.5, 42.5]), feature="pm10", period_seconds=3600
+    )
+    assert result is not None
+    assert result.as_dict() == {
+        "averaging": "daily (UTC days with >= 75 % of periods)",
+        "days": 3,
+        "limit_value": 50.0,
+        "reference_uncertainty": 0.0,
+        "slope": 1.0,
+        "intercept": 12.5,
+        "r2": pytest.approx(1.0),
+        "expanded_relative_uncertainty": 0.5,  # 2 x 12.5 / 50: the bias alone
+        "dqo_indicative": 0.5,
+        "meets_indicative_dqo": True,
+    }
+
+
+def test_gde_with_scatter_reports_r2_and_the_reference_uncertainty() -> None:
+    frame = _days([10, 20, 30, 40], [11, 19, 32, 39])
+    plain = equivalence(frame, feature="pm10", period_seconds=3600)
+    known = equivalence(frame, feature="pm10", period_seconds=3600, reference_uncertainty=1.0)
+    assert plain is not None and known is not None
+    r = np.corrcoef([10, 20, 30, 40], [11, 19, 32, 39])[0, 1]
+    assert plain.r2 == pytest.approx(r * r) and plain.r2 < 0.99
+    assert known.reference_uncertainty == 1.0
+    w, _, _ = expanded_relative_uncertainty(
+        np.array([10.0, 20.0, 30.0, 40.0]), np.array([11.0, 19.0, 32.0, 39.0]), 50.0, 1.0
+    )
+    assert known.expanded_relative_uncertainty == pytest.approx(w)
+    assert known.expanded_relative_uncertainty < plain.expanded_relative_uncertainty
+
+
+def test_gde_defaults_to_no_reference_uncertainty_and_never_goes_below_zero() -> None:
+    x = np.array([0.0, 10.0, 20.0, 30.0])
+    y = np.array([1.0, 9.0, 21.0, 29.0])
+    assert expanded_relative_uncertainty(x, y, 50.0) == expanded_relative_uncertainty(
+        x, y, 50.0, 0.0
+    )
+    assert expanded_relative_uncertainty(x, x, 50.0)[0] == 0.0  # perfect agreement
+    assert expanded_relative_uncertainty(x, x, 50.0, 5.0)[0] == 0.0  # clipped, not imaginary
+
+
+def test_gde_computes_in_float64_whatever_it_is_given() -> None:
+    x = np.array([0.0, 10.0, 20.0, 30.1], dtype=np.float32)
+    y = np.array([1.0, 9.0, 21.3, 29.0], dtype=np.float32)
+    wide = (x.astype(np.float64), y.astype(np.float64))
+    assert orthogonal_regression(x, y) == orthogonal_regression(*wide)
+    assert expanded_relative_uncertainty(x, y, 50.0) == expanded_relative_uncertainty(*wide, 50.0)
+
+
+def test_uncorrelated_pairs_have_no_orthogonal_slope() -> None:
+    with pytest.raises(ValueError, match="uncorrelated"):
+        orthogonal_regression(np.array([1.0, 2.0, 3.0]), np.array([5.0, 5.0, 5.0]))
+    frame = _days([10, 20, 30], [5, 5, 5])
+    assert equivalence(frame, feature="pm10", period_seconds=3600) is None
+    # s_xy of exactly 1 is an ordinary slope
+    slope, _ = orthogonal_regression(np.array([0.0, 1.0]), np.array([0.0, 2.0]))
+    assert slope == pytest.approx(2.0)
+
+
+def test_daily_means_are_taken_over_utc_days() -> None:
+    """Timestamps with an offset count in the UTC day they fall in."""
+    stamps = ["2024-01-01T23:30:00+00:00", "2024-01-02T00:30:00+01:00", "2024-01-02T00:59:00+01:00"]
+    frame = pd.DataFrame(
+        {"timestamp": stamps, "sensor_id": "s", "reference": [1.0, 3.0, 5.0],
+         "calibrated": [1.0, 3.0, 5.0]}
+    )  # fmt: skip
+    days = daily_means(frame, 28_800)  # 3 periods a day: 2.25 needed
+    assert days["day"].dt.strftime("%Y-%m-%d").tolist() == ["2024-01-01"]
+    assert days["reference"].tolist() == [3.0]

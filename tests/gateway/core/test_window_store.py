@@ -14,10 +14,13 @@ from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.contract.series import (
     GapPolicy,
+    gap_fill,
     interpolate_short_gaps,
+    period_index,
     sliding_windows,
     valid_window_ends,
 )
+from tesla_gateway.errors import SeriesError
 from tesla_gateway.ingest.clock_sanity import ClockSanity
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.windows.outcome import AddOutcome
@@ -565,3 +568,28 @@ def test_more_sensors_than_one_gather_chunk_all_get_their_window() -> None:
     assert dict(zip(ready.sensor_ids, ready.windows[:, 1].tolist(), strict=True)) == {
         f"s{index}": float(index) for index in range(2100)
     }
+
+
+# -- the shared series functions' edges (survivors of make mutation) --------------------------
+
+
+def test_series_functions_at_their_edges() -> None:
+    assert gap_fill(1.0, 2.0, 0).size == 0  # no missing period: nothing to fill
+    with pytest.raises(SeriesError):
+        gap_fill(1.0, 2.0, -1)
+    assert period_index(5.5, 1) == 5
+    for bad in (0, -60):
+        with pytest.raises(SeriesError, match="must be positive"):
+            period_index(5.0, bad)
+    short = sliding_windows(np.array([1.0, 2.0], dtype=np.float32), 3)
+    assert short.shape == (0, 3) and short.dtype == np.float32
+    with pytest.raises(SeriesError, match="same length"):
+        valid_window_ends(np.zeros(3), np.ones(4, dtype=bool), 2)
+
+
+def test_interpolation_is_computed_in_float64_whatever_the_input() -> None:
+    series = np.array([1.0, np.nan, np.nan, 2.0], dtype=np.float32)
+    policy = GapPolicy(max_interpolated_periods=2)
+    filled = interpolate_short_gaps(series, policy)  # type: ignore[arg-type]  # float32 on purpose
+    assert filled.dtype == np.float64
+    assert filled.tolist() == [1.0, 1.0 + 1.0 / 3.0, 1.0 + 2.0 / 3.0, 2.0]

@@ -33,6 +33,7 @@ from tesla_gateway.ota.install import install_release
 from tesla_gateway.ota.release import (
     RELEASE_FILENAME,
     Rollout,
+    canonical_json,
     decode_bundle,
     encode_bundle,
     load_public_key,
@@ -287,3 +288,115 @@ def test_a_verified_release_says_which_gateways_it_is_for(release_kit: ReleaseKi
         metadata=release.metadata.model_copy(update={"rollout": Rollout(groups=["north"])}),
     )
     assert limited.is_for("gw", ["north"]) and not limited.is_for("gw", ["south"])
+
+
+# -- what verification promises beyond the damage cases (survivors of make mutation) -----------
+
+
+def _resign(path: Path, release_kit: ReleaseKit, edit: dict[str, object], into: Path) -> Path:
+    """A copy of a release with fields of release.json replaced and signed again."""
+    shutil.copytree(path, into)
+    document = json.loads((into / RELEASE_FILENAME).read_text(encoding="utf-8"))
+    for key, value in edit.items():
+        if isinstance(value, dict) and isinstance(document.get(key), dict):
+            document[key] = {**document[key], **value}
+        else:
+            document[key] = value
+    signing = load_private_key(release_kit.keys.private_path)
+    document["signature"] = base64.b64encode(
+        signing.sign(signed_bytes(document)).signature
+    ).decode()
+    (into / RELEASE_FILENAME).write_text(json.dumps(document), encoding="utf-8")
+    return into
+
+
+def test_the_signed_form_is_sorted_compact_ascii_json() -> None:
+    document = {"b": [1, 2], "a": {"z": "é", "y": None}}
+    assert canonical_json(document) == b'{"a":{"y":null,"z":"\\u00e9"},"b":[1,2]}'
+
+
+def test_a_verified_release_keeps_release_json_in_its_signed_form(
+    release_kit: ReleaseKit,
+) -> None:
+    path = release_kit.release(release_kit.base_version + 1)
+    release = verify_release(path, release_kit.public_key, None)
+    document = json.loads((path / RELEASE_FILENAME).read_text(encoding="utf-8"))
+    assert release.release_json == canonical_json(document)
+
+
+def test_a_gateway_release_missing_a_file_its_manifest_lists_is_refused(
+    release_kit: ReleaseKit,
+) -> None:
+    base = release_kit.release(release_kit.base_version + 1, "gateway")
+    lacking = release_kit.resigned(base, "gateway-without-int8", {"model_int8.tflite": None})
+    with pytest.raises(MalformedReleaseError, match="needs every file its manifest lists"):
+        verify_release(lacking, release_kit.public_key, None)
+
+
+def test_a_node_image_descriptor_must_be_strict_base64(
+    release_kit: ReleaseKit, tmp_path: Path
+) -> None:
+    path = release_kit.release(release_kit.base_version + 1)
+    descriptor = json.loads((path / RELEASE_FILENAME).read_text())["node_image"]["descriptor"]
+    loose = _resign(
+        path, release_kit, {"node_image": {"descriptor": "!" + descriptor}}, tmp_path / "r"
+    )
+    with pytest.raises(MalformedReleaseError, match="node image descriptor is not base64"):
+        verify_release(loose, release_kit.public_key, None)
+
+
+def test_release_metadata_of_the_wrong_shape_is_malformed(
+    release_kit: ReleaseKit, tmp_path: Path
+) -> None:
+    path = _copy(release_kit.release(release_kit.base_version + 1), tmp_path)
+    document = json.loads((path / RELEASE_FILENAME).read_text())
+    document["version"] = "two"
+    (path / RELEASE_FILENAME).write_text(json.dumps(document))
+    with pytest.raises(
+        MalformedReleaseError, match=r"^release\.json is not a valid release: version"
+    ):
+        verify_release(path, release_kit.public_key, None)
+    document["files"] = 5  # not even a list of names to read
+    (path / RELEASE_FILENAME).write_text(json.dumps(document))
+    with pytest.raises(MalformedReleaseError):
+        verify_release(path, release_kit.public_key, None)
+
+
+def test_a_public_key_file_must_be_ascii(release_kit: ReleaseKit, tmp_path: Path) -> None:
+    wrapped = tmp_path / "wrapped.pub"
+    hex_key = release_kit.keys.public_path.read_text(encoding="ascii").strip()
+    wrapped.write_text("\u00a0" + hex_key + "\u2003\n", encoding="utf-8")  # Unicode spaces
+    with pytest.raises(OtaError, match="cannot read the release public key"):
+        load_public_key(wrapped)
+
+
+def test_a_rollout_by_gateway_id_alone(release_kit: ReleaseKit) -> None:
+    path = release_kit.release(release_kit.base_version + 1)
+    release = verify_release(path, release_kit.public_key, None)
+    limited = dataclasses.replace(
+        release,
+        metadata=release.metadata.model_copy(update={"rollout": Rollout(gateways=["gw-a"])}),
+    )
+    assert limited.is_for("gw-a", []) and not limited.is_for("gw-b", [])
+
+
+def test_a_model_name_ending_in_any_letter_round_trips() -> None:
+    descriptor = ImageDescriptor("PM10-MODELX", 3, 100, bytes(32), 360, 1000)
+    assert ImageDescriptor.decode(descriptor.encode()).model_name == "PM10-MODELX"
+
+
+def test_a_bundle_may_be_twice_the_largest_file_and_no_larger(
+    release_kit: ReleaseKit, tmp_path: Path
+) -> None:
+    """The size guard runs before parsing: a valid bundle of exactly 32 MiB verifies, one byte
+    more is refused unread (two signed 11.9 MiB files make it that large)."""
+    base = release_kit.release(release_kit.base_version + 1)
+    big = bytes(range(256)) * (12_500_000 // 256)
+    path = release_kit.resigned(base, "release-32mib", {"big-1.bin": big, "big-2.bin": big[1:]})
+    bundle = encode_bundle((path / RELEASE_FILENAME).read_bytes(), read_release_dir(path)[1])
+    limit = 2 * 16 * 1024 * 1024
+    assert len(bundle) <= limit
+    exact = bundle + b" " * (limit - len(bundle))  # JSON allows trailing whitespace
+    assert verify_release(exact, release_kit.public_key, None).files["big-1.bin"] == big
+    with pytest.raises(MalformedReleaseError, match="too large"):
+        verify_release(exact + b" ", release_kit.public_key, None)
