@@ -117,7 +117,7 @@ def test_a_sensor_sending_pm_and_covariates_apart_gets_a_covariate_window() -> N
     windows.admit_complete_only = True
     for period in range(3):
         windows.add(reading("plain", period, 5, pm10=1.0), 0.0)
-    assert windows.sensor_ids == () and windows._partial == {}
+    assert not windows.sensor_ids and windows._partial == {}
     outcomes = []
     for period in range(3):
         outcomes.append(windows.add(reading("split", period, 5, pm10=10.0 + period), 0.0))
