@@ -40,7 +40,7 @@ _STATUS = {
 DETECTED = frozenset({"killed", "timeout", "caught by type check"})
 # Statements starting on these lines are not mutated: an exception's message is prose for the
 # operator, not a promise (its type and the condition that raises it are mutated).
-UNMUTATED_LINES = (r"^\s*raise \w+\(",)
+UNMUTATED_LINES = (r"^\s*raise [\w.]+\(",)  # (dotted too: sqlite3.DatabaseError(...))
 
 
 @dataclass(frozen=True)

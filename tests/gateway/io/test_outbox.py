@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -299,3 +302,415 @@ def test_corruption_under_a_mirrored_queue_is_met_at_the_next_write(tmp_path: Pa
         outbox.append([message(200)])
         (new,) = outbox.peek(10)
         assert new.id > 100 and len(outbox) == 1
+
+
+# -- what the queue reports and keeps (survivors of make mutation) ------------------------------
+
+
+def aside_records(log: SetAsideLog) -> list[dict[str, Any]]:
+    files = log.as_dict()["files"]
+    assert isinstance(files, list)
+    return files
+
+
+def deny_selects(outbox: Outbox) -> None:
+    """SQLite refuses every SELECT that reads the queue's table from now on (SQLITE_AUTH, a real
+    error of SQLite's own authorizer): proves what is answered from memory, and gives reads that
+    fail as a disk that refuses them does. Writes still work."""
+    selecting = [False]
+
+    def authorizer(action: int, table: str | None, *_: object) -> int:
+        if action in {sqlite3.SQLITE_INSERT, sqlite3.SQLITE_DELETE, sqlite3.SQLITE_UPDATE}:
+            selecting[0] = False
+        elif action == sqlite3.SQLITE_SELECT:
+            selecting[0] = True
+        elif action == sqlite3.SQLITE_READ and table == "outbox" and selecting[0]:
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+
+    outbox._storage.db.set_authorizer(authorizer)
+
+
+def test_stats_name_every_field_on_disk_and_in_memory(tmp_path: Path) -> None:
+    with Outbox.open(tmp_path / "o.sqlite3", max_messages=10) as outbox:
+        assert outbox.stats() == {
+            "storage": "disk",
+            "disk_error": None,
+            "memory_periods": 0,
+            "memory_messages": 0,
+            "taken_from_file": 0,
+            "invalid_rows_dropped": 0,
+            "resets": 0,
+            "read_failures": 0,
+        }
+        assert not outbox.back_to_disk()  # on disk: nothing to move
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the state dir should be")
+    path = blocker / "o.sqlite3"
+    with Outbox.open(path, max_messages=10, memory_fallback=True) as outbox:
+        outbox.append([message(1)])
+        outbox.append([message(2), message(3)])
+        assert outbox.stats() == {
+            "storage": "memory",
+            "disk_error": f"cannot open outbox {path}: FileExistsError: [Errno 17] File exists: "
+            f"'{blocker}'",
+            "memory_periods": 1,
+            "memory_messages": 3,
+            "taken_from_file": 0,
+            "invalid_rows_dropped": 0,
+            "resets": 0,
+            "read_failures": 0,
+        }
+
+
+def test_a_short_queue_is_answered_without_reading_the_file(tmp_path: Path) -> None:
+    """Appends to an empty queue are mirrored in memory (up to its capacity): peeks and the
+    length then read nothing from the file, through removals and appends up to the capacity."""
+    with Outbox.open(tmp_path / "o.sqlite3", max_messages=100, mirror_capacity=4) as outbox:
+        outbox.append([message(n) for n in range(3)])
+        deny_selects(outbox)
+        first = outbox.peek(1)
+        outbox.remove([first[0].id])
+        outbox.remove([outbox.peek(1)[0].id])
+        outbox.append([message(n) for n in range(3, 6)])  # 4 queued: the capacity
+        assert [m.payload for m in outbox.peek(10)] == [b"2", b"3", b"4", b"5"]
+        assert len(outbox) == 4
+        assert outbox.read_failures == 0
+    with Outbox.open(tmp_path / "p.sqlite3", max_messages=100, mirror_capacity=0) as outbox:
+        outbox.append([message(0)])
+        deny_selects(outbox)  # no mirror: the peek reads the file, and is refused
+        assert outbox.peek(1) == []
+        assert outbox.read_failures == 1
+
+
+def test_reads_the_disk_refuses_are_counted_logged_and_answered_from_what_was_known(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "o.sqlite3"
+    with Outbox.open(path, max_messages=100) as earlier:
+        earlier.append([message(n) for n in range(4)])
+    with Outbox.open(path, max_messages=100) as outbox:  # reopened: read from the file
+        deny_selects(outbox)
+        with capture_logs() as logs:
+            assert len(outbox) == 0  # nothing known yet
+            assert outbox.peek_after(0, 2) == []
+        assert [(e["event"], e["what"], e["path"]) for e in logs] == [
+            ("outbox_read_failed", what, str(path)) for what in ("count", "peek")
+        ]
+        assert all(e["error"].startswith("SQLITE_AUTH: ") for e in logs)
+        assert outbox.read_failures == 2 and outbox.resets == 0
+        outbox._storage.db.set_authorizer(None)
+        assert len(outbox) == 4
+        assert [m.payload for m in outbox.peek_after(0, 2)] == [b"0", b"1"]
+
+
+def test_a_peek_from_the_file_returns_exactly_the_limit_past_invalid_rows(tmp_path: Path) -> None:
+    path = tmp_path / "o.sqlite3"
+    with Outbox.open(path, max_messages=100) as outbox:
+        outbox.append([message(n) for n in range(2)])
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "INSERT INTO outbox (topic, payload, qos, retain, queued_at) "
+            "VALUES ('t/#', x'00', 1, 0, 0)"
+        )
+    with Outbox.open(path, max_messages=100) as outbox:
+        outbox.append([message(n) for n in range(2, 6)])
+        with capture_logs() as logs:
+            assert [m.payload for m in outbox.peek_after(0, 3)] == [b"0", b"1", b"2"]
+        assert logs == [
+            {
+                "event": "outbox_invalid_row_dropped",
+                "log_level": "error",
+                "path": str(path),
+                "id": 3,
+            }
+        ]
+        assert len(outbox) == 6  # 7 rows, the invalid one deleted
+
+
+def test_invalid_rows_that_cannot_be_deleted_are_skipped_and_deleted_later(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "o.sqlite3"
+    with Outbox.open(path, max_messages=100) as outbox:
+        outbox.append([message(1)])
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "INSERT INTO outbox (topic, payload, qos, retain, queued_at) VALUES ('t/x', 5, 1, 0, 0)"
+        )
+    with Outbox.open(path, max_messages=100) as outbox:
+        assert len(outbox) == 2
+
+        def refuse_deletes(action: int, *_: object) -> int:
+            return sqlite3.SQLITE_DENY if action == sqlite3.SQLITE_DELETE else sqlite3.SQLITE_OK
+
+        outbox._storage.db.set_authorizer(refuse_deletes)
+        with capture_logs() as logs:
+            assert [m.payload for m in outbox.peek(10)] == [b"1"]
+        failed = [e for e in logs if e["event"] == "outbox_invalid_row_delete_failed"]
+        assert [(e["path"], e["error"].startswith("cannot write to outbox")) for e in failed] == [
+            (str(path), True)
+        ]
+        assert len(outbox) == 1  # the invalid row no longer counts
+        outbox._storage.db.set_authorizer(None)
+        outbox.remove([])  # deleted now
+        assert len(outbox) == 1 and outbox.invalid_rows_dropped == 1
+
+
+def test_removal_deletes_exactly_the_ids_given(tmp_path: Path) -> None:
+    with Outbox.open(tmp_path / "o.sqlite3", max_messages=5000, mirror_capacity=0) as outbox:
+        assert outbox.append([]) == 0
+        outbox.append([message(n) for n in range(3)])
+        ids = [m.id for m in outbox.peek(3)]
+        outbox.remove([ids[0], ids[0], ids[2]])  # a duplicate acknowledgement
+        assert [m.payload for m in outbox.peek(10)] == [b"1"]
+        outbox.remove([ids[1]])
+        assert len(outbox) == 0
+        outbox.append([message(n) for n in range(2400)])
+        queued = [m.id for m in outbox.peek(2400)]
+        outbox.remove(queued[:2200:2])  # 1100 ids, not consecutive: three statements
+        assert len(outbox) == 1300
+        assert [m.id for m in outbox.peek(3)] == [queued[1], queued[3], queued[5]]
+
+
+def test_the_first_peek_after_opening_continues_after_the_id_given(tmp_path: Path) -> None:
+    path = tmp_path / "o.sqlite3"
+    with Outbox.open(path, max_messages=100) as outbox:
+        outbox.append([message(n) for n in range(3)])
+        first = outbox.peek(1)[0].id
+    with Outbox.open(path, max_messages=100) as outbox:
+        assert [m.payload for m in outbox.peek_after(first, 10)] == [b"1", b"2"]
+
+
+def test_a_reset_records_where_the_damage_was_met_and_ids_continue(tmp_path: Path) -> None:
+    path = tmp_path / "o.sqlite3"
+    set_aside = SetAsideLog()
+    with Outbox.open(path, max_messages=1000, set_aside=set_aside, mirror_capacity=0) as outbox:
+        outbox.append([message(0)])
+        (only,) = outbox.peek(1)  # id 1 handed out
+        damage_the_queue_page(path)
+        outbox.append([message(1)])  # meets the damage: set aside, fresh queue, written again
+        (new,) = outbox.peek(10)
+        assert new.id > only.id and new.payload == b"1"
+        damage_the_queue_page(path)
+        outbox.remove([new.id])
+        assert outbox.resets == 2 and outbox.stats()["resets"] == 2
+    reasons = [record["reason"] for record in aside_records(set_aside)]
+    assert [reason.split(":")[0] for reason in reasons] == ["append", "remove"]
+    assert all("SQLITE_CORRUPT" in reason for reason in reasons)
+    kinds = {record["kind"] for record in aside_records(set_aside)}
+    assert kinds == {"outbox"}
+
+
+def test_a_corrupt_file_at_open_is_set_aside_and_a_fresh_one_made(tmp_path: Path) -> None:
+    path = tmp_path / "deeper" / "state" / "o.sqlite3"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"this is not a database" * 100)
+    set_aside = SetAsideLog()
+    with Outbox.open(path, max_messages=10, set_aside=set_aside) as outbox:
+        outbox.append([message(1)])
+    (record,) = aside_records(set_aside)
+    assert record["kind"] == "outbox"
+    assert record["reason"] == "open: SQLITE_NOTADB: file is not a database"
+    with Outbox.open(tmp_path / "new" / "dirs" / "p.sqlite3", max_messages=10) as created:
+        created.append([message(1)])
+        assert len(created) == 1
+
+
+def test_without_memory_fallback_a_refused_write_is_an_error(tmp_path: Path) -> None:
+    with Outbox.open(tmp_path / "o.sqlite3", max_messages=100) as outbox:
+        outbox.append([message(0)])
+        refuse_writes(outbox)
+        with pytest.raises(OutboxError, match="cannot write to outbox"):
+            outbox.append([OutboxMessage("t/big", b"x" * 20_000)])
+        assert not outbox.in_memory
+
+
+def test_a_refused_write_moves_to_memory_and_says_why(tmp_path: Path) -> None:
+    now = [0.0]
+    path = tmp_path / "o.sqlite3"
+    with Outbox.open(path, max_messages=100, memory_fallback=True, clock=lambda: now[0]) as outbox:
+        outbox.append([message(0)])
+        refuse_writes(outbox)
+        with capture_logs() as logs:
+            outbox.append([OutboxMessage("t/big", b"x" * 20_000)])
+            outbox.append([message(2)])
+        assert outbox.stats()["disk_error"] == (
+            "cannot write to outbox: SQLITE_FULL: database or disk is full"
+        )
+        assert outbox.stats()["memory_messages"] == 2
+        assert [e for e in logs if e["event"] == "outbox_in_memory"] == [
+            {
+                "event": "outbox_in_memory",
+                "log_level": "error",
+                "path": str(path),
+                "error": "cannot write to outbox: SQLITE_FULL: database or disk is full",
+                "taken_from_file": 1,
+            }
+        ]
+        outbox.remove([m.id for m in outbox.peek(10)])
+        now[0] = 4.9
+        assert not outbox.back_to_disk()  # tried at most every 5 s
+        now[0] = 5.0
+        with capture_logs() as logs:
+            assert outbox.back_to_disk()
+        assert logs == [{"event": "outbox_on_disk_again", "log_level": "info", "path": str(path)}]
+        now[0] = 20.0
+        with capture_logs() as logs:
+            assert not outbox.back_to_disk()  # on disk: nothing to do
+        assert logs == []
+
+
+def test_a_memory_queue_retries_the_disk_every_5_s_and_keeps_the_newest_error(
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the state dir should be")
+    path = blocker / "o.sqlite3"
+    now = [0.0]
+    with Outbox.open(path, max_messages=3, memory_fallback=True, clock=lambda: now[0]) as outbox:
+        outbox.append([message(1)])
+        now[0] = 6.0
+        assert not outbox.back_to_disk()  # holds a message: waits for it
+        outbox.remove([m.id for m in outbox.peek(10)])
+        blocker.unlink()
+        blocker.mkdir()
+        (blocker / "o.sqlite3").mkdir()  # the disk answers differently now: still refused
+        assert not outbox.back_to_disk()
+        assert str(outbox.stats()["disk_error"]).startswith(f"cannot open outbox {path}")
+        (blocker / "o.sqlite3").rmdir()
+        now[0] = 10.0
+        assert not outbox.back_to_disk()  # tried at 6: next at 11
+        now[0] = 11.0
+        assert outbox.back_to_disk()
+
+
+def test_closing_a_memory_queue_logs_what_only_memory_held(tmp_path: Path) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("x")
+    path = blocker / "o.sqlite3"
+    with capture_logs() as logs, Outbox.open(path, max_messages=10, memory_fallback=True) as outbox:
+        outbox.append([message(n) for n in range(3)])
+    lost = [e for e in logs if e["event"] == "outbox_memory_messages_lost"]
+    assert lost == [
+        {
+            "event": "outbox_memory_messages_lost",
+            "log_level": "warning",
+            "path": str(path),
+            "messages": 3,
+            "why": outbox.stats()["disk_error"],
+        }
+    ]
+
+
+def make_shm_unopenable(path: Path) -> Path:
+    shm = path.with_name(path.name + "-shm")
+    shm.symlink_to(path.parent / "missing" / "shm")  # SQLITE_CANTOPEN, as a full disk gives
+    return shm
+
+
+def test_a_file_without_drops_taken_over_counts_only_the_memory_queues(tmp_path: Path) -> None:
+    path = tmp_path / "o.sqlite3"
+    with Outbox.open(path, max_messages=10) as outbox:
+        outbox.append([message(n) for n in range(2)])
+    shm = make_shm_unopenable(path)
+    now = [0.0]
+    with Outbox.open(path, max_messages=3, memory_fallback=True, clock=lambda: now[0]) as outbox:
+        assert outbox.stats()["taken_from_file"] == 2
+        outbox.append([message(n) for n in range(2, 5)])  # 2 dropped at the bound
+        assert outbox.dropped_total == 2
+        outbox.remove([m.id for m in outbox.peek(10)])
+        shm.unlink()
+        now[0] = 5.0
+        assert outbox.back_to_disk()
+        assert outbox.dropped_total == 2
+
+
+def test_a_file_that_cannot_be_taken_over_is_left_for_later(tmp_path: Path) -> None:
+    """A file the disk refuses whose messages cannot be read (here: its counters table is
+    gone): the memory queue starts empty, the file keeps its messages, and none is lost."""
+    path = tmp_path / "o.sqlite3"
+    with Outbox.open(path, max_messages=10) as outbox:
+        outbox.append([message(n) for n in range(2)])
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("DROP TABLE counters")
+    shm = make_shm_unopenable(path)
+    now = [0.0]
+    with (
+        capture_logs() as logs,
+        Outbox.open(path, max_messages=10, memory_fallback=True, clock=lambda: now[0]) as outbox,
+    ):
+        assert outbox.in_memory and outbox.peek(10) == []
+        assert outbox.stats()["taken_from_file"] == 0
+        shm.unlink()
+        now[0] = 5.0
+        assert outbox.back_to_disk()
+        assert [m.payload for m in outbox.peek(10)] == [b"0", b"1"]
+    unreadable = [e for e in logs if e["event"] == "outbox_file_unreadable"]
+    assert unreadable == [
+        {
+            "event": "outbox_file_unreadable",
+            "log_level": "error",
+            "path": str(path),
+            "error": "SQLITE_ERROR: no such table: file.counters",
+        }
+    ]
+
+
+def test_a_missing_file_is_not_called_unreadable(tmp_path: Path) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("x")
+    with (
+        capture_logs() as logs,
+        Outbox.open(blocker / "o.sqlite3", max_messages=3, memory_fallback=True),
+    ):
+        pass
+    assert "outbox_file_unreadable" not in [e["event"] for e in logs]
+
+
+def test_a_file_corrupt_when_the_queue_moves_back_is_set_aside(tmp_path: Path) -> None:
+    path = tmp_path / "o.sqlite3"
+    with Outbox.open(path, max_messages=10) as outbox:
+        outbox.append([message(0)])
+    shm = make_shm_unopenable(path)
+    now = [0.0]
+    set_aside = SetAsideLog()
+    with Outbox.open(
+        path, max_messages=10, set_aside=set_aside, memory_fallback=True, clock=lambda: now[0]
+    ) as outbox:
+        outbox.remove([m.id for m in outbox.peek(10)])
+        shm.unlink()
+        path.write_bytes(b"this is not a database" * 100)
+        now[0] = 5.0
+        assert outbox.back_to_disk()
+        assert set_aside.count == 1 and len(outbox) == 0
+
+
+def test_a_hand_back_the_file_refuses_keeps_the_queue_in_memory(tmp_path: Path) -> None:
+    """Whatever makes the move back fail (here a trigger refusing the file's counter), the
+    queue stays in memory and says why."""
+    path = tmp_path / "o.sqlite3"
+    with Outbox.open(path, max_messages=10) as outbox:
+        outbox.append([message(0)])
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON counters BEGIN SELECT RAISE(FAIL, 'no'); END"
+        )
+    shm = make_shm_unopenable(path)
+    now = [0.0]
+    with Outbox.open(path, max_messages=10, memory_fallback=True, clock=lambda: now[0]) as outbox:
+        outbox.remove([m.id for m in outbox.peek(10)])
+        shm.unlink()
+        now[0] = 5.0
+        assert not outbox.back_to_disk()
+        assert outbox.in_memory
+        assert outbox.stats()["disk_error"] == (
+            f"cannot write to outbox {path}: SQLITE_CONSTRAINT_TRIGGER: no"
+        )
+
+
+def test_the_queue_is_used_from_one_thread_only(tmp_path: Path) -> None:
+    with Outbox.open(tmp_path / "o.sqlite3", max_messages=10, mirror_capacity=0) as outbox:
+        outbox.append([message(0)])
+        with ThreadPoolExecutor(1) as pool, pytest.raises(sqlite3.ProgrammingError):
+            pool.submit(outbox.peek, 1).result()
