@@ -346,3 +346,10 @@ def test_daily_means_are_taken_over_utc_days() -> None:
     days = daily_means(frame, 28_800)  # 3 periods a day: 2.25 needed
     assert days["day"].dt.strftime("%Y-%m-%d").tolist() == ["2024-01-01"]
     assert days["reference"].tolist() == [3.0]
+
+
+def test_ties_that_starve_four_bins_but_not_three_give_three() -> None:
+    predicted = np.concatenate([np.full(120, 1.0), np.full(140, 2.0), np.full(140, 3.0)])
+    reference = predicted + np.random.default_rng(1).normal(0, 1, 400)
+    intervals = fit_intervals(predicted, reference, sensor="v")
+    assert intervals.edges == [2.0, 3.0] and intervals.counts == [120, 140, 140]

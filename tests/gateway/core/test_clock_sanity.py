@@ -267,3 +267,18 @@ def test_release_due_counts_what_it_adds_and_waits_for_the_held_period() -> None
     assert sanity.release_due({"pm10": store["pm10"]}, T0 + 5 * P) == 2
     assert sanity.held == 0
     assert set(store["pm10"].sensor_ids) == {"a", "b"}
+
+
+def test_a_held_reading_confirmed_by_a_held_one_closes_by_its_own_arrival() -> None:
+    """A clock minutes ahead: the first reading is held, the next (further ahead) confirms it
+    and is held in turn. The confirmed one goes in with the time it arrived, so its period
+    closes by the wall-clock fallback once it is over and the grace has passed since then."""
+    store, rejects = daemon_store()
+    first = Reading("s", T0 + 2 * P + 1, {"pm10": 1.0})
+    assert store.add(first, T0 + 1.0) == {"pm10": AddOutcome.HELD}
+    second = Reading("s", T0 + 10 * P + 1, {"pm10": 2.0})
+    assert store.add(second, T0 + 2.0) == {"pm10": AddOutcome.HELD}
+    assert store.close_idle(T0 + 3 * P + 4.0, grace_s=5.0) == 0  # its period ended 4 s ago
+    assert store.close_idle(T0 + 3 * P + 5.0, grace_s=5.0) == 1
+    assert store["pm10"].ready_windows().raw.tolist() == [1.0]
+    assert rejects.count() == 0
