@@ -179,6 +179,9 @@ def test_a_directory_the_daemon_cannot_write_is_its_owners_to_roll_back(
             "from tesla_gateway.models.trust import ModelTrust\n"
             "from tesla_gateway.models.watch import ModelSet\n"
             "key = bytes.fromhex(Path(sys.argv[1]).read_text())\n"
+            # Loaded while still root: the venv may live under a directory private to root
+            # (a CI clone in a 0700 temporary directory), which nobody cannot read.
+            "import ai_edge_litert.interpreter\n"
             "nobody = pwd.getpwnam('nobody')\n"
             "os.setgroups([])\n"
             "os.setgid(nobody.pw_gid)\n"
