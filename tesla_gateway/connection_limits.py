@@ -18,9 +18,12 @@ import struct
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
-from aiohttp import web
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 __all__ = ["ConnectionLimiter", "ConnectionLimits", "serve_limited"]
 

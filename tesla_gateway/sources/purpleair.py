@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import structlog
@@ -38,7 +38,9 @@ from tesla_gateway.sources.fleet_common import (
     number,
     validated,
 )
-from tesla_gateway.sources.http_io import DeviceFetcher, HttpFetchError
+
+if TYPE_CHECKING:
+    from tesla_gateway.sources.http_io import DeviceFetcher
 
 __all__ = ["PurpleAirSource", "PurpleAirSourceConfig", "PurpleAirUnit", "decode_purpleair"]
 
@@ -207,6 +209,9 @@ class PurpleAirSource:
 
     async def run(self, queue: asyncio.Queue[Reading], rejects: RejectCounter) -> None:
         config = self._config
+        # aiohttp is loaded when a PurpleAir source runs, not with its config model.
+        from tesla_gateway.sources.http_io import DeviceFetcher
+
         fetcher = DeviceFetcher(timeout_s=config.timeout_s, max_bytes=config.max_payload_bytes)
         async with fetcher, asyncio.TaskGroup() as group:
             for unit in config.units:
@@ -227,6 +232,8 @@ class PurpleAirSource:
         self, fetcher: DeviceFetcher, unit: PurpleAirUnit, rejects: RejectCounter
     ) -> list[Reading]:
         """Fetch and decode one answer; every failure is counted, none raised."""
+        from tesla_gateway.sources.http_io import HttpFetchError
+
         config = self._config
         try:
             body = await fetcher.get(unit.url)

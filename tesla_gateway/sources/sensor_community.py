@@ -23,10 +23,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
-from aiohttp import web
 from pydantic import Field, SecretStr, model_validator
 
 from tesla_gateway.connection_limits import ConnectionLimiter, ConnectionLimits, serve_limited
@@ -41,13 +40,12 @@ from tesla_gateway.sources.fleet_common import (
     number,
     validated,
 )
-from tesla_gateway.sources.http_io import (
-    HttpRequestError,
-    basic_auth_matches,
-    read_body,
-    server_logger,
-    text_response,
-)
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+# aiohttp (about 20 MiB resident) is imported when a listener runs, not with the config models:
+# a gateway without this source never loads it (tesla_gateway.sources.http_io).
 
 __all__ = ["SensorCommunitySource", "SensorCommunitySourceConfig", "decode_sensor_community"]
 
@@ -261,6 +259,10 @@ class SensorCommunitySource:
 
     async def run(self, queue: asyncio.Queue[Reading], rejects: RejectCounter) -> None:
         """Listen until cancelled, then close the socket and every open connection."""
+        from aiohttp import web
+
+        from tesla_gateway.sources.http_io import server_logger
+
         config = self._config
 
         async def handle(request: web.Request) -> web.Response:
@@ -318,12 +320,16 @@ class SensorCommunitySource:
                 delay = min(delay * 2, _MAX_LISTEN_RETRY_S)
 
     def _answer(self, status: int, text: str) -> web.Response:
+        from tesla_gateway.sources.http_io import text_response
+
         if status != 200:
             self._refused[status] = self._refused.get(status, 0) + 1
         return text_response(status, text)
 
     def _refusal(self, request: web.Request) -> tuple[int, str] | None:
         """Why a request is refused from its head (path, method, credentials), or None."""
+        from tesla_gateway.sources.http_io import basic_auth_matches
+
         config = self._config
         if request.path != config.path:
             return 404, f"post to {config.path}"
@@ -343,6 +349,8 @@ class SensorCommunitySource:
         rejects: RejectCounter,
     ) -> tuple[int, str]:
         """Check the head, read the body, decode and queue: the status and text to answer."""
+        from tesla_gateway.sources.http_io import HttpRequestError, read_body
+
         config = self._config
         refusal = self._refusal(request)
         if refusal is not None:

@@ -89,3 +89,20 @@ def test_the_contract_stands_alone() -> None:
         if _folder(target) not in {"", "contract"}
     )
     assert not offenders, f"contract/ imports other folders: {offenders}"
+
+
+def test_the_daemon_loads_aiohttp_only_when_a_listener_or_fleet_client_runs() -> None:
+    """aiohttp costs about 20 MiB resident: a gateway without the sensor.community or PurpleAir
+    source and without /metrics must not pay it (the footprint target is 120 MB at 10,000)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, tesla_gateway.daemon.cli, tesla_gateway.daemon.service, "
+        "tesla_gateway.daemon.config, tesla_gateway.sources.fleet; "
+        "print('aiohttp' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"
