@@ -9,8 +9,10 @@ import asyncio
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,14 @@ import structlog
 
 from devkit.broker import Mosquitto
 from tesla_gateway.daemon.cli import main
-from tesla_gateway.models.slots import CURRENT, PREVIOUS, SLOTS, candidates
+from tesla_gateway.models.slots import (
+    CURRENT,
+    PREVIOUS,
+    SLOTS,
+    Candidate,
+    ModelSlots,
+    candidates,
+)
 from tesla_gateway.models.trust import ModelTrust
 from tesla_gateway.models.watch import ModelSet, ReloadOutcome
 from tesla_gateway.ota.errors import GoldenMismatchError, UnloadableReleaseError
@@ -284,3 +293,58 @@ def test_a_kill_at_every_step_of_an_install_leaves_old_or_new_never_a_mix(
         calibrator = serving(kit, model_dir).get("pm10")
         assert calibrator is not None and calibrator.version == new, kill_at
     assert seen == {old, new}  # the kills fell both before and after the switch
+
+
+# -- the slot directory itself (survivors of make mutation) -------------------------------------
+
+
+def test_candidates_of_a_directory_without_slots_and_of_links_pointed_elsewhere(
+    tmp_path: Path,
+) -> None:
+    assert candidates(tmp_path) == [Candidate("directory", tmp_path)]
+    (tmp_path / CURRENT).symlink_to("elsewhere/v1-0123abcd")  # two parts, not under slots/
+    (tmp_path / PREVIOUS).symlink_to(f"{SLOTS}/not-a-slot-name")
+    assert candidates(tmp_path) == [
+        Candidate("current", tmp_path / CURRENT),  # tried as the operator pointed them
+        Candidate("previous", tmp_path / PREVIOUS),
+    ]
+
+
+def test_staging_writes_readable_files_beside_the_slots_never_in_the_temp_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-temp-dir"))
+    slots = ModelSlots(tmp_path / "pm10")
+    slot = slots.stage(3, {"manifest.json": b"{}", "model.tflite": b"x"})
+    assert slot.parent == tmp_path / "pm10" / SLOTS and slot.name.startswith("v3-")
+    assert stat.S_IMODE(slot.stat().st_mode) == 0o755
+    assert {stat.S_IMODE((slot / n).stat().st_mode) for n in ("manifest.json", "model.tflite")} == {
+        0o644
+    }
+
+
+def test_commit_keeps_the_serving_slot_as_previous(tmp_path: Path) -> None:
+    slots = ModelSlots(tmp_path)
+    a, b, c, d = (slots.stage(version, {"m": b"x"}) for version in range(4))
+    slots.commit(a)
+    slots.commit(b)
+    assert (slots.current(), slots.previous()) == (b, a)
+    slots.commit(d, keep=c)  # c serves (a fallback): it becomes previous, not b
+    assert (slots.current(), slots.previous()) == (d, c)
+
+
+def test_prune_removes_strays_and_temp_links_and_says_what(tmp_path: Path) -> None:
+    slots = ModelSlots(tmp_path)
+    assert slots.prune() == []  # no slots directory yet: nothing, no error
+    a, b, c = (slots.stage(version, {"m": b"x"}) for version in range(3))
+    slots.commit(a)
+    slots.commit(b)
+    (slots.slots_dir / "stray-file").write_text("not a slot")
+    (tmp_path / ".current.0badf00d.tmp").symlink_to(f"{SLOTS}/{c.name}")  # a killed install
+    removed = slots.prune()
+    assert {c.name, ".current.0badf00d.tmp"} <= set(removed)
+    assert not c.exists() and a.is_dir() and b.is_dir()
+    assert not (tmp_path / ".current.0badf00d.tmp").is_symlink()
+    slots.discard(c)  # already gone: nothing to do
+    slots.discard(a)  # previous: kept
+    assert a.is_dir()
