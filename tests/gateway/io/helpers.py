@@ -20,13 +20,19 @@ class Received:
     topic: str
     payload: bytes
     retain: bool
+    qos: int = 1  # as delivered: the lower of the publish's and the subscription's
 
 
 class Collector:
     """Subscribes with a plain paho client and records every message (thread-safe)."""
 
     def __init__(
-        self, broker: Mosquitto, topics: list[str], persistent_id: str | None = None
+        self,
+        broker: Mosquitto,
+        topics: list[str],
+        persistent_id: str | None = None,
+        *,
+        qos: int = 1,
     ) -> None:
         self._lock = threading.Condition()
         self.messages: list[Received] = []
@@ -46,7 +52,7 @@ class Collector:
             client: paho.Client, _u: object, flags: paho.ConnectFlags, *_: object
         ) -> None:
             if not flags.session_present:  # a kept session still has its subscriptions
-                client.subscribe([(topic, 1) for topic in topics])
+                client.subscribe([(topic, qos) for topic in topics])
             else:
                 self._subscribed.set()
 
@@ -58,7 +64,9 @@ class Collector:
 
     def _on_message(self, _client: paho.Client, _userdata: object, msg: paho.MQTTMessage) -> None:
         with self._lock:
-            self.messages.append(Received(msg.topic, bytes(msg.payload), bool(msg.retain)))
+            self.messages.append(
+                Received(msg.topic, bytes(msg.payload), bool(msg.retain), int(msg.qos))
+            )
             self._lock.notify_all()
 
     def on(self, topic: str) -> list[bytes]:
@@ -81,9 +89,9 @@ class Collector:
 
 @contextmanager
 def collecting(
-    broker: Mosquitto, topics: list[str], persistent_id: str | None = None
+    broker: Mosquitto, topics: list[str], persistent_id: str | None = None, *, qos: int = 1
 ) -> Iterator[Collector]:
-    collector = Collector(broker, topics, persistent_id)
+    collector = Collector(broker, topics, persistent_id, qos=qos)
     try:
         yield collector
     finally:

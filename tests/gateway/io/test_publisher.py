@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from structlog.testing import capture_logs
 from devkit.broker import Mosquitto
 from tesla_gateway.contract.calibrated import CalibratedReading, Interval, Quality
 from tesla_gateway.monitor.monitor import SensorDocument
+from tesla_gateway.mqtt.errors import MqttNotConnectedError
 from tesla_gateway.publish.config import PublisherConfig
 from tesla_gateway.publish.errors import PublisherError
 from tesla_gateway.publish.payloads import reading_message, reading_payload
@@ -492,3 +494,192 @@ def test_payload_carries_the_interval_only_when_there_is_one() -> None:
     assert "interval" not in reading_payload(plain)
     with_interval = dataclasses.replace(plain, interval=Interval(low=8.5, high=11.3, level=0.9))
     assert reading_payload(with_interval)["interval"] == {"low": 8.5, "high": 11.3, "level": 0.9}
+
+
+# -- delivery's promises beyond QoS 1 and the happy path (survivors of make mutation) ----------
+
+
+def test_qos_2_readings_go_out_in_order_retained_at_qos_2(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    async def scenario() -> dict[str, object]:
+        cfg = config(mosquitto, qos=2)
+        async with Publisher(cfg, gateway_id="gq", state_dir=tmp_path) as publisher:
+            publisher.submit([reading(n) for n in range(5)])
+            await asyncio.wait_for(publisher.wait_idle(), 10)
+            with collecting(mosquitto, ["tesla/gq/#"], qos=2) as late:  # retained, while up
+                late.wait_for(lambda m: len(m) == 2)
+                assert {(m.topic, m.payload, m.retain) for m in late.messages} == {
+                    ("tesla/gq/status", b"online", True),
+                    ("tesla/gq/s1/pm10", reading_message(reading(4)), True),
+                }
+            return publisher.stats()
+
+    with collecting(mosquitto, ["tesla/gq/#"], qos=2) as live:
+        stats = asyncio.run(scenario())
+        live.wait_for(lambda m: len([x for x in m if x.topic == "tesla/gq/s1/pm10"]) == 5)
+    data = [m for m in live.messages if m.topic == "tesla/gq/s1/pm10"]
+    assert [json.loads(m.payload)["raw"] for m in data] == [10.0 + n for n in range(5)]
+    assert {m.qos for m in data} == {2}
+    assert [m.qos for m in live.messages if m.payload == b"online"] == [1]  # status: QoS 1
+    assert stats["published"] == 5 and stats["refused"] == 0
+
+
+def test_refused_status_discovery_and_readings_are_each_counted_and_logged(
+    tmp_path: Path,
+) -> None:
+    # Discovery refused too (publish_or_log). The status stays allowed: a refused "offline"
+    # at close raises MqttPublishError out of Publisher.aclose (not suppressed there).
+    acl = "topic readwrite tesla/gw6/status\ntopic readwrite tesla/gw6/ok/#\ntopic read #\n"
+    broker = Mosquitto(tmp_path / "acl", acl=acl)
+    broker.start()
+    try:
+
+        async def scenario() -> dict[str, object]:
+            cfg = config(broker, discovery=True)
+            publisher = Publisher(cfg, gateway_id="gw6", state_dir=tmp_path / "state")
+            publisher.submit([reading(0, sensor="denied"), reading(1, sensor="ok")])
+            publisher.submit([reading(2, sensor="denied2")])
+            async with publisher:
+                await asyncio.wait_for(publisher.wait_idle(), 10)
+                return publisher.stats()
+
+        with capture_logs() as logs:
+            stats = asyncio.run(scenario())
+        refused = [e for e in logs if e["event"] == "publish_refused"]
+        topics = [e["topic"] for e in refused]
+        assert {"tesla/gw6/denied/pm10", "tesla/gw6/denied2/pm10"} <= set(topics)
+        assert len([topic for topic in topics if topic.startswith("homeassistant/")]) >= 2
+        assert all(e["error"] and e["log_level"] == "error" for e in refused)
+        assert stats["refused"] == len(refused) >= 4
+        assert stats["published"] == 1
+    finally:
+        broker.stop()
+
+
+def _held_publisher(tmp_path: Path) -> tuple[Publisher, _WithheldAcks]:
+    settings = PublisherConfig.model_validate(
+        {"broker": {"host": "127.0.0.1", "port": 1}, "in_flight": 4, "stats_interval_s": 3600}
+    )
+    return Publisher(settings, gateway_id="gw9", state_dir=tmp_path / "state"), _WithheldAcks()
+
+
+def test_new_messages_go_out_while_the_window_has_room_without_waiting_for_an_ack(
+    tmp_path: Path,
+) -> None:
+    publisher, connection = _held_publisher(tmp_path)
+
+    def sent_count(count: int) -> Callable[[], bool]:
+        return lambda: len(connection.sent) == count
+
+    async def scenario() -> None:
+        publisher.submit([reading(n) for n in range(3)])
+        drain = asyncio.create_task(publisher._delivery.drain(connection))  # type: ignore[arg-type]
+        await eventually(sent_count(3))
+        publisher.submit([reading(3)])  # one place left in the window: it goes at once
+        await eventually(sent_count(4))
+        for _, future in connection.sent:
+            future.set_result(None)
+        await eventually(lambda: len(publisher._outbox) == 0)
+        publisher.submit([reading(4)])  # idle, then woken: the same drain sends it
+        await eventually(sent_count(5))
+        assert not drain.done()
+        connection.sent[4][1].set_result(None)
+        await eventually(lambda: len(publisher._outbox) == 0)
+        drain.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await drain
+
+    asyncio.run(scenario())
+    publisher._outbox.close()
+
+
+def test_a_lost_connection_settles_every_acknowledged_message_first(tmp_path: Path) -> None:
+    """The oldest fails as not connected, a later one was acknowledged, one is unanswered: the
+    acknowledged one leaves the outbox (never sent again), the others stay, in order."""
+    publisher, connection = _held_publisher(tmp_path)
+
+    async def scenario() -> None:
+        publisher.submit([reading(n) for n in range(3)])
+        drain = asyncio.create_task(publisher._delivery.drain(connection))  # type: ignore[arg-type]
+        await eventually(lambda: len(connection.sent) == 3)
+        connection.sent[2][1].set_result(None)
+        connection.sent[0][1].set_exception(MqttNotConnectedError("gone"))
+        with pytest.raises(MqttNotConnectedError):
+            await drain
+        remaining = publisher._outbox.peek(10)
+        assert [json.loads(m.payload)["raw"] for m in remaining] == [10.0, 11.0]
+        connection.sent[1][1].cancel()  # never answered: dropped with the connection
+
+    asyncio.run(scenario())
+    publisher._outbox.close()
+
+
+def test_a_cancelled_drain_leaves_its_unanswered_publishes_quietly(tmp_path: Path) -> None:
+    """Cancelled with publishes in flight: the cancellation goes through, and their later
+    outcomes (an error, a cancellation) are never reported as unhandled."""
+    publisher, connection = _held_publisher(tmp_path)
+    reported: list[dict[str, object]] = []
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _, context: reported.append(context)
+        )
+        publisher.submit([reading(n) for n in range(2)])
+        drain = asyncio.create_task(publisher._delivery.drain(connection))  # type: ignore[arg-type]
+        await eventually(lambda: len(connection.sent) == 2)
+        drain.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await drain
+        connection.sent[0][1].set_exception(MqttNotConnectedError("gone"))
+        connection.sent[1][1].cancel()
+        await asyncio.sleep(0)
+        connection.sent.clear()
+        gc.collect()
+        await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    gc.collect()
+    assert reported == []
+    publisher._outbox.close()
+
+
+class _Refusing(_WithheldAcks):
+    """A connection that says it is up and refuses every publish as not connected."""
+
+    def start_publish_many(
+        self, messages: list[tuple[str, bytes, bool]]
+    ) -> list[asyncio.Future[None]]:
+        raise MqttNotConnectedError("not connected")
+
+    async def wait_connected(self) -> None:
+        return None
+
+
+def test_a_refused_send_waits_for_the_broker_and_says_how_many_are_queued(tmp_path: Path) -> None:
+    publisher, _ = _held_publisher(tmp_path)
+    connection = _Refusing()
+
+    async def connected(_: object) -> None:
+        return None
+
+    async def scenario() -> list[dict[str, object]]:
+        publisher.submit([reading(n) for n in range(3)])
+        with capture_logs() as logs:
+            run = asyncio.create_task(
+                publisher._delivery.run(connection, on_connected=connected)  # type: ignore[arg-type]
+            )
+            await eventually(lambda: len(logs) >= 2)
+            run.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run
+        return logs
+
+    logs = asyncio.run(scenario())
+    assert logs[0] == {
+        "event": "publisher_waiting_for_broker",
+        "log_level": "info",
+        "prefix": "tesla/gw9",
+        "queued": 3,
+    }
+    publisher._outbox.close()
