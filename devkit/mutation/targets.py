@@ -61,7 +61,11 @@ TARGETS: tuple[Target, ...] = (
     Target(
         "clock sanity",
         ("tesla_gateway/ingest/clock_sanity.py",),
-        (f"{_CORE}/test_clock_sanity.py", f"{_CORE}/test_window_store.py"),
+        (
+            f"{_CORE}/test_clock_sanity.py",
+            f"{_CORE}/test_window_store.py",
+            f"{_CORE}/test_clock_steps.py",  # held readings move with a clock step
+        ),
     ),
     Target(
         "ingest log",
