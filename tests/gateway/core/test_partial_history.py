@@ -54,6 +54,9 @@ def test_pad_history_repeats_the_oldest_real_period_per_channel_and_row() -> Non
     assert pad_history(windows, 0)[0, 0].tolist() == [4] * 5
     with pytest.raises(SeriesError):
         pad_history(np.zeros(5), 1)
+    # one channel: [B, N]; the history may come as any numbers (a float array of counts)
+    single = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    assert pad_history(single, np.array([1.0, 2.0])).tolist() == [[3, 3, 3], [5, 5, 6]]
 
 
 def _windows(n: int = 4, min_history: int | None = None) -> ModelWindows:
