@@ -673,7 +673,7 @@ def test_a_refused_send_waits_for_the_broker_and_says_how_many_are_queued(tmp_pa
             run.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await run
-        return logs
+        return [dict(entry) for entry in logs]
 
     logs = asyncio.run(scenario())
     assert logs[0] == {
