@@ -56,7 +56,11 @@ TARGETS: tuple[Target, ...] = (
             "tesla_gateway/windows/store.py",
             "tesla_gateway/windows/snapshots.py",
         ),
-        (*_WINDOW_TESTS, f"{_CORE}/test_admission.py"),  # admission evicts and reads last_seen
+        (
+            *_WINDOW_TESTS,
+            f"{_CORE}/test_admission.py",  # admission evicts and reads last_seen
+            f"{_CORE}/test_clock_steps.py",  # a clock step moves the stamped sensors' windows
+        ),
     ),
     Target(
         "clock sanity",

@@ -27,7 +27,9 @@ from tesla_gateway.daemon.ticker import Ticker
 from tesla_gateway.errors import SeriesError
 from tesla_gateway.models.watch import ModelSet
 from tesla_gateway.publish.payloads import reading_message, reading_payload
+from tesla_gateway.windows.readout import history_periods
 from tesla_gateway.windows.ring import ModelWindows
+from tesla_gateway.windows.state import NO_PERIOD
 from tests.support.models import ModelFactory
 
 P = 60
@@ -255,3 +257,36 @@ def test_status_prints_the_warm_up_of_each_model() -> None:
         "2023-11-14T22:14:00Z"
     ) in text
     assert text.count("warm-up") == 1
+
+
+def test_history_is_n_when_the_first_period_is_unknown_and_an_int64() -> None:
+    history = history_periods(np.array([5, 9, 9]), np.array([NO_PERIOD, 8, 0]), 4)
+    assert history.dtype == np.int64 and history.tolist() == [4, 2, 4]
+    windows = _windows(n=4, min_history=1)
+    _feed(windows, "a", {0: 10.0, 1: 12.0})
+    ready = windows.ready_windows()
+    assert ready.history is not None and ready.history.dtype == np.int64
+
+
+def test_warm_up_counts_only_sensors_with_a_first_reading_and_clips_at_n() -> None:
+    windows = ModelWindows(
+        WindowGeometry(
+            window_length=4,
+            period_seconds=P,
+            channels=("pm10", "rh"),
+            gap_policy=GapPolicy(max_interpolated_periods=1),
+        )
+    )
+    for period in range(3):  # closed periods without the first channel: no first reading
+        windows.add(Reading("rh-only", T0 + period * P + 1, {"rh": 50.0}), 0.0)
+    assert windows.warm_up().fewest_periods is None  # no sensor with a first reading
+    for period in range(7):  # six closed periods: whole, and more than N
+        windows.add(Reading("whole", T0 + period * P + 1, {"pm10": 1.0, "rh": 50.0}), 0.0)
+    windows.add(Reading("open", T0 + 1, {"pm10": 1.0}), 0.0)  # no period closed yet
+    assert windows.warm_up().as_dict() == {
+        "need": 4,
+        "calibrates_from": 4,
+        "sensors_short": 0,
+        "fewest_periods": 4,
+        "all_ready_at": None,
+    }
