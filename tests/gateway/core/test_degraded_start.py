@@ -9,17 +9,22 @@ from tesla_gateway.daemon.service import GatewayService
 from tests.reliability.harness import DEFAULT_MODEL
 
 
-def test_status_line_and_stats_name_set_aside_files_and_an_unwritable_pid_file(
-    tmp_path: Path,
-) -> None:
-    state = tmp_path / "state"
+def _service(tmp_path: Path, state: Path) -> GatewayService:
+    """A service built from a real configuration (the default model), never run."""
     config_file = tmp_path / "gateway.toml"
     config_file.write_text(
         f'gateway_id = "gw-1"\nstate_dir = "{state}"\n'
         f'[[models]]\nfeature = "pm10"\nmodel_dir = "{DEFAULT_MODEL}"\n',
         encoding="utf-8",
     )
-    service = GatewayService(load_config(config_file))
+    return GatewayService(load_config(config_file))
+
+
+def test_status_line_and_stats_name_set_aside_files_and_an_unwritable_pid_file(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    service = _service(tmp_path, state)
     service.models.refresh(force=True)  # the model serves: only the state problems remain
     state.mkdir(exist_ok=True)  # the served-version record may have made it
     (state / "gateway.pid").mkdir()  # the pid file cannot be written (as on a refusing disk)
@@ -46,13 +51,7 @@ def test_a_status_file_that_cannot_be_written_is_logged_once_then_on_recovery(
     from structlog.testing import capture_logs
 
     state = tmp_path / "state"
-    config_file = tmp_path / "gateway.toml"
-    config_file.write_text(
-        f'gateway_id = "gw-1"\nstate_dir = "{state}"\n'
-        f'[[models]]\nfeature = "pm10"\nmodel_dir = "{DEFAULT_MODEL}"\n',
-        encoding="utf-8",
-    )
-    service = GatewayService(load_config(config_file))
+    service = _service(tmp_path, state)
     state.mkdir(exist_ok=True)
     status_file = service.config.status_file
     status_file.mkdir()  # a directory where the file goes: every write fails, as on a full disk
