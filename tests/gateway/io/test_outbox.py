@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import resource
+import signal
 import sqlite3
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -313,18 +315,18 @@ def aside_records(log: SetAsideLog) -> list[dict[str, Any]]:
     return files
 
 
-def deny_selects(outbox: Outbox) -> None:
+def deny_selects(outbox: Outbox, table: str = "outbox") -> None:
     """SQLite refuses every SELECT that reads the queue's table from now on (SQLITE_AUTH, a real
     error of SQLite's own authorizer): proves what is answered from memory, and gives reads that
     fail as a disk that refuses them does. Writes still work."""
     selecting = [False]
 
-    def authorizer(action: int, table: str | None, *_: object) -> int:
+    def authorizer(action: int, read: str | None, *_: object) -> int:
         if action in {sqlite3.SQLITE_INSERT, sqlite3.SQLITE_DELETE, sqlite3.SQLITE_UPDATE}:
             selecting[0] = False
         elif action == sqlite3.SQLITE_SELECT:
             selecting[0] = True
-        elif action == sqlite3.SQLITE_READ and table == "outbox" and selecting[0]:
+        elif action == sqlite3.SQLITE_READ and read == table and selecting[0]:
             return sqlite3.SQLITE_DENY
         return sqlite3.SQLITE_OK
 
@@ -714,3 +716,169 @@ def test_the_queue_is_used_from_one_thread_only(tmp_path: Path) -> None:
         outbox.append([message(0)])
         with ThreadPoolExecutor(1) as pool, pytest.raises(sqlite3.ProgrammingError):
             pool.submit(outbox.peek, 1).result()
+
+
+def test_a_refused_read_of_the_drop_count_answers_the_last_known(tmp_path: Path) -> None:
+    with Outbox.open(tmp_path / "o.sqlite3", max_messages=2) as outbox:
+        deny_selects(outbox, "counters")
+        with capture_logs() as logs:
+            assert outbox.dropped_total == 0  # nothing known yet
+        assert [(e["event"], e["what"]) for e in logs] == [("outbox_read_failed", "dropped_total")]
+        outbox._storage.db.set_authorizer(None)
+        outbox.append([message(n) for n in range(3)])
+        assert outbox.dropped_total == 1
+        deny_selects(outbox, "counters")
+        assert outbox.dropped_total == 1 and outbox.read_failures == 2
+
+
+def test_a_corrupt_queue_met_by_a_count_answers_for_the_fresh_one(tmp_path: Path) -> None:
+    path = tmp_path / "o.sqlite3"
+    set_aside = SetAsideLog()
+    with Outbox.open(path, max_messages=1000) as earlier:
+        earlier.append([message(n) for n in range(100)])
+    with Outbox.open(path, max_messages=1000, set_aside=set_aside) as outbox:
+        assert len(outbox) == 100
+        outbox.peek(5)
+        outbox._count = None  # (as after any write the table might not match)
+        damage_the_queue_page(path)
+        assert len(outbox) == 0  # the fresh queue's, not the 100 last known
+        (record,) = aside_records(set_aside)
+        assert record["reason"].startswith("count: SQLITE_CORRUPT")
+
+
+def test_after_moving_back_to_the_file_only_the_first_peek_starts_at_the_front(
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("x")
+    now = [0.0]
+    with Outbox.open(
+        blocker / "o.sqlite3", max_messages=10, memory_fallback=True, clock=lambda: now[0]
+    ) as outbox:
+        outbox.append([message(0)])
+        sent = outbox.peek_after(0, 10)
+        outbox.remove([m.id for m in sent])
+        blocker.unlink()
+        now[0] = 5.0
+        outbox.append([message(n) for n in range(1, 4)])  # moves back first: ids start low
+        (first,) = outbox.peek_after(sent[-1].id, 1)  # below the memory ids: from the front
+        assert first.payload == b"1"
+        assert [m.payload for m in outbox.peek_after(first.id, 10)] == [b"2", b"3"]
+
+
+def test_a_corrupt_file_that_cannot_be_made_again_moves_the_queue_to_memory(
+    tmp_path: Path,
+) -> None:
+    """Damage met at a read, and the fresh file refused by the disk (a real EFBIG from the
+    process's file-size limit): the queue goes on, empty, in memory."""
+    path = tmp_path / "o.sqlite3"
+    with Outbox.open(path, max_messages=100) as earlier:
+        earlier.append([message(n) for n in range(50)])
+    with Outbox.open(path, max_messages=100, memory_fallback=True, mirror_capacity=0) as outbox:
+        handed_out = outbox.peek(5)
+        damage_the_queue_page(path)
+        previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))
+        try:
+            with capture_logs() as logs:
+                assert outbox.peek_after(handed_out[-1].id, 10) == []
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            signal.signal(signal.SIGXFSZ, previous_handler)
+        (moved,) = [e for e in logs if e["event"] == "outbox_in_memory"]
+        assert moved["taken_from_file"] == 0
+        assert str(moved["error"]).startswith(f"cannot open outbox {path}")
+        assert outbox.stats()["storage"] == "memory" and outbox.stats()["memory_periods"] == 1
+        assert outbox.resets == 1
+        outbox.append([message(99)])
+        (new,) = outbox.peek(10)
+        assert new.payload == b"99" and new.id > handed_out[-1].id
+
+
+def test_every_period_in_memory_is_counted_with_what_it_took_over(tmp_path: Path) -> None:
+    now = [0.0]
+    path = tmp_path / "o.sqlite3"
+    with Outbox.open(path, max_messages=100, memory_fallback=True, clock=lambda: now[0]) as outbox:
+        for period, count in enumerate((2, 3)):
+            outbox.append([message(n) for n in range(count)])
+            refuse_writes(outbox)
+            outbox.append([OutboxMessage("t/big", b"x" * 20_000)])
+            assert outbox.in_memory
+            outbox.remove([m.id for m in outbox.peek(10)])
+            now[0] += 5.0
+            assert outbox.back_to_disk(), period
+        assert outbox.stats()["taken_from_file"] == 5
+        assert outbox.stats()["memory_periods"] == 2
+
+
+def test_a_file_locked_by_another_process_is_taken_over_without_locks(tmp_path: Path) -> None:
+    """Another process holds the file exclusively (a rollback-journal file: no -wal): opening
+    it is refused (SQLITE_BUSY), and its messages are read without locks into memory."""
+    path = tmp_path / "o.sqlite3"
+    with Outbox.open(path, max_messages=10) as earlier:
+        earlier.append([message(n) for n in range(2)])
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("PRAGMA journal_mode=DELETE")
+        holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+        holder.execute("BEGIN EXCLUSIVE")
+        with Outbox.open(path, max_messages=10, memory_fallback=True) as outbox:
+            assert outbox.in_memory and outbox.stats()["taken_from_file"] == 2
+            assert [m.payload for m in outbox.peek(10)] == [b"0", b"1"]
+    finally:
+        holder.close()
+
+
+def test_messages_dropped_in_memory_after_a_failed_take_over_reach_the_file(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "o.sqlite3"
+    with Outbox.open(path, max_messages=10) as outbox:
+        outbox.append([message(0)])
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("DROP TABLE counters")  # the take-over cannot read the file
+    shm = make_shm_unopenable(path)
+    now = [0.0]
+    with Outbox.open(path, max_messages=2, memory_fallback=True, clock=lambda: now[0]) as outbox:
+        outbox.append([message(n) for n in range(1, 4)])  # one dropped at the bound
+        outbox.remove([m.id for m in outbox.peek(10)])
+        shm.unlink()
+        now[0] = 5.0
+        assert outbox.back_to_disk()
+        assert outbox.dropped_total == 1
+
+
+@pytest.mark.parametrize(
+    ("values", "kept"),
+    [
+        ("CAST('t/blob' AS BLOB), x'00', 1, 0", False),  # a topic stored as a blob
+        ("'t/x' || char(0), x'00', 1, 0", False),
+        ("'', x'00', 1, 0", False),
+        ("'t/+', x'00', 1, 0", False),
+        ("'t/x', x'00', 3, 0", False),
+        ("'t/x', x'00', 0, 0", True),
+        ("'t/x', x'00', 2, 1", True),
+    ],
+)
+def test_only_rows_that_are_messages_are_returned(tmp_path: Path, values: str, kept: bool) -> None:
+    path = tmp_path / "o.sqlite3"
+    with Outbox.open(path, max_messages=10) as outbox:
+        outbox.append([message(1)])
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute(
+            f"INSERT INTO outbox (topic, payload, qos, retain, queued_at) VALUES ({values}, 0)"
+        )
+    with Outbox.open(path, max_messages=10) as outbox:
+        peeked = outbox.peek(10)
+        assert len(peeked) == (2 if kept else 1)
+        assert outbox.invalid_rows_dropped == (0 if kept else 1)
+
+
+def test_the_longest_topic_mqtt_allows_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / "o.sqlite3"
+    longest = "t/" + "x" * 65_533
+    with Outbox.open(path, max_messages=10) as outbox:
+        outbox.append([OutboxMessage(longest, b"1"), OutboxMessage(longest + "y", b"2")])
+    with Outbox.open(path, max_messages=10) as outbox:
+        assert [m.topic for m in outbox.peek(10)] == [longest]
