@@ -365,7 +365,7 @@ def test_a_sync_out_of_file_descriptors_is_retried_not_fatal(tmp_path: Path) -> 
             while True:
                 hog.append(os.open(os.devnull, os.O_RDONLY))
         loop.run_until_complete(log.sync())  # must not raise
-        assert log.stats.last_error is not None and "fsync" in log.stats.last_error
+        assert log.stats.last_error == "fsync: Too many open files"
         assert log.stats.fsyncs == 0
     finally:
         for fd in hog:
@@ -812,3 +812,76 @@ def test_a_long_source_is_cut_to_255_bytes() -> None:
 def test_a_record_body_that_does_not_add_up_is_corrupt(body: bytes) -> None:
     with pytest.raises(IngestLogCorruptError):
         decode_record(body)
+
+
+def test_a_failure_logged_exactly_a_minute_later_is_logged_again(tmp_path: Path) -> None:
+    from tesla_gateway.ingest.log_stats import IngestLogStats, report_failure
+
+    stats = IngestLogStats()
+    now = [1000.0]
+    with capture_logs() as logs:
+        report_failure(stats, tmp_path, "write", OSError("short write"), clock=lambda: now[0])
+        now[0] = 1060.0
+        report_failure(stats, tmp_path, "write", OSError("short write"), clock=lambda: now[0])
+    assert [e["error"] for e in logs] == ["short write", "short write"]  # no strerror: the text
+    assert stats.last_error == "write: short write"
+
+
+def test_the_size_bound_is_a_maximum_the_log_may_reach(tmp_path: Path) -> None:
+    record = len(encode_record(reading(0)))
+    segment = HEADER_SIZE + 2 * record
+    log, _ = started(tmp_path, max_bytes=segment + HEADER_SIZE, segment_bytes=segment)
+    log.append(reading(0))
+    log.append(reading(1))
+    log.commit()  # sealed: the sealed segment and the new header are exactly the bound
+    assert log.stats.bytes == segment + HEADER_SIZE
+    assert log.stats.dropped_segments == 0
+
+
+def test_a_segment_a_full_disk_left_empty_drops_no_reading_when_dropped(tmp_path: Path) -> None:
+    """A write refused whole (a real EFBIG at the file-size limit) leaves a segment with no
+    record; when the bound drops it, no reading is counted as dropped for it."""
+    record = len(encode_record(reading(0)))
+    segment = HEADER_SIZE + 2 * record
+    log, _ = started(tmp_path, max_bytes=2 * segment, segment_bytes=segment)
+    previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (HEADER_SIZE, hard))
+    try:
+        with capture_logs():  # (the test's captured stdout is a file under the limit too)
+            log.append(reading(0))
+            log.commit()  # nothing fits: counted, and a new segment started
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous_handler)
+    assert log.stats.write_failures == 1
+    for index in range(1, 5):
+        log.append(reading(index))
+        log.commit()
+    assert log.stats.dropped_segments == 2  # the empty one, then readings 1 and 2
+    assert log.stats.dropped_records == 2
+
+
+def test_close_survives_fsync_errors_and_an_active_segment_removed_by_hand(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """I/O errors from fsync at close (injected: no real one can be had here) and an empty
+    active segment already gone are not raised: the daemon is stopping."""
+    log, _ = started(tmp_path, fsync_interval_s=60.0)
+    log.append(reading(0))
+    log.mark(queued=0)  # a sealed segment waits for the fsync loop
+
+    def fsync(_fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    log.close()  # (the sealed segment's descriptor stays open: close skips it after the error)
+    monkeypatch.undo()
+    for fd in Path("/proc/self/fd").iterdir():  # close what close() left open
+        with contextlib.suppress(OSError):
+            if fd.readlink().parent == tmp_path:
+                os.close(int(fd.name))
+    again, _ = started(tmp_path)
+    segment_files(tmp_path)[-1].unlink()  # the empty active segment, removed by hand
+    again.close()
+    assert again.stats.segments == 1

@@ -480,7 +480,7 @@ def test_the_last_record_damaged_but_whole_is_a_torn_end(tmp_path: Path) -> None
 def test_a_last_record_whose_length_is_damaged_is_damage(tmp_path: Path) -> None:
     """A length that fails its check is not followed: the bytes after the head are damage."""
     data = bytearray(segment_of(0, records(0, 5)))
-    data[SEGMENT_HEADER + 4 * RECORD + 2] ^= 0x10  # record 4's length
+    data[SEGMENT_HEADER + 4 * RECORD + 3] = 0xFF  # record 4's length, now far past the end
     (tmp_path / f"{0:020d}.seg").write_bytes(bytes(data))
     log, replayed, _ = replay_logged(tmp_path)
     assert replayed == [reading(i) for i in range(4)]
@@ -558,8 +558,8 @@ def test_an_unreadable_checkpoint_replays_everything(
     again, replayed, logs = replay_logged(tmp_path)
     assert replayed == [reading(i) for i in range(5)]  # from 0: the segment held 0..3
     assert again.stats.covered_seq == 0
-    assert [(e["event"], e.get("operation")) for e in logs][:1] == [
-        ("ingest_log_failed", "read covered")
+    assert [(e["event"], e.get("operation"), e.get("directory")) for e in logs][:1] == [
+        ("ingest_log_failed", "read covered", str(tmp_path))
     ]
 
 
@@ -689,3 +689,58 @@ def test_an_old_segment_with_data_after_a_bad_record_is_set_aside(tmp_path: Path
     log, replayed = started(tmp_path)
     assert replayed == OLD_READINGS[:3]
     assert log.stats.corrupt_segments == 1
+
+
+def test_each_segment_adds_to_the_counts_of_what_replay_lost(tmp_path: Path) -> None:
+    torn = segment_of(0, records(0, 3))[:-5]  # the last record cut short
+    damaged = bytearray(segment_of(3, records(3, 3)))
+    damaged[SEGMENT_HEADER + RECORD + 20] ^= 0x04
+    torn_and_damaged = bytearray(segment_of(6, records(6, 3)))[:-5]
+    torn_and_damaged[SEGMENT_HEADER + 20] ^= 0x04
+    (tmp_path / f"{0:020d}.seg").write_bytes(torn)
+    (tmp_path / f"{3:020d}.seg").write_bytes(bytes(damaged))
+    (tmp_path / f"{6:020d}.seg").write_bytes(bytes(torn_and_damaged))
+    for first in (9, 10):  # headers that do not match their names: set aside
+        (tmp_path / f"{first:020d}.seg").write_bytes(segment_of(first + 100, records(0, 1)))
+    log, replayed, _ = replay_logged(tmp_path)
+    assert replayed == [reading(i) for i in (0, 1, 3, 5, 7)]
+    stats = log.stats.as_dict()
+    assert (stats["torn_records"], stats["damaged_records"], stats["corrupt_segments"]) == (2, 2, 2)
+
+
+def test_a_segment_holding_only_damage_is_reported_in_the_replay_summary(tmp_path: Path) -> None:
+    (tmp_path / f"{0:020d}.seg").write_bytes(segment_of(0, b"\x07" * 64))
+    log, replayed, logs = replay_logged(tmp_path)
+    assert replayed == [] and log.stats.damaged_records == 1
+    assert [e["damaged_records"] for e in logs if e["event"] == "ingest_log_replayed"] == [1]
+
+
+def test_a_segment_the_checkpoint_covers_exactly_is_deleted_at_start(tmp_path: Path) -> None:
+    (tmp_path / f"{0:020d}.seg").write_bytes(segment_of(0, records(0, 3)))
+    (tmp_path / f"{3:020d}.seg").write_bytes(segment_of(3, records(3, 3)))
+    write_checkpoint_file(tmp_path, 3)  # killed before the covered segment was deleted
+    log, replayed = started(tmp_path)
+    assert replayed == [reading(i) for i in range(3, 6)]
+    assert sorted(p.name for p in tmp_path.glob("*.seg")) == [f"{3:020d}.seg", f"{6:020d}.seg"]
+    assert log.stats.segments == 2
+
+
+def test_segments_kept_at_start_are_deleted_by_the_next_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / f"{0:020d}.seg").write_bytes(segment_of(0, records(0, 3)))
+    write_checkpoint_file(tmp_path, 1)
+    log, replayed = started(tmp_path)
+    assert replayed == [reading(1), reading(2)]
+    log.append(reading(3))
+    log.checkpoint_now(queued=0)
+    assert [p.name for p in tmp_path.glob("*.seg")] == [f"{4:020d}.seg"]
+    log.close()
+
+
+def test_an_old_segment_ending_in_anything_but_zeros_after_a_bad_record_is_set_aside(
+    tmp_path: Path,
+) -> None:
+    data = old_segment(0, OLD_READINGS[:3]) + b"X" * 30_000  # a declared length within it
+    (tmp_path / f"{0:020d}.seg").write_bytes(data)
+    log, replayed = started(tmp_path)
+    assert replayed == OLD_READINGS[:3]
+    assert log.stats.corrupt_segments == 1 and log.stats.torn_records == 0
