@@ -117,7 +117,10 @@ def render(
         "whose only effect is which message an error of the same type carries, for the same "
         "input and with the same outcome, is equivalent (its verdict says *message only*). "
         "Log events and their fields are promises (tests assert them with "
-        "`structlog.testing.capture_logs`). A target run with a time "
+        "`structlog.testing.capture_logs`). Functions that run when their module is imported "
+        "(`import_time` in targets.py) are checked again in a fresh process per surviving "
+        "mutant: mutmut's workers import the modules before a mutant is set. A target run with "
+        "a time "
         "budget (`--budget-s`) counts only the mutants it reached; the rest are noted after "
         "its time.",
         "",

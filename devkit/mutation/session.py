@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import time
 from dataclasses import dataclass
@@ -20,7 +21,15 @@ from pathlib import Path
 
 from devkit.mutation.targets import Target
 
-__all__ = ["DETECTED", "UNMUTATED_LINES", "Mutant", "TargetResult", "archive_head", "run_target"]
+__all__ = [
+    "DETECTED",
+    "UNMUTATED_LINES",
+    "Mutant",
+    "TargetResult",
+    "archive_head",
+    "recheck_at_import",
+    "run_target",
+]
 
 # mutmut's exit codes per mutant, as its results name them (timeouts count as detected).
 _STATUS = {
@@ -131,9 +140,30 @@ def run_target(
         codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
         for name, code in sorted(codes.items(), key=lambda item: _natural(item[0])):
             status = "not checked" if code is None else _STATUS.get(code, f"exit {code}")
+            if status == "survived" and name.startswith(_import_time_prefixes(target)):
+                status = recheck_at_import(tree, target, name)
             change = () if status in DETECTED else _change(tree, mutmut, name)
             mutants.append(Mutant(name, status, change))
     return TargetResult(target, tuple(mutants), seconds, commit)
+
+
+def _import_time_prefixes(target: Target) -> tuple[str, ...]:
+    return tuple(f"{function}__mutmut_" for function in target.import_time)
+
+
+def recheck_at_import(tree: Path, target: Target, name: str) -> str:
+    """Run the target's tests on one mutant of a function that runs at import, in a fresh
+    process that imports the module with the mutant set: killed if any test fails (or the
+    import does), survived otherwise."""
+    environment = {**os.environ, "MUTANT_UNDER_TEST": name}
+    run = subprocess.run(  # noqa: S603 - the venv's own python and pytest
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *target.tests],
+        cwd=tree / "mutants",
+        env=environment,
+        capture_output=True,
+        check=False,
+    )
+    return "survived" if run.returncode == 0 else "killed"
 
 
 def _configure(tree: Path, target: Target) -> None:

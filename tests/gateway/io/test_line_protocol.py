@@ -22,7 +22,9 @@ from tesla_gateway.sources.line_protocol import (
     crc16_ccitt_false,
     decode_line,
     encode_hello,
+    encode_line,
     encode_reading,
+    iter_lines,
 )
 from tests.gateway.io.line_vectors import VECTORS_PATH, render
 
@@ -196,3 +198,93 @@ def test_splitter_skips_an_overlong_line_once_and_recovers() -> None:
     rejects = [item for item in out if isinstance(item, ReadingRejectedError)]
     assert [r.reason for r in rejects] == [RejectReason.TOO_LARGE]
     assert out[-1] == good[:-1]
+
+
+# -- limits and refusals at their edges (survivors of make mutation) ---------------------------
+
+
+def test_a_line_of_exactly_the_limit_is_carried_and_one_byte_more_is_not() -> None:
+    field = "x" * (MAX_LINE_BYTES - 8)  # "O," + field + "*XXXX\n"
+    line = encode_line("O", [field])
+    assert len(line) == MAX_LINE_BYTES
+    assert decode_line(line) == OtaFrame(fields=(field,))
+    with pytest.raises(LineProtocolError):
+        encode_line("O", [field + "x"])
+    body = b"O," + field.encode() + b"x"
+    longer = body + f"*{crc16_ccitt_false(body):04X}\n".encode()
+    with pytest.raises(ReadingRejectedError) as info:
+        decode_line(longer)
+    assert info.value.reason is RejectReason.TOO_LARGE
+
+
+def _framed(body: bytes, end: bytes = b"\n") -> bytes:
+    return body + f"*{crc16_ccitt_false(body):04X}".encode() + end
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (_framed(b"R,n1,1,-,pm10=1", b" \r\n"), RejectReason.BAD_ENCODING),  # a space after it
+        (_framed(b"Z"), RejectReason.BAD_FRAME),  # an unknown type, even without fields
+        (_framed(b"Q,x"), RejectReason.BAD_FRAME),  # a hello request has no fields
+        (_framed(b"O,a*b"), RejectReason.BAD_FRAME),  # '*' inside, checksum right
+        (_framed(b"R,n1,1,-,pm10=1=2"), RejectReason.BAD_FRAME),
+        (_framed(b"R,n1,1,-,cal_pm10=1,cal_pm10=2,mv=3"), RejectReason.BAD_FRAME),
+        (_framed(b"R,n1,1,-,pm10=1,mv=3,mv=4"), RejectReason.BAD_FRAME),
+    ],
+    ids=["space", "unknown-type", "q-fields", "star", "two-equals", "repeated-cal", "repeated-mv"],
+)
+def test_malformed_lines_are_rejected_for_their_reason(line: bytes, reason: RejectReason) -> None:
+    with pytest.raises(ReadingRejectedError) as info:
+        decode_line(line)
+    assert info.value.reason is reason
+
+
+def test_a_model_version_may_come_before_the_values() -> None:
+    reading = decode_line(_framed(b"R,n1,1,-,mv=3,cal_pm10=2,pm10=1"))
+    assert isinstance(reading, NodeReading)
+    assert (reading.model_version, dict(reading.values), dict(reading.calibrated)) == (
+        3,
+        {"pm10": 1.0},
+        {"cal_pm10": 2.0},
+    )
+    assert decode_line(encode_line("Q", [])) == HelloRequest()
+
+
+def test_line_types_are_one_upper_case_letter() -> None:
+    for ok in ("A", "Z"):
+        assert encode_line(ok, []).startswith(ok.encode() + b"*")
+    for bad in ("a", "AB", "", "[", "@"):
+        with pytest.raises(LineProtocolError):
+            encode_line(bad, [])
+
+
+def test_numbers_and_times_as_encoded() -> None:
+    line = encode_reading("n1", 1, None, {"pm10": -0.0001, "pm2_5": 2.5})
+    assert b",pm2_5=2.5,pm10=0*" in line  # a negative zero is written 0
+    with pytest.raises(LineProtocolError):
+        encode_reading("n1", 1, -1.0, {"pm10": 1.0})
+    with pytest.raises(LineProtocolError, match="unknown keys"):
+        encode_reading("n1", 1, None, {"pm10": 1.0, "co2": 400.0})
+    with pytest.raises(LineProtocolError, match="unknown keys"):
+        encode_reading("n1", 1, None, {"pm10": 1.0}, calibrated={"cal_co2": 1.0}, model_version=1)
+
+
+def test_the_splitter_skips_an_overlong_line_once_and_keeps_every_other() -> None:
+    splitter = LineSplitter(max_line_bytes=8)
+    out = splitter.feed(b"12345678")  # the limit reached without a LF: rejected at once
+    assert len(out) == 1 and isinstance(out[0], ReadingRejectedError)
+    assert out[0].reason is RejectReason.TOO_LARGE
+    assert splitter.feed(b"90\nab\n") == [b"ab"]  # the rest of it skipped, once
+    assert splitter.feed(b"1234567\n") == [b"1234567"]  # 8 bytes with its LF: kept
+    (rejected,) = splitter.feed(b"12345678\n")  # 9: rejected, not kept
+    assert isinstance(rejected, ReadingRejectedError)
+    assert splitter.feed(b"\r\n  \nXX\n\n") == [b"  ", b"XX"]  # only empty lines skipped
+    assert iter_lines([b"a\nb", b"c\n"]) == [b"a", b"bc"]
+    assert LineSplitter().feed(b"\nab\n") == [b"ab"]  # a LF first: an empty line, skipped
+
+
+def test_a_field_holding_a_star_or_a_comma_cannot_be_encoded() -> None:
+    for field in ("a*b", "a,b", "a b"):
+        with pytest.raises(LineProtocolError):
+            encode_line("O", [field])

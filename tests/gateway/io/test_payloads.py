@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from tesla_gateway.contract.readings import ReadingRejectedError, RejectReason
 from tesla_gateway.sources import payloads, payloads_fast
-from tesla_gateway.sources.payload_rules import PayloadRules
-from tesla_gateway.sources.payloads import DecodedPayload, decode_payload
+from tesla_gateway.sources.payload_rules import MILLISECONDS_THRESHOLD, PayloadRules, epoch_seconds
+from tesla_gateway.sources.payloads import DecodedPayload, decode_payload, decode_payload_fully
 
 NOW = 1_700_000_000.0
 RULES = PayloadRules(max_payload_bytes=4096, max_batch=10)
@@ -420,3 +420,77 @@ def test_a_bad_pm_value_still_rejects_the_whole_reading() -> None:
         RejectReason.BAD_COVARIATE,  # temp_c above 85 °C
     ]
     assert "no other value" in decoded.rejects[1].detail
+
+
+# -- both paths at the edges (survivors of make mutation) --------------------------------------
+
+_EDGES = [
+    '{"pm10": 1}',  # no time of its own: stamped at the gateway
+    f'{{"ts": {NOW}, "time": {NOW}, "pm10": 1}}',  # two spellings of the time
+    f'{{"ts": {NOW}, "timestamp": {NOW}, "pm10": 1}}',
+    f'{{"timestamp": {NOW}, "time": {NOW}, "pm10": 1}}',
+    f'{{"ts": {NOW}, "pm10": 1}}',
+    f'{{"ts": {NOW - 604_800}, "pm10": 1}}',  # exactly as old as allowed
+    f'{{"ts": {NOW - 604_800.5}, "pm10": 1}}',
+    f'{{"ts": {NOW + 300}, "pm10": 1}}',  # exactly as far ahead as allowed
+    f'{{"ts": {NOW + 300.5}, "pm10": 1}}',
+    '{"sensor": "' + "x" * 65 + '", "pm10": 1}',
+    '{"sensor": "s1", "pm10": 1, "rh": "55", "humidity": 50}',
+    "[" + ", ".join(['{"pm10": 1}'] * 10) + "]",  # exactly the batch limit
+]
+
+
+@pytest.mark.parametrize("payload", _EDGES)
+def test_at_the_edges_both_paths_end_the_same(
+    payload: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def outcome() -> object:
+        try:
+            decoded = decode(payload, topic_sensor_id=None)
+        except ReadingRejectedError as exc:
+            return exc.reason, exc.detail
+        return decoded.readings, [(r.reason, r.detail) for r in decoded.rejects]
+
+    with_c_path = outcome()
+    monkeypatch.setattr(payloads_fast, "_DECODER", None)
+    assert outcome() == with_c_path
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        ('{"sensor": "' + "x" * 65 + '", "pm10": 1}', RejectReason.SCHEMA),
+        ('{"sensor": "s1", "pm25": 1, "pm2_5": 2}', RejectReason.UNKNOWN_FIELD),
+        ('{"sensor": "s1", "pm10": 1, "rh": "55", "humidity": 50}', RejectReason.UNKNOWN_FIELD),
+    ],
+    ids=["sensor-65", "two-aliases", "alias-and-bad-covariate"],
+)
+def test_elements_the_model_refuses_are_refused(payload: str, reason: RejectReason) -> None:
+    decoded = decode_payload_fully(
+        payload.encode(), topic_sensor_id=None, received_at=NOW, source="test", rules=RULES
+    )
+    assert decoded.readings == () and [r.reason for r in decoded.rejects] == [reason]
+
+
+def test_readings_without_a_time_are_stamped_at_the_gateway() -> None:
+    (stamped,) = decode('{"pm10": 1}', topic_sensor_id="s1").readings
+    (own,) = decode(f'{{"ts": {NOW - 5}, "pm10": 1}}', topic_sensor_id="s1").readings
+    assert stamped.stamped_at_gateway and not own.stamped_at_gateway
+
+
+def test_the_limits_are_inclusive() -> None:
+    rules = PayloadRules(max_payload_bytes=64, max_batch=2, max_future_s=10.0)
+    element = '{"sensor": "s1", "pm10": 1}'
+    exact = element + " " * (64 - len(element))
+    kwargs = {"topic_sensor_id": None, "received_at": NOW, "source": "test", "rules": rules}
+    assert len(decode_payload_fully(exact.encode(), **kwargs).readings) == 1  # type: ignore[arg-type]
+    batch = f"[{element}, {element}]".encode()
+    assert len(decode_payload_fully(batch, **kwargs).readings) == 2  # type: ignore[arg-type]
+    iso_ahead = '{"sensor": "s1", "ts": "2023-11-14T22:15:00Z", "pm10": 1}'  # 100 s ahead
+    decoded = decode_payload_fully(iso_ahead.encode(), **kwargs)  # type: ignore[arg-type]
+    assert [r.reason for r in decoded.rejects] == [RejectReason.FUTURE_TIMESTAMP]
+
+
+def test_epoch_numbers_from_the_threshold_on_are_milliseconds() -> None:
+    assert epoch_seconds(MILLISECONDS_THRESHOLD) == MILLISECONDS_THRESHOLD / 1000.0
+    assert epoch_seconds(MILLISECONDS_THRESHOLD - 1) == MILLISECONDS_THRESHOLD - 1

@@ -69,3 +69,37 @@ def test_fuzz_parser_returns_frames_or_rejects_and_stays_bounded(chunks: list[by
         for item in parser.feed(chunk):
             assert isinstance(item, Pms5003Frame | ReadingRejectedError)
         assert len(parser._buffer) < FRAME_LENGTH
+
+
+def test_skipped_bytes_count_the_garbage_hunted_through() -> None:
+    frame = encode_frame(pm1_atm=1, pm2_5_atm=2, pm10_atm=3)
+    parser = Pms5003Parser()
+    assert parser.feed(frame) != [] and parser.skipped_bytes == 0
+    assert parser.feed(b"\x01\x02\x03") == [] and parser.skipped_bytes == 3
+    assert parser.feed(b"\x07\x42") == [] and parser.skipped_bytes == 4  # 0x42 kept: 'B' of BM
+    (parsed,) = parser.feed(frame[1:])
+    assert isinstance(parsed, Pms5003Frame) and parser.skipped_bytes == 4
+    assert len(parser.feed(b"\x09\x09" + frame)) == 1 and parser.skipped_bytes == 6
+    # A false start (a wrong length field): its first byte is dropped, then hunted through.
+    out = parser.feed(b"BM\x00\x05" + frame)
+    assert [type(item) for item in out] == [ReadingRejectedError, Pms5003Frame]
+    assert parser.skipped_bytes == 6 + 3
+    bad = bytearray(frame)
+    bad[-1] ^= 0xFF  # a bad checksum: dropped by one byte, then hunted through
+    out = parser.feed(bytes(bad) + frame)
+    assert [type(item) for item in out] == [ReadingRejectedError, Pms5003Frame]
+    assert parser.skipped_bytes == 9 + FRAME_LENGTH - 1
+
+
+def test_a_wrong_length_field_is_rejected_as_soon_as_it_arrives() -> None:
+    (rejected,) = Pms5003Parser().feed(b"BM\x00\x05")
+    assert isinstance(rejected, ReadingRejectedError)
+    assert rejected.reason is RejectReason.BAD_FRAME
+    assert Pms5003Parser().feed(b"BM\x00") == []
+
+
+def test_the_reserved_word_is_carried_and_zero_by_default() -> None:
+    (plain,) = Pms5003Parser().feed(encode_frame(pm1_atm=1, pm2_5_atm=2, pm10_atm=3))
+    (marked,) = Pms5003Parser().feed(encode_frame(pm1_atm=1, pm2_5_atm=2, pm10_atm=3, reserved=7))
+    assert isinstance(plain, Pms5003Frame) and isinstance(marked, Pms5003Frame)
+    assert (plain.reserved, marked.reserved) == (0, 7)

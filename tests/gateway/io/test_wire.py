@@ -10,6 +10,7 @@ from tesla_gateway.mqtt.wire import (
     PUBACK,
     PUBLISH,
     UINT16,
+    encode_string,
     puback_packets,
     publish_fields,
     publish_packet,
@@ -79,3 +80,35 @@ def test_pubacks_for_several_messages_are_one_write_of_plain_pubacks() -> None:
     packets, used = split_packets(puback_packets([1, 300, 65_535]))
     assert used == 12
     assert packets == [(PUBACK << 4, UINT16.pack(mid)) for mid in (1, 300, 65_535)]
+
+
+# -- exact bytes at the boundaries (survivors of make mutation) ---------------------------------
+
+
+def test_remaining_lengths_switch_to_two_bytes_at_128() -> None:
+    assert remaining_length(127) == b"\x7f"
+    assert remaining_length(128) == b"\x80\x01"
+    assert remaining_length(16_383) == b"\xff\x7f"
+    assert remaining_length(16_384) == b"\x80\x80\x01"
+
+
+def test_a_publish_packet_with_the_defaults_is_qos_1_unretained_mqtt_3() -> None:
+    assert publish_packet(b"t", b"p") == b"\x32\x06\x00\x01t\x00\x00p"
+    assert (
+        encode_string("t\u00e9") == b"\x00\x03t\xc3\xa9" and encode_string(b"ab") == b"\x00\x02ab"
+    )
+
+
+def test_packets_split_only_when_whole_whatever_their_length_bytes() -> None:
+    big = publish_packet(b"t", bytes(200))  # remaining length 205: two bytes
+    small = publish_packet(b"u", b"x")
+    assert split_packets(big + small) == (
+        [(big[0], big[3:]), (small[0], small[2:])],
+        len(big) + len(small),
+    )
+    assert split_packets(big[:1]) == ([], 0)  # no length byte yet
+    assert split_packets(big[:2]) == ([], 0)  # the first of two length bytes only
+    assert split_packets(big[:-1]) == ([], 0)  # the body one byte short
+    assert split_packets(bytes([0xE0, 0x00])) == ([(0xE0, b"")], 2)  # no body at all
+    huge = bytes([PUBLISH << 4]) + remaining_length(3_000_000)
+    assert split_packets(huge + bytes(10)) == ([], 0)

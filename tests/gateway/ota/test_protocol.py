@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -11,14 +12,16 @@ from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
 from tesla_gateway.contract.readings import ReadingRejectedError
-from tesla_gateway.ota.descriptor import ImageDescriptor
+from tesla_gateway.ota.descriptor import DESCRIPTOR_SIZE, ImageDescriptor
 from tesla_gateway.ota.errors import OtaFrameError
 from tesla_gateway.ota.protocol import (
     MAX_CHUNK_SIZE,
+    OTA_MAGIC,
     Begin,
     Chunk,
     OtaStatus,
     Status,
+    chunk_count,
     crc32,
     decode_ota,
     encode_ota,
@@ -160,3 +163,36 @@ def test_chunks_round_trip_within_the_line_limit(seq: int, payload: bytes) -> No
     decoded = decode_line(line)
     assert isinstance(decoded, OtaFrame)
     assert decode_ota(decoded.fields) == Chunk(seq, payload, crc32(payload))
+
+
+# -- fields at their limits (survivors of make mutation) ----------------------------------------
+
+_DESCRIPTOR = base64.b64encode(bytes(DESCRIPTOR_SIZE)).decode()
+_SIGNATURE = base64.b64encode(bytes(64)).decode()
+
+
+def _begin(chunk_size: str, descriptor: str = _DESCRIPTOR) -> list[str]:
+    return ["B", OTA_MAGIC, "1", chunk_size, descriptor, _SIGNATURE]
+
+
+def test_chunk_sizes_from_1_to_the_maximum_are_accepted() -> None:
+    for size in (1, MAX_CHUNK_SIZE):
+        begin = decode_ota(_begin(str(size)))
+        assert isinstance(begin, Begin) and begin.chunk_size == size
+    for size in (0, MAX_CHUNK_SIZE + 1):
+        with pytest.raises(OtaFrameError) as info:
+            decode_ota(_begin(str(size)))
+        assert info.value.code is OtaStatus.BAD_FRAME
+
+
+def test_numbers_are_uint32_and_base64_is_strict() -> None:
+    assert decode_ota(["S", "0", "4294967295"]) == Status(code=0, next_seq=2**32 - 1)
+    for bad in ("4294967296", "-1", "1e3", "0x10"):
+        with pytest.raises(OtaFrameError):
+            decode_ota(["S", "0", bad])
+    with pytest.raises(OtaFrameError):
+        decode_ota(_begin("8", descriptor="!" + _DESCRIPTOR))
+
+
+def test_the_number_of_chunks_rounds_up() -> None:
+    assert [chunk_count(size, 4) for size in (1, 4, 5, 8, 9)] == [1, 1, 2, 2, 3]
