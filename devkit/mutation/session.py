@@ -46,6 +46,7 @@ _STATUS = {
     152: "timeout",
     255: "timeout",
     37: "caught by type check",
+    -9: "killed",  # SIGKILL: a mutant that grows without bound, killed by the OOM killer
 }
 DETECTED = frozenset({"killed", "timeout", "caught by type check"})
 # Statements starting on these lines are not mutated: an exception's message is prose for the

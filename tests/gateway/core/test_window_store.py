@@ -593,3 +593,55 @@ def test_interpolation_is_computed_in_float64_whatever_the_input() -> None:
     filled = interpolate_short_gaps(series, policy)  # type: ignore[arg-type]  # float32 on purpose
     assert filled.dtype == np.float64
     assert filled.tolist() == [1.0, 1.0 + 1.0 / 3.0, 1.0 + 2.0 / 3.0, 2.0]
+
+
+# -- a step of the gateway clock, on the ring itself (survivors of make mutation) --------------
+
+
+def stamped(sensor: str, period: int, offset: float, **values: float) -> Reading:
+    """A reading without a time of its own: the gateway stamped it on arrival."""
+    return Reading(
+        sensor_id=sensor,
+        timestamp=T0 + period * P + offset,
+        values=values,
+        stamped_at_gateway=True,
+    )
+
+
+def test_a_clock_step_moves_the_stamped_sensors_timeline_in_whole_periods() -> None:
+    windows = ModelWindows(geometry(n=4, channels=("pm10", "rh")))
+    for period, value in ((0, 10.0), (1, 20.0)):  # period 0 closes (pending), 1 stays open
+        windows.add(stamped("a", period, 1, pm10=value, rh=value + 1), float(T0 + period * P + 1))
+        windows.add(reading("b", period, 1, pm10=value, rh=value + 1), float(T0 + period * P + 1))
+    assert windows.clock_stepped(10.0) == 0  # less than half a period: nothing moves
+    assert windows.clock_stepped(3 * P - 10.0) == 1  # three periods on: only a moves
+    assert windows.pending_count == 2  # a's closed period waits with its own time
+    # a's open period is now period 4, holding its reading at +1 s: the same one again is a
+    # duplicate, a new one goes in
+    assert windows.add(stamped("a", 4, 1, pm10=99.0, rh=99.0), 0.0) is AddOutcome.DUPLICATE
+    assert windows.add(stamped("a", 4, 2, pm10=22.0, rh=23.0), 0.0) is AddOutcome.ACCEPTED
+    assert windows.add(reading("b", 1, 2, pm10=22.0, rh=23.0), 0.0) is AddOutcome.ACCEPTED
+    ready = windows.ready_windows(closed_through_period=BASE + 4)
+    got = {
+        (sensor, int(period) - BASE): [
+            [None if math.isnan(v) else v for v in step] for step in window.tolist()
+        ]
+        for sensor, period, window in zip(
+            ready.sensor_ids, ready.periods, ready.windows, strict=True
+        )
+    }
+    empty = [None, None]
+    assert got == {
+        ("a", 0): [empty, empty, empty, [10.0, 11.0]],  # kept its time
+        ("b", 0): [empty, empty, empty, [10.0, 11.0]],
+        ("a", 4): [empty, empty, [10.0, 11.0], [21.0, 22.0]],  # period 0 is period 3 now
+        ("b", 1): [empty, empty, [10.0, 11.0], [21.0, 22.0]],
+    }
+
+
+def test_a_clock_step_moves_every_arrival_and_so_the_idle_deadlines() -> None:
+    windows = ModelWindows(geometry(n=2))
+    windows.add(reading("a", 0, 0, pm10=1.0), arrival=float(T0 + 100))
+    windows.clock_stepped(1000.0)
+    assert windows.close_idle(now=T0 + 1100 + 4.9, grace_s=5.0) == 0
+    assert windows.close_idle(now=T0 + 1100 + 5.0, grace_s=5.0) == 1
