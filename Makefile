@@ -18,7 +18,7 @@ setup: $(STAMP) $(SYSTEM_STAMP) $(LEGACY_STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[train,dev,metrics]'
+	$(PY) -m pip install --quiet -e '.[train,dev,metrics,cluster]'
 	$(PY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_path("purelib"), "tesla-checkout.pth").write_text("$(CURDIR)\n")'
 	printf '#!/bin/sh\nexec "%s" -m training "$$@"\n' "$(abspath $(PY))" > $(VENV)/bin/tesla-train
 	chmod +x $(VENV)/bin/tesla-train
