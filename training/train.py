@@ -31,6 +31,7 @@ from tesla_gateway.contract.manifest import (
 from tesla_gateway.contract.series import GapPolicy
 from training.data import (
     CoLocationData,
+    SensorSplit,
     WindowSet,
     clean,
     load_dataset,
@@ -122,6 +123,13 @@ class TrainConfig(BaseModel):
         description="Fine-tuned weights are kept only while the whole-window validation RMSE "
         "stays within this share of the first phase's.",
     )
+    left_out_sensors: tuple[str, ...] = Field(
+        default=(),
+        description=(
+            "Training sensors left out of this run: the leave-sensor-out folds that calibrate "
+            "prediction intervals across units (training/cross_conformal.py)."
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -201,6 +209,15 @@ def prepare_data(config: TrainConfig) -> PreparedData:
     cleaned, report = clean(loaded)
     sensors = to_grid(cleaned)
     split = paper_split(sorted(sensors))
+    unknown = sorted(set(config.left_out_sensors) - set(split.train))
+    if unknown or len(config.left_out_sensors) >= len(split.train):
+        raise DataError(
+            f"left_out_sensors {list(config.left_out_sensors)} must be some, not all, of the "
+            f"training sensors {list(split.train)}"
+        )
+    if config.left_out_sensors:
+        kept = tuple(s for s in split.train if s not in config.left_out_sensors)
+        split = SensorSplit(train=kept, validation=split.validation, test=split.test)
     policy = GapPolicy(max_interpolated_periods=config.max_interpolated_periods)
 
     def windows(ids: tuple[str, ...]) -> WindowSet:
