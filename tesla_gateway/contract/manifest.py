@@ -37,6 +37,7 @@ from tesla_gateway.errors import ManifestError, ModelIntegrityError
 __all__ = [
     "MANIFEST_FILENAME",
     "MODEL_NAME_PATTERN",
+    "CandidateScore",
     "DataSummary",
     "ErrorMetrics",
     "HistoryIntervals",
@@ -204,6 +205,21 @@ class HistoryIntervals(_Strict):
     intervals: PredictionIntervals
 
 
+class CandidateScore(_Strict):
+    """One calibration ``train`` fitted and compared before export (the raw readings, the
+    classical fits, TESLA from scratch or fine-tuned), scored on the same validation windows."""
+
+    name: str = Field(description="'raw', 'linear', 'multilinear', 'growth', 'tesla', ...")
+    architecture: str = Field(description="The manifest architecture it exports as.")
+    input_channels: list[str] = Field(description="Channels it reads, the reading first.")
+    parameters: int = Field(ge=0)
+    validation: ErrorMetrics | None = Field(
+        default=None, description="On the validation sensor; None when it was not fitted."
+    )
+    test: ErrorMetrics | None = Field(default=None, description="On the test sensor (reported).")
+    note: str | None = Field(default=None, description="Why it was not fitted, or how it was.")
+
+
 class DataSummary(_Strict):
     """Where the training data came from and how much of it survived cleaning."""
 
@@ -238,7 +254,13 @@ class Manifest(_Strict):
     version: int = Field(
         ge=1, lt=2**32, description="Monotonic release number; updates must carry a larger one."
     )
-    architecture: str = Field(description="Model builder, e.g. 'tesla' or 'linear'.")
+    architecture: str = Field(
+        description=(
+            "Model builder, e.g. 'tesla' or 'linear'; the calibrations practitioners use, which "
+            "read only the newest period, are 'classical-linear', 'classical-multilinear' and "
+            "'classical-growth' (training/classical.py). The gateway runs every one alike."
+        )
+    )
     feature: Feature
     unit: Literal["ug/m3"] = "ug/m3"
     window_length: int = Field(ge=1, le=100_000, description="N: periods in one window.")
@@ -301,6 +323,13 @@ class Manifest(_Strict):
             "Intervals for short histories, by ascending min_periods; windows of N periods (and "
             "any history past the last entry's bucket) take ``intervals``."
         ),
+    )
+    candidates: list[CandidateScore] | None = Field(
+        default=None,
+        description="Every calibration train compared on the validation sensor (absent before).",
+    )
+    choice: str | None = Field(
+        default=None, description="Why this calibration was exported rather than the others."
     )
 
     @field_validator("input_channels")
