@@ -8,11 +8,9 @@ on one side and not the other fails loudly instead of being ignored.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import itertools
 import json
-import math
 import os
 import re
 import tempfile
@@ -29,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from tesla_gateway.contract.intervals import PredictionIntervals, UnitCoverage
 from tesla_gateway.contract.readings import Feature
 from tesla_gateway.contract.sensor_kind import SensorKind
 from tesla_gateway.contract.series import GapPolicy
@@ -49,6 +48,7 @@ __all__ = [
     "PredictionIntervals",
     "TargetRange",
     "TestMetrics",
+    "UnitCoverage",
     "load_manifest",
     "sha256_file",
     "verify_model_files",
@@ -139,50 +139,6 @@ class TargetRange(InputRange):
     """Where the training windows' reference values lay: what the model learned to output.
 
     The gateway bounds every output by it (tesla_gateway/models/plausibility.py)."""
-
-
-class PredictionIntervals(_Strict):
-    """Split conformal prediction intervals, one half-width per concentration bin.
-
-    Fitted on the validation sensor (training/conformal.py): bins split the *calibrated* value
-    (known at serving time) at ``edges``; a value ``v`` falls in bin ``bisect_right(edges, v)``
-    and its interval is ``[max(0, v - w), v + w]`` with that bin's half-width ``w`` (the
-    ``ceil((n + 1) * level)``-th smallest absolute residual of the bin's ``n`` validation pairs,
-    the finite-sample split conformal quantile). Concentrations are never negative, so clipping
-    the low end at 0 cannot lose coverage (a negative ``v`` keeps ``low = v``: the interval
-    always holds the value it is published with).
-    """
-
-    method: Literal["split_conformal_binned"] = "split_conformal_binned"
-    level: float = Field(gt=0, lt=1, description="Nominal coverage, e.g. 0.9.")
-    edges: list[float] = Field(description="Ascending calibrated values between bins.")
-    half_widths: list[float] = Field(min_length=1, description="Per bin, in the feature's unit.")
-    counts: list[int] = Field(min_length=1, description="Validation pairs per bin.")
-    calibration_sensor: str = Field(description="Sensor whose residuals set the widths.")
-
-    @field_validator("edges")
-    @classmethod
-    def _ascending(cls, value: list[float]) -> list[float]:
-        if any(b <= a for a, b in itertools.pairwise(value)):
-            raise ValueError(f"edges must be strictly ascending, got {value}")
-        return value
-
-    @model_validator(mode="after")
-    def _one_width_per_bin(self) -> PredictionIntervals:
-        bins = len(self.edges) + 1
-        if len(self.half_widths) != bins or len(self.counts) != bins:
-            raise ValueError(
-                f"{bins} bins need {bins} half_widths and counts, got "
-                f"{len(self.half_widths)} and {len(self.counts)}"
-            )
-        if any(not math.isfinite(w) or w < 0 for w in self.half_widths):
-            raise ValueError(f"half_widths must be finite and >= 0, got {self.half_widths}")
-        return self
-
-    def interval(self, value: float) -> tuple[float, float]:
-        """``(low, high)`` around a calibrated value: one bisection over a few edges."""
-        width = self.half_widths[bisect.bisect_right(self.edges, value)]
-        return min(value, max(0.0, value - width)), value + width
 
 
 class HistoryPoint(_Strict):
