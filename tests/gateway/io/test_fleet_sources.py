@@ -192,6 +192,7 @@ def test_esphome_states_of_one_node_group_into_one_reading() -> None:
     (reading,) = readings
     assert_reading(reading, case["expected"])
     assert reading.timestamp == start + 4  # the receive time of the window's latest value
+    assert reading.stamped_at_gateway  # the gateway's clock: a clock step re-anchors it
 
 
 def test_esphome_window_closes_on_a_later_value_and_averages() -> None:
