@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tesla_gateway.errors import GatewayError
+from training import intervals_cli
 from training.bench import cli as bench_cli
 from training.cli_types import model_name
 from training.errors import TrainingError
@@ -419,6 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_history_curve(sub)
     _add_release_commands(sub)
     bench_cli.add_parser(sub)
+    intervals_cli.add_parser(sub)
     retrain_cli.add_parser(sub)
     return parser
 
@@ -436,6 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "push": _push,
         "firmware-constants": _firmware_constants,
         "bench": bench_cli.run,
+        "calibrate-intervals": intervals_cli.run,
         "retrain": retrain_cli.run,
     }
     try:
