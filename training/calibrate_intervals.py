@@ -1,0 +1,178 @@
+"""Give a model directory intervals calibrated across units (``calibrate-intervals``).
+
+Trains (or reuses) the leave-sensor-out folds of the model's own training config
+(training/unit_folds.py), predicts every training sensor with the fold that left it out and the
+validation and test sensors with the directory's float graph (run by the gateway's calibrator),
+fits the cross-unit intervals (training/cross_conformal.py) for whole windows and for every
+short-history bucket the manifest has, and rewrites only ``manifest.json``. The returned report
+holds the before/after coverage and width per unit (docs/benchmarks/intervals/).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tesla_gateway.contract.manifest import (
+    HistoryIntervals,
+    Manifest,
+    PredictionIntervals,
+    load_manifest,
+    verify_model_files,
+    write_manifest,
+)
+from tesla_gateway.models.calibrator import Calibrator
+from training.conformal import DEFAULT_LEVEL
+from training.cross_conformal import (
+    UnitResiduals,
+    fit_cross_unit,
+    held_out_coverage,
+    unit_scores,
+)
+from training.errors import DataError
+from training.train import TrainConfig, prepare_data
+from training.unit_folds import (
+    DEFAULT_FOLDS,
+    UnitPredictions,
+    fold_costs,
+    predicted_unit,
+    sensor_windows,
+    train_folds,
+    unit_predictions,
+)
+
+__all__ = ["IntervalReport", "calibrate_model_dir"]
+
+
+@dataclass(frozen=True)
+class IntervalReport:
+    """What ``calibrate-intervals`` did, with figures per unit before and after."""
+
+    model: str
+    manifest: Manifest
+    rows: list[dict[str, Any]]  # one per (unit, history length): before / after
+    folds: list[dict[str, object]]
+
+    def as_json(self) -> dict[str, Any]:
+        assert self.manifest.intervals is not None
+        return {
+            "model": self.model,
+            "method": self.manifest.intervals.method,
+            "calibration_sensors": self.manifest.intervals.calibration_sensors,
+            "half_widths": self.manifest.intervals.half_widths,
+            "edges": self.manifest.intervals.edges,
+            "folds": self.folds,
+            "units": self.rows,
+        }
+
+
+def _whole(unit: UnitPredictions) -> UnitResiduals:
+    return UnitResiduals(unit.sensor, unit.role, unit.whole, unit.reference)
+
+
+def _cut(unit: UnitPredictions, k: int) -> UnitResiduals:
+    return UnitResiduals(unit.sensor, unit.role, unit.truncated[k], unit.reference)
+
+
+def _row(
+    unit: UnitResiduals, periods: int | None, before: PredictionIntervals | None, after: object
+) -> dict[str, Any]:
+    old = None if before is None else unit_scores(before, unit)
+    new = after if isinstance(after, dict) else None
+    return {
+        "sensor": unit.sensor,
+        "role": unit.role,
+        "history_periods": periods,
+        "n": len(unit.finite().predicted),
+        "before_coverage": None if old is None else round(old.coverage, 4),
+        "before_width": None if old is None else round(old.mean_width, 3),
+        "after_coverage": None if new is None else round(new["coverage"], 4),
+        "after_width": None if new is None else round(new["mean_width"], 3),
+    }
+
+
+def calibrate_model_dir(
+    model_dir: Path,
+    config: TrainConfig,
+    folds_dir: Path,
+    *,
+    folds: int = DEFAULT_FOLDS,
+    level: float = DEFAULT_LEVEL,
+    verbose: int | str = 0,
+) -> IntervalReport:
+    """Fit cross-unit intervals for ``model_dir`` (trained with ``config``) and rewrite its
+    manifest; ``folds_dir`` holds the fold runs (reused when their config matches)."""
+    manifest = load_manifest(model_dir)
+    prepared = prepare_data(config)
+    summary = prepared.summary
+    if (
+        config.window_length != manifest.window_length
+        or summary.train_sensors != manifest.data.train_sensors
+        or summary.validation_sensor != manifest.data.validation_sensor
+    ):
+        raise DataError(
+            f"{model_dir}: the config's window length and sensors ({config.window_length}, "
+            f"train {summary.train_sensors}, validation {summary.validation_sensor}) are not "
+            f"the model's ({manifest.window_length}, train {manifest.data.train_sensors}, "
+            f"validation {manifest.data.validation_sensor}): pass the config it was trained with"
+        )
+    runs = train_folds(config, summary.train_sensors, folds_dir, folds=folds, verbose=verbose)
+    points = [entry.min_periods for entry in manifest.history_intervals or []]
+    units = unit_predictions(runs, sensor_windows(config, summary.train_sensors), points)
+    calibrator = Calibrator.load(model_dir)
+    units.append(
+        predicted_unit(
+            summary.validation_sensor, "validation", calibrator.calibrate, prepared.validation,
+            points,
+        )
+    )  # fmt: skip
+    test = predicted_unit(summary.test_sensor, "test", calibrator.calibrate, prepared.test, points)
+    sensor = summary.validation_sensor
+
+    whole = [_whole(unit) for unit in units]
+    intervals = fit_cross_unit(whole, validation_sensor=sensor, level=level)
+    held = held_out_coverage(whole, validation_sensor=sensor, level=level)
+    tested = unit_scores(intervals, _whole(test).finite())
+    intervals = intervals.model_copy(update={"unit_coverage": [*held, tested]})
+    rows = [
+        _row(unit.finite(), None, manifest.intervals, score.model_dump())
+        for unit, score in zip([*whole, _whole(test)], [*held, tested], strict=True)
+    ]
+    history = _history_intervals(manifest, units, test, points, sensor, level, rows)
+    updated = manifest.model_copy(
+        update={
+            "intervals": intervals,
+            **({} if history is None else {"history_intervals": history}),
+        }
+    )
+    updated = Manifest.model_validate(updated.model_dump())
+    write_manifest(model_dir, updated)
+    verify_model_files(model_dir, load_manifest(model_dir))
+    return IntervalReport(manifest.name, updated, rows, fold_costs(runs))
+
+
+def _history_intervals(  # noqa: PLR0917 (one private step of calibrate_model_dir)
+    manifest: Manifest,
+    units: Sequence[UnitPredictions],
+    test: UnitPredictions,
+    points: Sequence[int],
+    sensor: str,
+    level: float,
+    rows: list[dict[str, Any]],
+) -> list[HistoryIntervals] | None:
+    """Cross-unit intervals per short-history bucket (fitted on windows cut to the bucket's
+    shortest history, as split conformal's are), with their test coverage appended to rows."""
+    if manifest.history_intervals is None:
+        return None
+    before = {entry.min_periods: entry.intervals for entry in manifest.history_intervals}
+    out = []
+    for k in points:
+        fitted = fit_cross_unit(
+            [_cut(unit, k) for unit in units], validation_sensor=sensor, level=level
+        )
+        cut_test = _cut(test, k).finite()
+        rows.append(_row(cut_test, k, before[k], unit_scores(fitted, cut_test).model_dump()))
+        out.append(HistoryIntervals(min_periods=k, intervals=fitted))
+    return out

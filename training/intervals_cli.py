@@ -1,0 +1,79 @@
+"""``python -m training calibrate-intervals``: cross-unit intervals for a model directory.
+
+The model's training config comes from ``--run`` (a run directory's ``config.json``) or, for a
+committed default, from training/defaults.py with the seed its manifest records. Prints the
+per-unit report as JSON and writes it with ``--report``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from training.errors import DataError
+from training.train import TrainConfig
+
+__all__ = ["add_parser", "model_config", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "calibrate-intervals",
+        help="fit prediction intervals across units (leave-sensor-out folds) into a model's "
+        "manifest",
+    )
+    parser.add_argument("--model", type=Path, required=True, help="model directory to update")
+    parser.add_argument(
+        "--run", type=Path, help="the run it was exported from (default: a committed default's)"
+    )
+    parser.add_argument(
+        "--data", type=Path, help="data folder for the run's dataset (default ../shared/data)"
+    )
+    parser.add_argument(
+        "--folds-dir",
+        type=Path,
+        help="where fold runs are trained and reused (default runs/interval-folds/<name>)",
+    )
+    parser.add_argument("--folds", type=int, default=4, help="leave-sensor-out folds (4)")
+    parser.add_argument("--level", type=float, default=0.9, help="nominal coverage (0.9)")
+    parser.add_argument("--report", type=Path, help="write the per-unit report (JSON) here")
+
+
+def model_config(model_dir: Path, run_dir: Path | None, data: Path | None) -> TrainConfig:
+    """The config the model was trained with: the run's, or a committed default's."""
+    from tesla_gateway.contract.manifest import load_manifest
+    from training.defaults import DEFAULT_MODELS
+
+    if run_dir is not None:
+        config = TrainConfig.model_validate_json(
+            (run_dir / "config.json").read_text(encoding="utf-8")
+        )
+    else:
+        manifest = load_manifest(model_dir)
+        default = next((d for d in DEFAULT_MODELS if d.name == manifest.name), None)
+        if default is None:
+            raise DataError(
+                f"{model_dir} ({manifest.name}) is not a committed default: pass --run, the run "
+                "directory it was exported from"
+            )
+        config = default.config.model_copy(
+            update={"seed": int(manifest.hyperparameters.get("seed", default.config.seed))}
+        )
+    return config if data is None else config.model_copy(update={"data_path": data})
+
+
+def run(args: argparse.Namespace) -> int:
+    from tesla_gateway.contract.manifest import load_manifest
+    from training.calibrate_intervals import calibrate_model_dir
+
+    config = model_config(args.model, args.run, args.data)
+    name = load_manifest(args.model).name
+    folds_dir = args.folds_dir or Path("runs") / "interval-folds" / name
+    report = calibrate_model_dir(args.model, config, folds_dir, folds=args.folds, level=args.level)
+    text = json.dumps(report.as_json(), indent=2)
+    if args.report is not None:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return 0

@@ -1,0 +1,189 @@
+"""Leave-sensor-out folds: every training sensor predicted by a model that never saw it.
+
+Prediction intervals calibrated on one validation sensor do not see unit-to-unit differences,
+the largest source of error on a new unit (issue 28). Each fold retrains the model with the
+*same* config (hyperparameters, epochs, early stopping on the same validation sensor, the same
+short-history fine-tuning and seed) without some training sensors, and predicts those sensors'
+windows, whole and truncated to each history length the manifest's ``history_intervals`` use.
+The validation sensor's out-of-unit predictions come from the exported model itself.
+
+Sensors are dealt round-robin into at most ``folds`` groups (sorted ids): 4 folds over Ispra's
+4 training boxes leave one out each; over Antwerp's 6, two groups of two and two of one. A fold's
+run directory is reused when it holds a finished run of the same config, so an interrupted
+calibration resumes and a second ``calibrate-intervals`` costs no training.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from training.data import WindowSet, clean, load_dataset, to_grid
+from training.errors import DataError
+from training.history import Predict, predict_truncated
+from training.train import TrainConfig, load_run, train
+
+__all__ = [
+    "DEFAULT_FOLDS",
+    "FoldRun",
+    "UnitPredictions",
+    "fold_costs",
+    "fold_groups",
+    "predicted_unit",
+    "sensor_windows",
+    "train_folds",
+    "unit_predictions",
+]
+
+DEFAULT_FOLDS = 4
+TIMING_FILE = "fold_timing.json"  # beside the run: what the fold cost when it was trained
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class FoldRun:
+    """One fold: the sensors it left out and where its run directory is."""
+
+    left_out: tuple[str, ...]
+    run_dir: Path
+
+
+@dataclass(frozen=True)
+class UnitPredictions:
+    """One sensor's windows predicted by a model that never trained on it."""
+
+    sensor: str
+    role: str  # "train" (from a fold) or "validation" (from the exported model)
+    reference: FloatArray
+    whole: FloatArray
+    truncated: dict[int, FloatArray]  # history length K -> predictions on windows cut to K
+
+
+def fold_groups(train_sensors: Sequence[str], folds: int) -> list[tuple[str, ...]]:
+    """Training sensors dealt round-robin into ``min(folds, len)`` groups (sorted ids)."""
+    ordered = sorted(train_sensors)
+    if folds < 2 or len(ordered) < 2:
+        raise DataError(
+            f"leave-sensor-out folds need at least 2 folds and 2 training sensors, got {folds} "
+            f"folds over {ordered}"
+        )
+    count = min(folds, len(ordered))
+    return [tuple(ordered[i::count]) for i in range(count)]
+
+
+def _finished(run_dir: Path, config: TrainConfig) -> bool:
+    config_path = run_dir / "config.json"
+    if not (run_dir / "metrics.json").is_file() or not config_path.is_file():
+        return False
+    recorded = TrainConfig.model_validate_json(config_path.read_text(encoding="utf-8"))
+    return recorded == config
+
+
+def train_folds(
+    config: TrainConfig,
+    train_sensors: Sequence[str],
+    folds_dir: Path,
+    *,
+    folds: int = DEFAULT_FOLDS,
+    verbose: int | str = 0,
+) -> list[FoldRun]:
+    """Train (or reuse) one run per fold under ``folds_dir``, each without its group."""
+    runs = []
+    for group in fold_groups(train_sensors, folds):
+        fold_config = config.model_copy(update={"left_out_sensors": group})
+        run_dir = folds_dir / ("without-" + "-".join(group))
+        if not _finished(run_dir, fold_config):
+            started = time.monotonic()
+            train(fold_config, run_dir, verbose=verbose)
+            (run_dir / TIMING_FILE).write_text(
+                json.dumps({"train_seconds": round(time.monotonic() - started, 1)}) + "\n",
+                encoding="utf-8",
+            )
+        runs.append(FoldRun(left_out=group, run_dir=run_dir))
+    return runs
+
+
+def sensor_windows(config: TrainConfig, sensors: Sequence[str]) -> dict[str, WindowSet]:
+    """Each named sensor's windows, built exactly as training builds them."""
+    from tesla_gateway.contract.series import GapPolicy
+
+    loaded = load_dataset(config.dataset, config.data_path, **config.dataset_options)
+    cleaned, _ = clean(loaded)
+    grid = to_grid(cleaned)
+    missing = sorted(set(sensors) - set(grid))
+    if missing:
+        raise DataError(f"sensors {missing} are not in {config.dataset} after cleaning")
+    policy = GapPolicy(max_interpolated_periods=config.max_interpolated_periods)
+    return {
+        sensor: WindowSet.build(
+            [grid[sensor]], config.window_length, policy, channels=config.channels
+        )
+        for sensor in sensors
+    }
+
+
+def unit_predictions(
+    runs: Sequence[FoldRun],
+    windows: dict[str, WindowSet],
+    points: Sequence[int],
+) -> list[UnitPredictions]:
+    """Every left-out sensor's windows predicted by its fold's model, whole and truncated."""
+    out = []
+    for run in runs:
+        _, model, _ = load_run(run.run_dir)
+
+        def predict(x: npt.NDArray[np.float32]) -> npt.ArrayLike:
+            return model.predict(x, verbose=0, batch_size=1024)  # noqa: B023 (used at once)
+
+        for sensor in run.left_out:
+            out.append(predicted_unit(sensor, "train", predict, windows[sensor], points))
+    return out
+
+
+def predicted_unit(
+    sensor: str,
+    role: str,
+    predict: Predict,
+    windows: WindowSet,
+    points: Sequence[int],
+) -> UnitPredictions:
+    """One sensor's windows predicted whole and truncated to each of ``points``."""
+    n = windows.window_length
+    keys = sorted({*points, n})
+    predicted = predict_truncated(predict, windows, keys)
+    return UnitPredictions(
+        sensor=sensor,
+        role=role,
+        reference=np.asarray(windows.targets(), dtype=np.float64),
+        whole=predicted[n],
+        truncated={k: v for k, v in predicted.items() if k < n},
+    )
+
+
+def fold_costs(runs: Sequence[FoldRun]) -> list[dict[str, object]]:
+    """What each fold cost and how it scored on the validation sensor (from its run)."""
+    rows = []
+    for run in runs:
+        metrics = json.loads((run.run_dir / "metrics.json").read_text(encoding="utf-8"))
+        history = json.loads((run.run_dir / "history.json").read_text(encoding="utf-8"))
+        timing = run.run_dir / TIMING_FILE
+        seconds = (
+            json.loads(timing.read_text(encoding="utf-8"))["train_seconds"]
+            if timing.is_file()
+            else None
+        )
+        rows.append(
+            {
+                "left_out": list(run.left_out),
+                "validation_rmse": metrics["validation"]["rmse"],
+                "epochs_run": len(history["loss"]),
+                "train_seconds": seconds,
+            }
+        )
+    return rows
