@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tesla_gateway.errors import GatewayError
-from training import intervals_cli
+from training import intervals_cli, ladder_cli
 from training.bench import cli as bench_cli
 from training.cli_types import model_name
 from training.errors import TrainingError
@@ -43,6 +43,7 @@ def _add_train(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--period", type=int, help="csv loader: grid period in seconds (default: median spacing)"
     )
     parser.add_argument("--run-dir", type=Path, required=True, help="where the run is written")
+    ladder_cli.add_train_arguments(parser)
 
 
 def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,6 +64,7 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     parser.add_argument(
         "--force", action="store_true", help="export even if worse than raw or linear"
     )
+    ladder_cli.add_export_arguments(parser)
 
 
 def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -250,26 +252,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from tesla_gateway.contract.manifest import TestMetrics
-    from training.harm import describe
-    from training.train import train
-
-    config = train_config(args)
-    result = train(config, args.run_dir)
-    metrics = json.loads((args.run_dir / "metrics.json").read_text(encoding="utf-8"))
-    baselines = TestMetrics.model_validate(metrics["validation_baselines"])
-    print(
-        json.dumps(
-            {
-                "run_dir": str(args.run_dir),
-                "validation": baselines.model_dump(),
-                "test": result.test.model_dump(),
-            },
-            indent=2,
-        )
-    )
-    print(f"validation sensor: {describe(baselines)}", file=sys.stderr)
-    return 0
+    return ladder_cli.run_train(args, train_config(args))
 
 
 def _channel_list(text: str) -> list[str]:
@@ -277,35 +260,7 @@ def _channel_list(text: str) -> list[str]:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from training.model_dir import export_run
-
-    exported = export_run(
-        args.run,
-        args.out,
-        name=args.name,
-        version=args.version,
-        targets=args.targets or "both-if-possible",
-        force=args.force,
-    )
-    manifest = exported.manifest
-    print(
-        json.dumps(
-            {
-                "model_dir": str(exported.model_dir),
-                "version": manifest.version,
-                "files": {k: v.size_bytes for k, v in manifest.files.items()},
-                "device_graph_absent": manifest.device_graph_absent,
-                "validation": None
-                if manifest.validation_baselines is None
-                else manifest.validation_baselines.model_dump(),
-                "verification": exported.verification.as_dict(),
-            },
-            indent=2,
-        )
-    )
-    if manifest.device_graph_absent is not None:
-        print(f"no device graph: {manifest.device_graph_absent}", file=sys.stderr)
-    return 0
+    return ladder_cli.run_export(args)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
