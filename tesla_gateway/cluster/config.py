@@ -1,0 +1,129 @@
+"""``[cluster]``: the NATS servers, the streams, the partitions and the timings of cluster mode.
+
+Validated once at start, like every section; the extra (nats-py) is looked for, not imported, so
+the daemon's imports stay light when the section is absent or present.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["EXTRA_HINT", "ClusterConfig"]
+
+EXTRA_HINT = "pip install 'tesla-gateway[cluster]' (nats-py 2.16+, nats-server 2.11+)"
+_NAME = r"^[A-Za-z0-9_-]{1,32}$"  # stream, bucket and consumer names: no '.', '*', '>'
+_SUBJECT = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"  # a NATS subject prefix without wildcards
+_TOPIC = re.compile(r"^[^#+/][^#+]*[^#+/]$|^[^#+/]$")
+
+
+class ClusterConfig(BaseModel):
+    """Cluster mode (docs/deployment.md, "Beyond one gateway"); omit the section for one gateway."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    servers: list[str] = Field(
+        min_length=1,
+        description="NATS server URLs of the cluster, e.g. ['nats://10.0.0.1:4222', ...].",
+    )
+    readings_stream: str = Field(
+        default="TESLA_READINGS", pattern=_NAME, description="The stream of raw readings."
+    )
+    readings_subject: str = Field(
+        default="sensors",
+        pattern=_SUBJECT,
+        description=(
+            "Readings arrive on '<readings_subject>.<sensor>.raw' (MQTT 'sensors/<sensor>/raw' "
+            "through nats-server's MQTT listener)."
+        ),
+    )
+    partitions: int = Field(
+        default=12,
+        ge=1,
+        le=1024,
+        description=(
+            "Partitions of the readings (the unit of ownership and failover); fixed for the "
+            "stream's life. A few per gateway you may ever run."
+        ),
+    )
+    replicas: int = Field(default=3, ge=1, le=5, description="Stream and bucket replicas (R).")
+    retention_s: float = Field(
+        default=8 * 3600.0,
+        gt=0,
+        description="How long readings stay in the stream: at least N x period plus a margin.",
+    )
+    calibrated_stream: str = Field(
+        default="TESLA_CALIBRATED", pattern=_NAME, description="The stream of calibrated values."
+    )
+    calibrated_subject: str = Field(
+        default="tesla.calibrated",
+        pattern=_SUBJECT,
+        description="Calibrated values go to '<calibrated_subject>.<sensor>.<feature>'.",
+    )
+    calibrated_topic_prefix: str = Field(
+        default="tesla/cluster",
+        description=(
+            "MQTT prefix of the calibrated topics, the same on every gateway, so a sensor's "
+            "topics do not move with its partition (replaces [publisher] topic_prefix)."
+        ),
+    )
+    dedup_window_s: float = Field(
+        default=3600.0,
+        ge=10,
+        description=(
+            "How long the calibrated stream remembers a (sensor, feature, period) it has, so a "
+            "period calibrated again after a takeover is stored once."
+        ),
+    )
+    bucket: str = Field(
+        default="tesla_cluster",
+        pattern=_NAME,
+        description="KV bucket of the members, the partition leases and the window snapshots.",
+    )
+    pin_ttl_s: float = Field(
+        default=5.0,
+        ge=1,
+        le=120,
+        description=(
+            "A silent owner loses its partitions' pins (and its leases) after this long: the "
+            "failover time, roughly."
+        ),
+    )
+    snapshot_interval_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds between snapshots of each owned partition's windows into the bucket.",
+    )
+    fallback_replay_periods: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Without a snapshot, a new owner replays this many periods of readings; 0: the "
+            "longest model window (N x period) plus two periods."
+        ),
+    )
+    max_kv_value_bytes: int = Field(
+        default=512 * 1024,
+        ge=1024,
+        description="Snapshots larger than this go to the object store (the KV value limit).",
+    )
+
+    @model_validator(mode="after")
+    def _usable(self) -> Self:
+        if not _TOPIC.fullmatch(self.calibrated_topic_prefix):
+            raise ValueError(
+                f"calibrated_topic_prefix = {self.calibrated_topic_prefix!r}: an MQTT topic "
+                "without wildcards or a leading/trailing '/'"
+            )
+        if self.readings_stream == self.calibrated_stream:
+            raise ValueError("readings_stream and calibrated_stream must differ")
+        if importlib.util.find_spec("nats") is None:
+            raise ValueError(f"[cluster] needs the 'cluster' extra: {EXTRA_HINT}")
+        return self
+
+    @property
+    def pin_ttl_ns(self) -> int:
+        return int(self.pin_ttl_s * 1e9)

@@ -1,0 +1,199 @@
+"""The JetStream objects of cluster mode, made idempotently by every gateway at start.
+
+The readings stream takes ``<subject>.<sensor>.raw`` and stores it as
+``<subject>.part.<p>.<sensor>`` by the server's own ``partition(P, wildcard)`` transform, so
+which partition a sensor belongs to is the engine's rule, not ours. One durable pull consumer
+per partition with a pinned-client priority group (nats-py 2.16 has no fields for it: these
+are plain ``$JS.API`` requests). The calibrated stream deduplicates by ``Nats-Msg-Id``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tesla_gateway.cluster.config import ClusterConfig
+from tesla_gateway.cluster.errors import ClusterError, ServerTooOldError
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+    from nats.js.client import JetStreamContext
+    from nats.js.kv import KeyValue
+    from nats.js.object_store import ObjectStore
+
+__all__ = ["GROUP", "MIN_API_LEVEL", "Engine", "Subjects", "connect", "transient"]
+
+MIN_API_LEVEL = 1  # nats-server 2.11: priority groups, per-message TTL
+GROUP = "owners"  # the priority group every partition consumer has
+_REQUEST_S = 10.0
+_NS = 1_000_000_000
+
+
+def transient() -> tuple[type[Exception], ...]:
+    """What a request may fail with while servers elect a leader or a link reconnects (the
+    nats errors, ours, timeouts and sockets): retried or counted, never fatal."""
+    import nats.errors
+
+    return (nats.errors.Error, ClusterError, TimeoutError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class Subjects:
+    """Every subject and name cluster mode uses, from ``[cluster]``."""
+
+    config: ClusterConfig
+
+    def reading(self, sensor_id: str) -> str:
+        return f"{self.config.readings_subject}.{sensor_id}.raw"
+
+    def partition_filter(self, partition: int) -> str:
+        return f"{self.config.readings_subject}.part.{partition}.*"
+
+    def consumer(self, partition: int) -> str:
+        return f"part-{partition}"
+
+    def calibrated(self, sensor_id: str, feature: str) -> str:
+        return f"{self.config.calibrated_subject}.{sensor_id}.{feature}"
+
+    @staticmethod
+    def partition_of(subject: str) -> tuple[int, str]:
+        """``<prefix>.part.<p>.<sensor>`` -> (p, sensor)."""
+        head, sensor_id = subject.rsplit(".", 1)
+        return int(head.rsplit(".", 1)[1]), sensor_id
+
+
+@dataclass(slots=True)
+class Engine:
+    """A connection with the cluster's stream, bucket and object store at hand."""
+
+    nc: Client
+    js: JetStreamContext
+    kv: KeyValue
+    objects: ObjectStore
+    subjects: Subjects
+    api_level: int
+
+    async def request(self, subject: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One ``$JS.API`` request; a JetStream error becomes :class:`ClusterError`."""
+        reply = await self.nc.request(subject, json.dumps(body).encode(), timeout=_REQUEST_S)
+        document = json.loads(reply.data)
+        if not isinstance(document, dict):
+            raise ClusterError(f"{subject}: unexpected reply {reply.data[:200]!r}")
+        error = document.get("error")
+        if error:
+            raise ClusterError(f"{subject}: {error.get('description', error)}")
+        return document
+
+    async def unpin(self, partition: int) -> None:
+        """Give up a partition's pin now (a release), instead of after the pin TTL."""
+        stream = self.subjects.config.readings_stream
+        await self.request(
+            f"$JS.API.CONSUMER.UNPIN.{stream}.{self.subjects.consumer(partition)}",
+            {"group": GROUP},
+        )
+
+    async def close(self) -> None:
+        await self.nc.drain()
+
+
+async def connect(config: ClusterConfig, name: str) -> Engine:
+    """Connect, refuse a server older than 2.11, and make (or find) every object."""
+    import nats
+    from nats.js.api import KeyValueConfig, ObjectStoreConfig
+
+    nc = await nats.connect(
+        servers=list(config.servers),
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        connect_timeout=5,
+    )
+    try:
+        js = nc.jetstream(timeout=_REQUEST_S)
+        engine = Engine(nc, js, None, None, Subjects(config), 0)  # type: ignore[arg-type]
+        info = await engine.request("$JS.API.INFO", {})
+        level = int((info.get("api") or {}).get("level") or 0)
+        if level < MIN_API_LEVEL:
+            version = nc._server_info.get("version", "?")  # the INFO it sent
+            raise ServerTooOldError(
+                f"nats-server {version} at {nc.connected_url} has JetStream API level {level}; "
+                f"cluster mode needs level {MIN_API_LEVEL} (nats-server 2.11 or newer) for "
+                "pinned consumers and per-key TTL: upgrade the servers"
+            )
+        engine.api_level = level
+        await _streams(engine, config)
+        engine.kv = await js.create_key_value(
+            KeyValueConfig(bucket=config.bucket, history=1, replicas=config.replicas)
+        )
+        engine.objects = await js.create_object_store(
+            config=ObjectStoreConfig(bucket=f"{config.bucket}_snapshots", replicas=config.replicas)
+        )
+        for partition in range(config.partitions):
+            await _partition_consumer(engine, config, partition)
+    except BaseException:
+        await nc.close()
+        raise
+    return engine
+
+
+async def _streams(engine: Engine, config: ClusterConfig) -> None:
+    prefix = config.readings_subject
+    readings = {
+        "name": config.readings_stream,
+        "subjects": [f"{prefix}.*.raw"],
+        "subject_transform": {
+            "src": f"{prefix}.*.raw",
+            "dest": f"{prefix}.part.{{{{partition({config.partitions},1)}}}}.{{{{wildcard(1)}}}}",
+        },
+        "retention": "limits",
+        "storage": "file",
+        "num_replicas": config.replicas,
+        "max_age": int(config.retention_s * _NS),
+        "duplicate_window": 120 * _NS,
+        "discard": "old",
+    }
+    calibrated = {
+        "name": config.calibrated_stream,
+        "subjects": [f"{config.calibrated_subject}.>"],
+        "retention": "limits",
+        "storage": "file",
+        "num_replicas": config.replicas,
+        "max_age": int(max(config.retention_s, config.dedup_window_s) * _NS),
+        "duplicate_window": int(config.dedup_window_s * _NS),
+        "discard": "old",
+    }
+    for body in (readings, calibrated):
+        await _create_or_match(engine, "STREAM", str(body["name"]), body)
+
+
+async def _partition_consumer(engine: Engine, config: ClusterConfig, partition: int) -> None:
+    name = engine.subjects.consumer(partition)
+    body = {
+        "stream_name": config.readings_stream,
+        "config": {
+            "durable_name": name,
+            "filter_subject": engine.subjects.partition_filter(partition),
+            "deliver_policy": "all",
+            "ack_policy": "explicit",
+            "ack_wait": 30 * _NS,
+            "max_ack_pending": 50_000,
+            "max_waiting": 64,
+            "priority_groups": [GROUP],
+            "priority_policy": "pinned_client",
+            "priority_timeout": config.pin_ttl_ns,
+        },
+    }
+    await _create_or_match(engine, "CONSUMER", f"{config.readings_stream}.{name}", body)
+
+
+async def _create_or_match(engine: Engine, kind: str, name: str, body: dict[str, Any]) -> None:
+    """Create; when another gateway made it first with the same settings, that is success."""
+    try:
+        await engine.request(f"$JS.API.{kind}.CREATE.{name}", body)
+    except ClusterError as exc:
+        if "already in use" not in str(exc) and "already exists" not in str(exc):
+            raise ClusterError(
+                f"cannot create the {kind.lower()} {name}: {exc} (a different one of that "
+                "name exists? [cluster] partitions and names are fixed for a stream's life)"
+            ) from exc

@@ -1,0 +1,399 @@
+"""This gateway as a member of the cluster: it owns the partitions its leases and pins give it,
+feeds their readings to the windows, snapshots them, and publishes their calibrated values once.
+
+Per heartbeat (a fifth of the pin TTL): say it is alive, renew its leases, and move toward the
+balanced placement (:func:`ownership.plan`). Taking a partition: win its lease, load its snapshot
+into the windows, replay the stream after it, then pull with the pin. Losing one (a 423 on a
+pull, a lease renewal refused): its windows go at once. Giving one back (rebalancing, shutdown):
+stop pulling, snapshot, drop, unpin, release. The daemon's tick lock keeps a snapshot from falling
+between a tick taking periods out of the windows and their calibrated values reaching the
+stream, so a snapshot and the sequence it covers always agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+
+from tesla_gateway.cluster import window_parts
+from tesla_gateway.cluster.config import ClusterConfig
+from tesla_gateway.cluster.engine import Engine, connect, transient
+from tesla_gateway.cluster.errors import ServerTooOldError
+from tesla_gateway.cluster.ownership import Leases, plan
+from tesla_gateway.cluster.puller import PartitionPuller, PinLostError, StreamMessage
+from tesla_gateway.cluster.traffic import Traffic
+from tesla_gateway.cluster.warm import SnapshotStore, replay
+from tesla_gateway.contract.calibrated import CalibratedReading
+from tesla_gateway.contract.readings import Reading
+from tesla_gateway.errors import GatewayError
+from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.windows.ring import ModelWindows
+from tesla_gateway.windows.state import WindowState
+from tesla_gateway.windows.store import WindowStore
+
+__all__ = ["ClusterMember"]
+
+_log = structlog.get_logger(__name__)
+_RETRY_S = 1.0
+
+
+class WindowOwner(Protocol):
+    """What the member needs of the daemon's ticker (the one owner of the windows)."""
+
+    store: WindowStore
+
+    def snapshot(self) -> list[tuple[str, WindowState]]: ...
+
+    def install(self, slot: str, windows: ModelWindows) -> None: ...
+
+    def remove_sensors(self, sensor_ids: Iterable[str]) -> int: ...
+
+
+@dataclass(slots=True)
+class _Owned:
+    """A partition this gateway holds: the last stream sequence in its windows, its sensors."""
+
+    covered: int = 0
+    sensors: set[str] = field(default_factory=set)
+    task: asyncio.Task[None] | None = None
+    acquired_at: float = 0.0  # Unix s
+    ready: bool = False  # replay done, pulling
+
+
+@dataclass(slots=True)
+class _Counters:
+    acquired: int = 0
+    warm: int = 0
+    cold: int = 0
+    lost: int = 0
+    released: int = 0
+    replayed: int = 0
+    snapshots: int = 0
+    last_takeover_s: float = 0.0
+    errors: int = 0
+
+
+class ClusterMember:
+    """The cluster side of one gateway; ``run`` until cancelled (then it leaves cleanly)."""
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        *,
+        gateway_id: str,
+        ticker: WindowOwner,
+        tick_lock: asyncio.Lock,
+        ingest: Callable[[Reading], None],
+        on_dropped: Callable[[list[str]], None],
+        rejects: RejectCounter,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.gateway_id = gateway_id
+        self._ticker = ticker
+        self._tick_lock = tick_lock
+        self._ingest = ingest
+        self._on_dropped = on_dropped
+        self._clock = clock
+        self._owned: dict[int, _Owned] = {}
+        self._members: list[str] = []
+        self._engine: Engine | None = None
+        self._leases: Leases | None = None
+        self._snapshots: SnapshotStore | None = None
+        self.traffic = Traffic(config, rejects, clock=clock)
+        self.counters = _Counters()
+        self.connected = asyncio.Event()
+        self._group: asyncio.TaskGroup | None = None
+
+    # -- the daemon's side ------------------------------------------------------------------
+
+    async def publish_calibrated(self, readings: list[CalibratedReading]) -> None:
+        """Into the calibrated stream, each under its (sensor, feature, period) message id;
+        returns once the stream has them (the tick lock is held meanwhile)."""
+        if self._engine is not None and readings:
+            await self.traffic.publish_calibrated(self._engine, readings)
+
+    async def forward_local(self, queue: asyncio.Queue[Reading]) -> None:
+        """Readings this gateway received itself (serial, fleet sources) into the stream, so
+        their sensors are partitioned like every other."""
+        await self.connected.wait()
+        assert self._engine is not None
+        await self.traffic.forward_local(self._engine, queue)
+
+    def stats(self) -> dict[str, object]:
+        counters = self.counters
+        return {
+            "connected": self._engine is not None and self._engine.nc.is_connected,
+            "members": list(self._members),
+            "partitions": {
+                str(p): {
+                    "since": owned.acquired_at,
+                    "ready": owned.ready,
+                    "sensors": len(owned.sensors),
+                    "covered": owned.covered,
+                }
+                for p, owned in sorted(self._owned.items())
+            },
+            "acquired": counters.acquired,
+            "warm_takeovers": counters.warm,
+            "cold_takeovers": counters.cold,
+            "lost": counters.lost,
+            "released": counters.released,
+            "replayed": counters.replayed,
+            "snapshots": counters.snapshots,
+            "snapshot_bytes": 0 if self._snapshots is None else self._snapshots.saved_bytes,
+            "last_takeover_s": round(counters.last_takeover_s, 3),
+            "errors": counters.errors,
+            **self.traffic.stats(),
+        }
+
+    # -- the run ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        engine = await self._connect()
+        self._engine = engine
+        self._leases = Leases(engine, self.gateway_id, self.config.pin_ttl_s)
+        self._snapshots = SnapshotStore(engine)
+        self._drop_all_windows()  # windows restored from local files belong to nobody here
+        self.connected.set()
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                group.create_task(self._snapshot_loop(), name="cluster-snapshots")
+                await self._heartbeat_loop()
+        finally:
+            self._group = None
+            await asyncio.shield(self._leave(engine))
+
+    async def _connect(self) -> Engine:
+        while True:
+            try:
+                return await connect(self.config, f"tesla-gateway-{self.gateway_id}")
+            except ServerTooOldError:
+                raise
+            except transient() as exc:  # unreachable servers, a stream electing a leader
+                _log.warning("cluster_connect_failed", error=str(exc) or type(exc).__name__)
+                await asyncio.sleep(_RETRY_S)
+
+    async def _leave(self, engine: Engine) -> None:
+        """A clean shutdown: every partition handed back with a fresh snapshot."""
+        try:
+            async with asyncio.timeout(10.0):
+                for partition in list(self._owned):
+                    await self._release(partition)
+                if self._leases is not None:
+                    await self._leases.leave()
+        except transient() as exc:  # the others take over by TTL anyway
+            _log.warning("cluster_leave_incomplete", error=str(exc) or type(exc).__name__)
+        with contextlib.suppress(*transient()):
+            await engine.close()
+
+    async def _heartbeat_loop(self) -> None:
+        assert self._leases is not None
+        leases = self._leases
+        interval = self.config.pin_ttl_s / 5
+        while True:
+            try:
+                await leases.heartbeat()
+                for partition in await leases.renew():
+                    await self._lose(partition, "lease renewal refused")
+                self._members = await leases.members()
+                holders = await leases.holders(self.config.partitions)
+                moves = plan(self.gateway_id, self._members, holders, self.config.partitions)
+                for partition in moves.release:
+                    await self._release(partition)
+                for partition in moves.acquire:
+                    if await leases.acquire(partition):
+                        self._take(partition)
+            except transient() as exc:  # a server busy electing, a reconnect: next beat
+                self.counters.errors += 1
+                _log.warning("cluster_heartbeat_failed", error=str(exc) or type(exc).__name__)
+            await asyncio.sleep(interval)
+
+    # -- taking, losing, giving back --------------------------------------------------------
+
+    def _take(self, partition: int) -> None:
+        assert self._group is not None
+        owned = self._owned[partition] = _Owned(acquired_at=self._clock())
+        owned.task = self._group.create_task(
+            self._own(partition, owned), name=f"cluster-partition-{partition}"
+        )
+
+    async def _own(self, partition: int, owned: _Owned) -> None:
+        """Load, replay, then pull the partition until its pin is lost or the task cancelled."""
+        assert self._engine is not None and self._snapshots is not None
+        started = time.monotonic()
+        snapshot = await self._load(partition)
+        async with self._tick_lock:
+            self._drop_windows(owned.sensors | self._sensors_of(snapshot))
+            if snapshot is not None:
+                self._install(snapshot)
+                owned.covered = snapshot.sequence
+                for state in snapshot.states.values():
+                    owned.sensors.update(state.sensor_ids)
+        since = None
+        if snapshot is None:
+            since = self._clock() - self._fallback_s()
+        async for batch in replay(
+            self._engine,
+            partition,
+            after_sequence=None if snapshot is None else snapshot.sequence,
+            since=since,
+        ):
+            self.counters.replayed += len(batch)
+            self._handle(partition, batch)
+        owned.ready = True
+        self.counters.acquired += 1
+        if snapshot is None:
+            self.counters.cold += 1
+        else:
+            self.counters.warm += 1
+        self.counters.last_takeover_s = time.monotonic() - started
+        _log.info(
+            "cluster_partition_taken",
+            partition=partition,
+            warm=snapshot is not None,
+            covered=owned.covered,
+            sensors=len(owned.sensors),
+            seconds=round(self.counters.last_takeover_s, 3),
+        )
+        puller = PartitionPuller(
+            self._engine, partition, lambda batch: self._handle(partition, batch)
+        )
+        try:
+            await puller.run()
+        except PinLostError:
+            await self._lose(partition, "pinned elsewhere")
+
+    def _handle(self, partition: int, batch: list[StreamMessage]) -> None:
+        owned = self._owned.get(partition)
+        if owned is None:
+            return
+        for message in batch:
+            readings = self.traffic.decode(message)
+            for reading in readings:
+                owned.sensors.add(reading.sensor_id)
+                self._ingest(reading)
+            owned.covered = max(owned.covered, message.sequence)
+
+    async def _load(self, partition: int) -> window_parts.PartitionSnapshot | None:
+        assert self._snapshots is not None
+        unreadable: tuple[type[Exception], ...] = (*transient(), ValueError, KeyError, GatewayError)
+        try:
+            blob = await self._snapshots.load(partition)
+            if blob is None:
+                return None
+            geometries = {slot: windows.geometry for slot, windows in self._ticker.store.items()}
+            return await asyncio.to_thread(window_parts.decode, blob, geometries)
+        except unreadable as exc:  # a cold start, never the partition lost
+            self.counters.errors += 1
+            _log.warning("cluster_snapshot_unreadable", partition=partition, error=str(exc))
+            return None
+
+    async def _lose(self, partition: int, why: str) -> None:
+        """Another gateway has it: drop its windows now, nothing more to say to anyone."""
+        owned = self._owned.pop(partition, None)
+        if self._leases is not None:
+            with contextlib.suppress(*transient()):  # it may be another's by now
+                await self._leases.release(partition)
+        if owned is None:
+            return
+        await _cancel(owned.task)
+        async with self._tick_lock:
+            self._drop_windows(owned.sensors)
+        self.counters.lost += 1
+        _log.warning("cluster_partition_lost", partition=partition, why=why)
+
+    async def _release(self, partition: int) -> None:
+        """Hand a partition back: stop pulling, snapshot, drop, unpin, delete the lease."""
+        owned = self._owned.get(partition)
+        if owned is None:
+            return
+        await _cancel(owned.task)
+        if owned.ready:
+            await self._save({partition: owned})
+        self._owned.pop(partition, None)
+        async with self._tick_lock:
+            self._drop_windows(owned.sensors)
+        assert self._engine is not None and self._leases is not None
+        with contextlib.suppress(*transient()):  # unpinned by the TTL anyway
+            await self._engine.unpin(partition)
+        await self._leases.release(partition)
+        self.counters.released += 1
+        _log.info("cluster_partition_released", partition=partition, covered=owned.covered)
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.snapshot_interval_s)
+            ready = {p: owned for p, owned in self._owned.items() if owned.ready}
+            try:
+                await self._save(ready)
+            except transient() as exc:  # the next one may work; takeovers replay further
+                self.counters.errors += 1
+                _log.warning("cluster_snapshot_failed", error=str(exc) or type(exc).__name__)
+
+    async def _save(self, partitions: dict[int, _Owned]) -> None:
+        if not partitions:
+            return
+        assert self._snapshots is not None
+        async with self._tick_lock:  # no tick between taking periods and publishing them
+            states = self._ticker.snapshot()
+            covered = {p: (owned.covered, set(owned.sensors)) for p, owned in partitions.items()}
+        for partition, (sequence, sensors) in covered.items():
+            parts = {slot: window_parts.subset(state, sensors) for slot, state in states}
+            snapshot = window_parts.PartitionSnapshot(sequence=sequence, states=parts)
+            blob = await asyncio.to_thread(window_parts.encode, snapshot)
+            await self._snapshots.save(partition, blob)
+            self.counters.snapshots += 1
+
+    # -- the windows ------------------------------------------------------------------------
+
+    def _install(self, snapshot: window_parts.PartitionSnapshot) -> None:
+        for slot, part in snapshot.states.items():
+            if slot not in self._ticker.store:
+                continue
+            current = self._ticker.store[slot]
+            merged = window_parts.merge(current.export_state(), part)
+            windows = ModelWindows.from_state(merged)
+            windows.counts = current.counts
+            self._ticker.install(slot, windows)
+
+    def _drop_windows(self, sensors: set[str]) -> None:
+        if sensors:
+            self._ticker.remove_sensors(sensors)
+            self._on_dropped(sorted(sensors))
+
+    def _drop_all_windows(self) -> None:
+        every = {s for _, windows in self._ticker.store.items() for s in windows.sensor_ids}
+        self._drop_windows(every)
+
+    @staticmethod
+    def _sensors_of(snapshot: window_parts.PartitionSnapshot | None) -> set[str]:
+        if snapshot is None:
+            return set()
+        return {s for state in snapshot.states.values() for s in state.sensor_ids}
+
+    def _fallback_s(self) -> float:
+        periods = self.config.fallback_replay_periods
+        longest = 0.0
+        for _, windows in self._ticker.store.items():
+            geometry = windows.geometry
+            span = (periods or geometry.window_length + 2) * geometry.period_seconds
+            longest = max(longest, span)
+        return longest
+
+
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    if task is None or task.done() or task is asyncio.current_task():
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

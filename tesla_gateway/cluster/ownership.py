@@ -1,0 +1,153 @@
+"""Which partitions this gateway asks for, and the leases that say it holds them.
+
+The engine does the coordinating: a lease is a KV key ``lease.<p>`` created with a per-key TTL
+(only one create can win) and renewed by compare-and-set on its revision; a member is a key
+``member.<gateway>`` with the same TTL. A dead gateway's keys vanish by themselves. The only
+rule of ours is :func:`plan`: with G members alive, nobody holds more than ceil(P/G) partitions,
+so a gateway over its share releases the extra and one under it takes free ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tesla_gateway.cluster.engine import Engine, transient
+
+__all__ = ["Leases", "Plan", "plan"]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Partitions to ask for and to give back, each in the order to do it."""
+
+    acquire: tuple[int, ...]
+    release: tuple[int, ...]
+
+
+def plan(
+    me: str, members: Sequence[str], holders: Mapping[int, str | None], partitions: int
+) -> Plan:
+    """This member's moves toward a placement where nobody has more than ceil(P/G).
+
+    Free partitions are tried from an offset that differs per member, so that members starting
+    together mostly ask for different ones; a lost race costs one KV request.
+    """
+    alive = sorted(set(members) | {me})
+    share = math.ceil(partitions / len(alive))
+    mine = sorted(p for p, holder in holders.items() if holder == me)
+    if len(mine) > share:
+        return Plan(acquire=(), release=tuple(mine[share:]))
+    free = [p for p in range(partitions) if holders.get(p) is None]
+    offset = alive.index(me) * partitions // len(alive)
+    free.sort(key=lambda p: (p - offset) % partitions)
+    return Plan(acquire=tuple(free[: share - len(mine)]), release=())
+
+
+class Leases:
+    """This gateway's member key and partition leases in the cluster's KV bucket."""
+
+    def __init__(self, engine: Engine, me: str, ttl_s: float) -> None:
+        self._engine = engine
+        self.me = me
+        self._ttl_s = ttl_s
+        self._revisions: dict[int, int] = {}  # partition -> revision of our lease
+
+    @property
+    def held(self) -> list[int]:
+        return sorted(self._revisions)
+
+    async def _publish(self, key: str, value: bytes, last: int | None) -> int:
+        headers = {} if last is None else {"Nats-Expected-Last-Subject-Sequence": str(last)}
+        ack = await self._engine.js.publish(
+            f"$KV.{self._engine.subjects.config.bucket}.{key}",
+            value,
+            headers=headers,
+            msg_ttl=self._ttl_s,
+        )
+        return int(ack.seq)
+
+    async def heartbeat(self) -> None:
+        """Say this member is alive (its key expires ``ttl`` after the last heartbeat)."""
+        await self._publish(f"member.{self.me}", self.me.encode(), None)
+
+    async def members(self) -> list[str]:
+        from nats.js.errors import NoKeysError
+
+        try:
+            keys = await self._engine.kv.keys(filters=["member.*"])
+        except NoKeysError:
+            return []
+        return [key.removeprefix("member.") for key in keys]
+
+    async def holders(self, partitions: int) -> dict[int, str | None]:
+        """Who holds each partition's lease now (None: nobody)."""
+        from nats.js.errors import KeyNotFoundError
+
+        found: dict[int, str | None] = {}
+        for partition in range(partitions):
+            try:
+                entry = await self._engine.kv.get(f"lease.{partition}")
+            except KeyNotFoundError:
+                found[partition] = None
+                continue
+            found[partition] = entry.value.decode() if entry.value else None
+        return found
+
+    async def acquire(self, partition: int) -> bool:
+        """Create the lease; False when another gateway holds it."""
+        from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+        key = f"lease.{partition}"
+        last = 0
+        try:
+            entry = await self._engine.kv.get(key)
+        except KeyNotFoundError as absent:  # never made, expired, or released (a delete)
+            if absent.entry is not None:
+                last = int(absent.entry.revision or 0)
+        else:
+            if entry.value:
+                return False
+            last = int(entry.revision or 0)
+        try:
+            self._revisions[partition] = await self._publish(key, self.me.encode(), last)
+        except KeyWrongLastSequenceError:
+            return False
+        except transient() as exc:  # the CAS refusal arrives as an APIError (code 10071)
+            if getattr(exc, "err_code", None) in (10071, 10164):
+                return False
+            raise
+        return True
+
+    async def renew(self) -> list[int]:
+        """Renew every lease by compare-and-set; the partitions whose lease was lost."""
+        lost: list[int] = []
+        for partition, revision in list(self._revisions.items()):
+            try:
+                self._revisions[partition] = await self._publish(
+                    f"lease.{partition}", self.me.encode(), revision
+                )
+            except transient() as exc:
+                if getattr(exc, "err_code", None) not in (10071, 10164):
+                    raise
+                del self._revisions[partition]
+                lost.append(partition)
+        return lost
+
+    async def release(self, partition: int) -> None:
+        """Delete our lease (only if it is still ours) so another member may take it now."""
+        revision = self._revisions.pop(partition, None)
+        if revision is None:
+            return
+        try:
+            await self._engine.kv.delete(f"lease.{partition}", last=revision)
+        except transient() as exc:
+            if getattr(exc, "err_code", None) not in (10071, 10164):
+                raise
+
+    async def leave(self) -> None:
+        """Release every lease and the member key (a clean shutdown)."""
+        for partition in list(self._revisions):
+            await self.release(partition)
+        await self._engine.kv.delete(f"member.{self.me}")

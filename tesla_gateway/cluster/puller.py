@@ -1,0 +1,133 @@
+"""One partition's pinned pull loop over raw ``$JS.API`` requests (nats-py 2.16 cannot say
+``group`` or ``id`` in a pull).
+
+The first message carries the pin (``Nats-Pin-Id``); every later pull names it, so the server
+answers 423 the moment another gateway holds the pin: then the partition is lost and the loop
+ends. Pulls expire well inside the pin TTL, so a live owner keeps its pin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+
+from tesla_gateway.cluster.engine import GROUP, Engine
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
+__all__ = ["PartitionPuller", "PinLostError", "StreamMessage"]
+
+_log = structlog.get_logger(__name__)
+_NS = 1_000_000_000
+
+
+class PinLostError(Exception):
+    """The server pinned this partition's consumer to another gateway (status 423)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMessage:
+    """A delivered reading message: its subject, bytes, stream sequence and stream time."""
+
+    subject: str
+    data: bytes
+    sequence: int
+    timestamp: float  # when the stream stored it (Unix s)
+
+
+Handler = Callable[[list[StreamMessage]], None]  # feeds the windows, synchronously
+
+
+class PartitionPuller:
+    """Pulls one partition while this gateway holds its pin; ends on :class:`PinLostError`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        partition: int,
+        handler: Handler,
+        *,
+        batch: int = 500,
+        expires_s: float = 1.0,
+    ) -> None:
+        self._engine = engine
+        self.partition = partition
+        self._handler = handler
+        self._batch = batch
+        self._expires_s = expires_s
+        self.pin_id: str | None = None
+        self.delivered = 0
+
+    async def run(self) -> None:
+        config = self._engine.subjects.config
+        consumer = self._engine.subjects.consumer(self.partition)
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{config.readings_stream}.{consumer}"
+        inbox = self._engine.nc.new_inbox()
+        arrived: asyncio.Queue[Msg] = asyncio.Queue()
+        subscription = await self._engine.nc.subscribe(inbox, cb=arrived.put)
+        try:
+            while True:
+                request: dict[str, object] = {
+                    "batch": self._batch,
+                    "expires": int(self._expires_s * _NS),
+                    "group": GROUP,
+                }
+                if self.pin_id is not None:
+                    request["id"] = self.pin_id
+                await self._engine.nc.publish(subject, json.dumps(request).encode(), reply=inbox)
+                await self._one_pull(arrived)
+        finally:
+            await subscription.unsubscribe()
+
+    async def _one_pull(self, arrived: asyncio.Queue[Msg]) -> None:
+        """Take one pull's messages (handled in runs as they come) until it ends."""
+        received = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._expires_s + 2.0  # a pull lost in a leader change
+        while received < self._batch:
+            try:
+                async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
+                    message = await arrived.get()
+            except TimeoutError:
+                return
+            messages = [message]
+            while not arrived.empty() and len(messages) < self._batch - received:
+                messages.append(arrived.get_nowait())
+            data: list[StreamMessage] = []
+            ended = False
+            for message in messages:
+                status = (message.headers or {}).get("Status")
+                if status is not None and not message.data:
+                    if status == "423":
+                        raise PinLostError(f"partition {self.partition}: pinned elsewhere")
+                    if status != "100":  # 408 expired, 404/409: this pull is over
+                        ended = True
+                    continue
+                pin = (message.headers or {}).get("Nats-Pin-Id")
+                if pin is not None and pin != self.pin_id:
+                    self.pin_id = pin
+                metadata = message.metadata
+                data.append(
+                    StreamMessage(
+                        subject=message.subject,
+                        data=message.data,
+                        sequence=metadata.sequence.stream,
+                        timestamp=metadata.timestamp.timestamp(),
+                    )
+                )
+            if data:
+                received += len(data)
+                self.delivered += len(data)
+                self._handler(data)
+                # explicit acks, one per message, after the windows hold them
+                for message in messages:
+                    if message.reply:
+                        await self._engine.nc.publish(message.reply, b"+ACK")
+            if ended:
+                return
