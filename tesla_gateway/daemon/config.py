@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tesla_gateway.cluster.config import ClusterConfig
 from tesla_gateway.contract.readings import GATEWAY_ID_PATTERN, Feature
 from tesla_gateway.daemon.config_errors import explain, input_hint, tag_key
 from tesla_gateway.daemon.config_paths import locate
@@ -249,6 +250,22 @@ class GatewayConfig(_Section):
         default=None,
         description="Prometheus /metrics endpoint (the 'metrics' extra); omit to disable.",
     )
+    cluster: ClusterConfig | None = Field(
+        default=None,
+        description=(
+            "Cluster mode: gateways share a partitioned NATS JetStream stream of readings (the "
+            "'cluster' extra; docs/deployment.md); omit for one gateway."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _cluster_reads_the_stream(self) -> GatewayConfig:
+        if self.cluster is not None and any(s.kind == "mqtt" for s in self.sources):
+            raise ValueError(
+                "cluster: the gateways read MQTT readings from the stream (nodes publish to "
+                "nats-server's MQTT listener): remove the [[sources]] of kind 'mqtt'"
+            )
+        return self
 
     @field_validator("models")
     @classmethod

@@ -99,6 +99,7 @@ class Reporter:
         self.publisher: Publisher | None = None
         self.publisher_final: dict[str, object] | None = None  # its outbox is closed after run
         self.publish_failures = 0  # readings and documents the outbox refused
+        self.cluster_stats: Callable[[], dict[str, object]] | None = None  # cluster mode's
         # A status.json that cannot be written fails at every interval (a full disk: 66 lines
         # in 6 s at 0.1 s): logged when it starts, then at most once a minute, and when it ends.
         self._status_failed_at: float | None = None
@@ -138,6 +139,7 @@ class Reporter:
             "publish_failures": self.publish_failures,
             **self._sources.stats(),
             **self._monitor.stats(),
+            **({} if self.cluster_stats is None else {"cluster": self.cluster_stats()}),
         }
 
     def status_line(self, snapshot: Mapping[str, object]) -> str:

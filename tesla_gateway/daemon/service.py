@@ -25,6 +25,7 @@ import structlog
 from tesla_gateway import __version__
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.daemon.clock_steps import ClockSteps
+from tesla_gateway.daemon.cluster_mode import ingest_queue, make_member, publisher_config
 from tesla_gateway.daemon.config import GatewayConfig
 from tesla_gateway.daemon.instance_lock import AlreadyRunningError, InstanceLock, read_pid_file
 from tesla_gateway.daemon.memory import release_free_heap
@@ -38,7 +39,7 @@ from tesla_gateway.daemon.watchdog import HEARTBEAT_S, ProgressWatchdog
 from tesla_gateway.daemon.window_keeper import WindowKeeper
 from tesla_gateway.ingest.admission import SensorAdmission
 from tesla_gateway.ingest.clock_sanity import ClockSanity
-from tesla_gateway.ingest.ingest_log import IngestLog, JournaledQueue
+from tesla_gateway.ingest.ingest_log import IngestLog
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.metrics.latency import HandoffLatency
 from tesla_gateway.metrics.sensor_values import LatestValues
@@ -124,6 +125,8 @@ class GatewayService:
             config.sensors, self.ticker, self.rejects, clock=clock, on_evicted=self._evicted
         )
         self.ota: OtaService | None = None
+        # [cluster]: readings come from the stream's partitions this gateway owns (cluster/)
+        self.cluster = make_member(config, self, clock)
         self.monitor = Monitor(
             health=config.health,
             drift=config.drift,
@@ -190,7 +193,7 @@ class GatewayService:
                 await self._start_models()
                 self.windows.replay_ingest_log(self._ingest)
                 self.publisher = Publisher(
-                    self.config.publisher,
+                    publisher_config(self.config),
                     gateway_id=self.config.gateway_id,
                     state_dir=self.config.state_dir,
                     set_aside=self.set_aside,
@@ -244,8 +247,9 @@ class GatewayService:
 
     async def _serve(self, publisher: Publisher) -> None:
         assert self._stop is not None
-        # Every reading is appended to the ingest log as it enters the queue (before its ack).
-        queue = self._queue = JournaledQueue(self.ingest_log, maxsize=_QUEUE_BOUND)
+        # Every reading is appended to the ingest log as it enters the queue (before its ack);
+        # in cluster mode the queue feeds the stream, which keeps it.
+        queue = self._queue = ingest_queue(self.cluster, self.ingest_log, _QUEUE_BOUND)
         sources = self.sources.make_sources()
         references = self.sources.make_references(_QUEUE_BOUND)
         if self.config.ota is not None:
@@ -268,7 +272,12 @@ class GatewayService:
                 )
                 for name, (_, reference_queue) in references.items()
             ]
-            ingest_task = group.create_task(self._ingest_loop(queue), name="ingest")
+            ingest_task = group.create_task(
+                self._ingest_loop(queue)
+                if self.cluster is None
+                else self.cluster.forward_local(queue),
+                name="ingest",
+            )
             tick_task = group.create_task(self._tick_loop(publisher), name="tick")
             helpers = [
                 group.create_task(self._watch_loop(), name="model-watch"),
@@ -281,6 +290,9 @@ class GatewayService:
                 helpers.append(group.create_task(self.ota.run(), name="ota"))
             if self.config.metrics is not None:
                 helpers.append(group.create_task(self._serve_metrics(publisher), name="metrics"))
+            if self.cluster is not None:  # leaves (snapshots, releases) after the last tick
+                helpers.append(group.create_task(self.cluster.run(), name="cluster"))
+                self.reporter.cluster_stats = self.cluster.stats
             # Everything built so far (imports, models, restored windows: with 10,000 sensors
             # over a million objects) lives as long as the process: keep it out of the cyclic
             # collector's full passes, which otherwise stall the loop for tens of milliseconds.
@@ -303,7 +315,7 @@ class GatewayService:
             self.notifier.stopping("stopping: flushing windows and outbox")
             await _cancel_and_wait(source_tasks)
             await _cancel_and_wait([ingest_task, *reference_tasks])
-            while not queue.empty():
+            while self.cluster is None and not queue.empty():
                 self._ingest(queue.get_nowait())
             for name, (_, reference_queue) in references.items():
                 while not reference_queue.empty():
@@ -352,6 +364,7 @@ class GatewayService:
             period_seconds=manifest.period_seconds,
             input_range=manifest.input_range,
             test_rmse=manifest.test.model.rmse,
+            intervals_for=manifest.intervals_for,
         )
 
     def _make_ota(self, config: OtaConfig) -> OtaService:
@@ -436,6 +449,8 @@ class GatewayService:
         documents += self.monitor.poll(now)
         if readings:
             try:
+                if self.cluster is not None:  # in the stream before the tick lock is free
+                    await self.cluster.publish_calibrated(readings)
                 publisher.submit(readings)
             except (OutboxError, PublisherError) as exc:
                 self.reporter.publish_failures += len(readings)

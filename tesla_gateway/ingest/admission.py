@@ -203,6 +203,13 @@ class SensorAdmission:
             self._on_evicted(idle)
         return idle
 
+    def forget(self, sensor_ids: Iterable[str]) -> None:
+        """Another gateway calibrates these sensors now (cluster mode): no longer admitted here,
+        and not evicted later either (their windows are already gone)."""
+        for sensor_id in sensor_ids:
+            self._last_seen.pop(sensor_id, None)
+            self._owner.pop(sensor_id, None)
+
     def idle_seconds(self) -> dict[str, float]:
         """Per admitted sensor, seconds since its last reading (the publisher's availability)."""
         now = self._monotonic()
