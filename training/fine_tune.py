@@ -154,6 +154,7 @@ def fine_tune_run(
     keras.utils.set_random_seed(config.seed)
     validation_x, validation_y = prepared.validation.gather(np.arange(len(prepared.validation)))
     as_is = error_metrics(predict_windows(model, prepared.validation), validation_y)
+    as_is_test = error_metrics(predict_windows(model, prepared.test), prepared.test.targets())
     initial = [np.array(w) for w in model.get_weights()]
     model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="mse")
     history = model.fit(
@@ -203,7 +204,8 @@ def fine_tune_run(
     )
     (out / "init.json").write_text(
         json.dumps({"from": manifest.name, "version": manifest.version, "kept_as_is": kept_as_is,
-                    "as_is_validation": as_is.model_dump()}, indent=2) + "\n",
+                    "as_is_validation": as_is.model_dump(),
+                    "as_is_test": as_is_test.model_dump()}, indent=2) + "\n",
         encoding="utf-8",
     )  # fmt: skip
     return RunResult(out, model, validation, test, values)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from tesla_gateway.contract.manifest import CandidateScore, ErrorMetrics
+from tesla_gateway.contract.manifest import CandidateScore, DataSummary, ErrorMetrics
 from tesla_gateway.contract.series import GapPolicy
 from training.classical import ClassicalFit, ClassicalKind, fit_classical
 from training.data import CoLocationData, GriddedSensor, WindowSet, clean, load_dataset, to_grid
@@ -52,8 +52,9 @@ class LadderData:
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
         loaded = load_dataset(config.dataset, config.data_path, **config.dataset_options)
+        self.source = f"{config.dataset}:{loaded.source}"
         self.data: CoLocationData
-        self.data, _ = clean(loaded)
+        self.data, self.report = clean(loaded)
         self.sensors: dict[str, GriddedSensor] = to_grid(self.data)
         self.split: SensorSplit = paper_split(sorted(self.sensors))
         self.policy = GapPolicy(max_interpolated_periods=config.max_interpolated_periods)
@@ -81,6 +82,21 @@ class LadderData:
                 channels=channels,
             )
         return self._sets[key]
+
+    def summary(self, channels: tuple[str, ...]) -> DataSummary:
+        """The manifest's data summary for a model reading ``channels``."""
+        return DataSummary(
+            source=self.source,
+            target=self.data.target,
+            train_sensors=list(self.split.train),
+            validation_sensor=self.split.validation,
+            test_sensor=self.split.test,
+            rows_read=self.report.rows_read,
+            rows_dropped=dict(self.report.rows_dropped),
+            sensors_dropped=list(self.report.sensors_dropped),
+            windows={r: len(self.windows(channels, r)) for r in ("train", "validation", "test")},
+            attribution=self.data.attribution,
+        )
 
 
 @dataclass(frozen=True)

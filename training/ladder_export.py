@@ -9,7 +9,6 @@ carry every candidate's validation figures and why the exported one won.
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,7 +16,6 @@ from pathlib import Path
 import numpy as np
 
 from tesla_gateway.contract.manifest import (
-    DataSummary,
     InputChannel,
     Manifest,
     PredictionIntervals,
@@ -151,11 +149,6 @@ def _export_classical(
         fit.keras_model(config.window_length), model_dir, _representative(data, fit.channels),
         check, check_reference, targets=targets,
     )  # fmt: skip
-    summary = DataSummary.model_validate(
-        json.loads((run_dir / "data.json").read_text("utf-8"))["summary"]
-    ).model_copy(
-        update={"windows": {"train": len(train), "validation": len(validation), "test": len(test)}}
-    )
     feature = data.data.feature
     manifest = Manifest(
         name=name,
@@ -176,7 +169,7 @@ def _export_classical(
         validation=error_metrics(validation_predicted, validation.targets()),
         test=compare_on(test, fit.predict(test), linear),
         input_range=input_range(train),
-        data=summary,
+        data=data.summary(fit.channels),
         created_at=datetime.now(UTC),
         intervals=intervals,
         validation_baselines=baselines,

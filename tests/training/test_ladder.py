@@ -1,0 +1,193 @@
+"""The calibration ladder on small synthetic data, through the real CLI: train fits raw, linear,
+multilinear, growth and TESLA, export writes the winner as a model directory whose float graph
+(LiteRT) and integer graph (TFLite Micro) compute the fitted formula; raw winning exports
+nothing unless forced; --init-from fine-tunes a TESLA model directory or refuses clearly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tesla_gateway.contract.manifest import load_manifest
+from training.classical import growth_divisor
+from training.cli import main
+from training.errors import HarmfulModelError
+from training.export import graph_input, litert_predict
+from training.fine_tune import InitFromError, _weights, check_compatible, init_manifest
+from training.ladder import LadderData, fit_ladder, load_ladder
+from training.ladder_export import export_choice
+from training.tflm import run_tflm
+from training.train import TrainConfig
+
+pytestmark = pytest.mark.slow
+
+SYNTHETIC = {"n_sensors": 3, "days": 14, "period_seconds": 3600, "seed": 3}
+CONFIG = {
+    "dataset": "synthetic",
+    "dataset_options": SYNTHETIC,
+    "window_length": 24,
+    "max_interpolated_periods": 3,
+    "model": {"kind": "tesla", "d_model": 8, "heads": 2},
+    "epochs": 2,
+    "batch_size": 64,
+    "learning_rate": 0.003,
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("ladder")
+    (work / "config.json").write_text(json.dumps(CONFIG))
+    run_dir = work / "run"
+    assert main(["train", "--config", str(work / "config.json"), "--run-dir", str(run_dir)]) == 0
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def exported(trained: Path) -> Path:
+    out = trained.parent / "pm2_5-ladder"
+    assert main(["export", "--run", str(trained), "--out", str(out), "--name", "pm2_5-ladder"]) == 0
+    return out
+
+
+def test_train_scores_every_candidate_on_the_same_windows(trained: Path) -> None:
+    ladder = load_ladder(trained)
+    assert ladder is not None
+    names = [c.name for c in ladder.candidates]
+    assert names == ["raw", "linear", "multilinear", "growth", "tesla"]
+    counts = {c.validation.n for c in ladder.candidates if c.validation is not None}
+    assert len(counts) == 1  # one set of validation windows for all
+    rmse = {c.name: c.validation.rmse for c in ladder.candidates if c.validation is not None}
+    # The synthetic sensors over-read with humidity growth and a gain: every fit beats raw,
+    # and the growth correction (the physics the data were made with) wins.
+    assert ladder.winner == "growth"
+    assert rmse["growth"] < rmse["multilinear"] <= rmse["linear"] < rmse["raw"]
+    assert "growth has the lowest RMSE" in ladder.reason
+    assert ladder.fits["growth"].k is not None and ladder.fits["growth"].k > 0
+
+
+def test_export_writes_the_winner_as_a_servable_model_directory(
+    trained: Path, exported: Path
+) -> None:
+    manifest = load_manifest(exported)
+    assert manifest.architecture == "classical-growth"
+    assert manifest.channel_names == ("pm2_5", "rh")
+    assert manifest.window_length == 24 and manifest.min_history_periods == 1
+    assert manifest.candidates is not None and len(manifest.candidates) == 5
+    assert manifest.choice is not None and manifest.choice.startswith("growth has the lowest")
+    assert manifest.intervals is not None  # split conformal on the validation sensor
+    assert manifest.validation_baselines is not None
+    assert manifest.validation_baselines.model.rmse < manifest.validation_baselines.linear.rmse
+    assert set(manifest.files) == {"float32", "int8"}
+    assert "FULLY_CONNECTED" in manifest.files["int8"].ops
+    # The graphs compute the fitted formula from the newest period alone.
+    fit = load_ladder(trained).fits["growth"]  # type: ignore[union-attr]
+    rng = np.random.default_rng(0)
+    windows = np.stack(
+        [rng.uniform(2, 60, (16, 24)), rng.uniform(30, 97, (16, 24))], axis=-1
+    ).astype(np.float32)
+    raw, rh = windows[:, -1, 0].astype(np.float64), windows[:, -1, 1].astype(np.float64)
+    expected = fit.weights[0] * raw / growth_divisor(rh, fit.k or 0.0) + fit.intercept
+    float_out = litert_predict((exported / "model.tflite").read_bytes(), windows)
+    np.testing.assert_allclose(float_out, expected, rtol=1e-4, atol=1e-3)
+    older = windows.copy()
+    older[:, :-1, :] = rng.uniform(0, 500, older[:, :-1, :].shape)  # history is ignored
+    np.testing.assert_allclose(
+        litert_predict((exported / "model.tflite").read_bytes(), older), float_out, atol=1e-4
+    )
+    # The node's interpreter (TFLite Micro) runs the int8 graph and agrees with the formula.
+    device = (exported / "model_int8.tflite").read_bytes()
+    entry = manifest.files["int8"]
+    details = {"dtype": np.int16, "quantization": (entry.input_scale, entry.input_zero_point)}
+    micro = run_tflm(device, graph_input(windows, details)).reshape(-1)
+    calibrated = (micro.astype(np.float64) - (entry.output_zero_point or 0)) * (
+        entry.output_scale or 1.0
+    )
+    assert np.sqrt(np.mean((calibrated - expected) ** 2)) < 0.25  # µg/m³; RMSE here is ~4
+
+
+def _csv_where_raw_wins(path: Path) -> None:
+    """Three units: the training unit reads twice the reference, the validation and test units
+    read it as it is, so every fit learned on the first makes the others worse than raw."""
+    rng = np.random.default_rng(1)
+    times = pd.date_range("2024-01-01", periods=400, freq="h", tz="UTC")
+    reference = 10 + 8 * rng.random(len(times))
+    rows = []
+    for sensor, gain in (("A", 2.0), ("B", 1.0), ("C", 1.0)):
+        raw = gain * reference + rng.normal(0, 0.5, len(times))
+        rows.append(pd.DataFrame({"timestamp": times, "sensor_id": sensor, "raw": raw,
+                                  "reference": reference}))  # fmt: skip
+    pd.concat(rows).to_csv(path, index=False)
+
+
+def test_when_nothing_beats_raw_export_says_so_and_writes_nothing(tmp_path: Path) -> None:
+    _csv_where_raw_wins(tmp_path / "data.csv")
+    config = TrainConfig(
+        dataset="csv",
+        data_path=tmp_path / "data.csv",
+        dataset_options={"feature": "pm2_5"},
+        window_length=6,
+        max_interpolated_periods=2,
+    )
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(config.model_dump_json())
+    ladder = fit_ladder(config, run_dir, {})
+    assert ladder.winner is None and ladder.best_model == "linear"
+    assert ladder.reason.startswith("nothing beats the raw readings on validation sensor B")
+    out = tmp_path / "model"
+    with pytest.raises(HarmfulModelError, match="nothing beats the raw readings"):
+        export_choice(run_dir, out, name="pm2_5-none", version=1)
+    assert not (out / "manifest.json").exists()
+    forced = export_choice(run_dir, out, name="pm2_5-none", version=1, force=True)
+    assert forced.manifest.architecture == "classical-linear"
+    assert forced.manifest.choice is not None and "nothing beats" in forced.manifest.choice
+
+
+def test_init_from_refuses_what_it_cannot_fine_tune(exported: Path, tmp_path: Path) -> None:
+    with pytest.raises(InitFromError, match="only a TESLA default"):
+        init_manifest(exported)  # a classical model directory
+    with pytest.raises(InitFromError, match=r"is not a valid manifest|does not exist"):
+        init_manifest(tmp_path)
+    default = init_manifest(Path("models/pm2_5-antwerp-1h"))
+    config = TrainConfig(window_length=default.window_length, channels=("raw", "rh"))
+    with pytest.raises(InitFromError) as refused:
+        check_compatible(default, config, feature="pm10", period_seconds=60)
+    message = str(refused.value)
+    assert "feature: the default has pm2_5, these data pm10" in message
+    assert "period: the default has 3600 s, these data 60 s" in message
+    assert "channels: the default has pm2_5, these data pm10,rh" in message
+    data = LadderData(TrainConfig.model_validate(CONFIG))
+    assert data.covariates == ("rh", "temp_c")
+
+
+def test_init_from_fine_tunes_a_tesla_model_directory(trained: Path, tmp_path: Path) -> None:
+    """The run's TESLA exported (by request, forced past the guard) serves as the default;
+    another campaign's data fine-tune it, and the ladder reports scratch and fine-tuned."""
+    default = tmp_path / "default"
+    argv = ["export", "--run", str(trained), "--out", str(default), "--name", "pm2_5-default"]
+    assert main([*argv, "--candidate", "tesla", "--force", "--targets", "gateway"]) == 0
+    assert load_manifest(default).architecture == "tesla"
+    with pytest.raises(InitFromError, match="--init-run"):
+        _weights(default, None, load_manifest(default))
+    other = {**CONFIG, "dataset_options": {**SYNTHETIC, "seed": 11, "days": 8}, "epochs": 1}
+    (tmp_path / "config.json").write_text(json.dumps(other))
+    run_dir = tmp_path / "run"
+    argv = ["train", "--config", str(tmp_path / "config.json"), "--run-dir", str(run_dir)]
+    assert main([*argv, "--init-from", str(default), "--init-run", str(trained)]) == 0
+    ladder = load_ladder(run_dir)
+    assert ladder is not None
+    names = [c.name for c in ladder.candidates]
+    assert names[-2:] == ["tesla", "tesla-fine-tuned"]
+    tuned = next(c for c in ladder.candidates if c.name == "tesla-fine-tuned")
+    assert tuned.parameters == load_manifest(default).parameter_count
+    init = json.loads((run_dir / "fine-tuned" / "init.json").read_text())
+    assert init["from"] == "pm2_5-default"
+    # never worse on validation than the default as it was (epoch 0 counts)
+    metrics = json.loads((run_dir / "fine-tuned" / "metrics.json").read_text())
+    assert metrics["validation"]["rmse"] <= init["as_is_validation"]["rmse"] * (1 + 1e-6)
