@@ -21,6 +21,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from tesla_gateway.metrics.coverage import interval_families
 from tesla_gateway.metrics.sensor_values import SensorValue
 
 __all__ = ["PREFIX", "StatsCollector"]
@@ -365,6 +366,7 @@ class StatsCollector(Collector):
                 harm.add_metric([sensor, feature], value)
         yield drift
         yield harm
+        yield from interval_families(_map(stats, "drift"), PREFIX)
 
 
 def _last_readings(times: Mapping[str, float]) -> GaugeMetricFamily:

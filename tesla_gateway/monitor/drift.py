@@ -78,6 +78,17 @@ class DriftConfig(BaseModel):
         ),
     )
 
+    interval_gamma: float = Field(
+        default=0.005,
+        ge=0,
+        le=0.5,
+        description=(
+            "Step of adaptive conformal inference for a co-located sensor's interval "
+            "(monitor/coverage.py; Gibbs & Candès' 0.005): larger adapts faster and wobbles "
+            "more; 0 keeps the model's level (coverage is still measured)."
+        ),
+    )
+
     @model_validator(mode="after")
     def _min_within_window(self) -> Self:
         if self.min_pairs > self.window_pairs:

@@ -26,10 +26,11 @@ from typing import Literal
 import structlog
 
 from tesla_gateway.contract.calibrated import CalibratedReading
-from tesla_gateway.contract.manifest import InputRange
+from tesla_gateway.contract.manifest import InputRange, PredictionIntervals
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.contract.timefmt import iso8601
 from tesla_gateway.ingest.sequence import SequenceTracker
+from tesla_gateway.monitor.coverage import AdaptiveInterval, observe_interval
 from tesla_gateway.monitor.drift import (
     DriftChange,
     DriftConfig,
@@ -59,6 +60,9 @@ class ModelInfo:
     period_seconds: int
     input_range: InputRange
     test_rmse: float | None
+    # the model's intervals by history length (Manifest.intervals_for): their quantile table
+    # lets a co-located sensor's adapted interval follow the model's bins (monitor/coverage.py)
+    intervals_for: Callable[[int], PredictionIntervals | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +85,7 @@ class _Tracked:
     harm: HarmDetector
     model_version: int | None = None
     threshold: float | None = None
+    coverage: AdaptiveInterval | None = None  # from its first pair with an interval
 
 
 def _figure(value: float | None) -> float | None:
@@ -350,8 +355,11 @@ class Monitor:
                     version=reading.model_version,
                 )
             tracked.errors.reset()
+            if tracked.coverage is not None:
+                tracked.coverage.reset()
             tracked.model_version = reading.model_version
         tracked.errors.add(reading.calibrated, pair.row.raw, pair.row.reference)
+        self._track_coverage(tracked, reading, pair.row.reference, info)
         figures = tracked.errors.figures()
         test_rmse = info.test_rmse if info is not None else None
         tracked.threshold = drift_threshold(self._drift_config, test_rmse)
@@ -376,6 +384,21 @@ class Monitor:
             reading.sensor_id,
             reading.feature,
             self._drift_document(tracked, figures, reading, change, now),
+        )
+
+    def _track_coverage(
+        self,
+        tracked: _Tracked,
+        reading: CalibratedReading,
+        reference: float,
+        info: ModelInfo | None,
+    ) -> None:
+        """Score the published interval and step the sensor's adapted one (ACI)."""
+        table = None  # the serving model's quantile table, when it is the feature's primary
+        if info is not None and info.intervals_for is not None and reading.model_name == info.name:
+            table = info.intervals_for(reading.history_periods or 2**31)
+        tracked.coverage = observe_interval(
+            tracked.coverage, reading, reference, table, self._drift_config
         )
 
     def _judge_harm(
@@ -434,7 +457,13 @@ class Monitor:
             "threshold": _figure(tracked.threshold),
             "drift": tracked.detector.active,
             "harm": tracked.harm.active,
+            **self._interval_figures(tracked),
         }
+
+    @staticmethod
+    def _interval_figures(tracked: _Tracked) -> dict[str, object]:
+        coverage = tracked.coverage
+        return {} if coverage is None else {"intervals": coverage.figures().as_dict()}
 
     # -- reporting --------------------------------------------------------------------------
 
@@ -463,6 +492,7 @@ class Monitor:
                     "drift": tracked.detector.active,
                     "harm": tracked.harm.active,
                     **tracked.errors.figures().as_dict(),
+                    **self._interval_figures(tracked),
                 }
                 for (sensor, feature), tracked in self._tracked.items()
             },
