@@ -1,9 +1,9 @@
 # The node firmware for a bare-metal Cortex-M4F (qemu's mps2-an386), built against the real
 # Arduino libraries where a user has them: $ARDUINO_LIBRARIES, ~/Arduino/libraries, then the
 # project's shared vendor folder. Objects are cached under $(M4_BUILD); nothing is copied.
-#   make m4            both default models' firmware (CMSIS-NN kernels, as the Arduino library)
+#   make m4            the default models' firmware (CMSIS-NN kernels, as the Arduino library)
 #   make m4-bench      the docs/benchmarks/node-m4 figures (instructions, ms, flash, RAM)
-M4_MODELS ?= pm10-ispra-1min pm2_5-antwerp-1h
+M4_MODELS ?= pm10-ispra-1min pm2_5-antwerp-1h pm10-ispra-1min-rh-temp
 # Where the model directories named in M4_MODELS are (the window sweep's are under the build).
 M4_MODEL_ROOT ?= $(abspath ../models)
 M4_BUILD ?= $(BUILD)/m4

@@ -4,7 +4,8 @@
 //
 // Besides the gateway protocol (docs/serial-protocol.md) it takes test commands, lines that
 // start with '#' and that the gateway never sends:
-//   #V,<offset>,<v>,...   put raw values (ug/m3, oldest first) into the window at offset
+//   #V,<offset>,<v>,...   put raw values into the [N, C] window at offset (oldest period first,
+//                         a period's channels together: PM ug/m3, then rh %, temp_c degC)
 //   #I                    calibrate the window -> #O,<int16 output>,<value>,<ticks>,<sum of q>
 //   #C,<n>                run a loop of 2n instructions -> #C,<n>,<ticks> (counter check)
 //   #M                    -> #M,<arena used>,<arena size>,<model bytes>,<heap used>
@@ -46,7 +47,6 @@ constexpr char kNodeId[] = "node-m4";
 constexpr char kFirmwareVersion[] = "1.0.0";
 constexpr uint32_t kSlotBase = tesla::board::kSlotRegionBase;
 constexpr uint32_t kSlotBytes = tesla::model::kSlotBytes;  // the model + headroom, as the sketch
-constexpr float kSelfTestLevel = 20.0f;
 
 tesla::board::Uart gateway;
 tesla::board::SlotFlash flash;
@@ -65,7 +65,7 @@ alignas(16) uint8_t arena[tesla::model::kArenaBytes];
 tesla::ModelRunner runner(arena, sizeof(arena));
 tesla::ImageDescriptor active;
 
-float input_window[tesla::model::kWindowLength];
+float input_window[tesla::kInputValues];
 tesla::LineReader gateway_lines;
 char out[tesla::kMaxLineBytes + 1];
 
@@ -126,7 +126,9 @@ void send_status(tesla::OtaStatus code) {
 bool load_and_test(int slot) {
   if (!slots.descriptor(slot, &active)) return false;
   if (!runner.load(slots.image(slot))) return false;
-  for (uint32_t i = 0; i < tesla::model::kWindowLength; ++i) input_window[i] = kSelfTestLevel;
+  for (uint32_t i = 0; i < tesla::kInputValues; ++i) {
+    input_window[i] = tesla::model::kSelfTestLevels[i % tesla::model::kChannelCount];
+  }
   float value = runner.invoke(input_window);
   return isfinite(value) && value >= 0.0f && value < 1000.0f;
 }
@@ -192,7 +194,7 @@ void on_test_line(char* line) {
   if (count == 0) return;
   if (strcmp(fields[0], "#V") == 0 && count >= 2) {
     uint32_t offset = uint32_t(strtoul(fields[1], nullptr, 10));
-    for (size_t i = 2; i < count && offset < tesla::model::kWindowLength; ++i, ++offset) {
+    for (size_t i = 2; i < count && offset < tesla::kInputValues; ++i, ++offset) {
       input_window[offset] = strtof(fields[i], nullptr);
     }
   } else if (strcmp(fields[0], "#I") == 0) {

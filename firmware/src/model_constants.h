@@ -10,6 +10,13 @@ namespace model {
 constexpr char kModelName[] = "pm10-ispra-1min";
 constexpr uint32_t kModelVersion = 1795737450u;
 constexpr uint32_t kWindowLength = 360u;  // N
+// The input [1, N, C]: oldest period first (oldest_first), a period's channels together,
+// in this order; all of them quantised with kInputScale (the graph scales each channel itself:
+// 143.0 for the PM channel).
+enum class Channel : uint8_t { kPm1, kPm2_5, kPm10, kRh, kTempC };
+constexpr uint32_t kChannelCount = 1u;
+constexpr Channel kInputChannels[kChannelCount] = {Channel::kPm10};
+constexpr float kSelfTestLevels[kChannelCount] = {20.0f};  // the self-test's flat window
 constexpr uint32_t kPeriodSeconds = 60u;
 constexpr uint32_t kMaxInterpolatedPeriods = 30u;
 constexpr uint32_t kArenaBytes = 17616u;  // measured under TFLite Micro

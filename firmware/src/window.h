@@ -1,8 +1,11 @@
-// The node's own N-period window with the gap rule of tesla_gateway/contract/series.py: readings are averaged
-// per period (aligned to the epoch of the node's clock); a gap of at most max_interpolated
-// missing periods between two observed values is filled linearly when the later value
-// arrives; a window is valid only if its newest period was observed and nothing in it is
-// missing. Storage is a caller-provided ring of N floats (NaN = missing).
+// The node's own N-period window of one or more channels, with the gap rule of
+// tesla_gateway/contract/series.py applied channel by channel, as the gateway's ring does
+// (tesla_gateway/windows/ring.py): readings are averaged per period and channel (periods aligned
+// to the epoch of the node's clock); a gap of at most max_interpolated missing periods between
+// two observed values of a channel is filled linearly when the later value arrives; a window is
+// valid only if every channel was observed in its newest period and nothing in it is missing.
+// Storage is a caller-provided ring of N x C floats, period-major (NaN = missing), and a copy
+// is laid out as the model's input [1, N, C]: oldest period first, a period's channels together.
 #pragma once
 
 #include <stddef.h>
@@ -12,24 +15,37 @@ namespace tesla {
 
 class Window {
  public:
-  Window(float* storage, uint32_t length, uint32_t max_interpolated);
+  static constexpr uint32_t kMaxChannels = 8;
 
-  // Adds a reading for `period` (non-decreasing). Readings of the same period are averaged.
-  void add(int64_t period, float value);
-  bool valid() const;  // for the window ending at the newest period with a reading
-  // Copies the window oldest first into out[length]; false if not valid.
+  // `storage` holds length * channels floats; channels is at most kMaxChannels.
+  Window(float* storage, uint32_t length, uint32_t channels, uint32_t max_interpolated);
+
+  // Adds a reading of `channel` for `period` (non-decreasing per channel; an older period is
+  // ignored, as the gateway ignores late readings). Readings of the same period are averaged.
+  void add(int64_t period, uint32_t channel, float value);
+  // For the window ending at the newest period with a reading of any channel.
+  bool valid() const;
+  // Copies the window into out[length * channels], oldest period first; false if not valid.
   bool copy(float* out) const;
-  int64_t newest_period() const { return newest_; }
+  int64_t newest_period() const;
+  uint32_t channels() const { return channels_; }
 
  private:
-  float& at(int64_t period) const;
+  struct ChannelState {
+    int64_t last_observed = INT64_MIN;  // the newest period with a reading
+    float last_value = 0;  // the mean of last_observed
+    int64_t gap_from = INT64_MIN;  // the observed period before a gap that ends at last_observed
+    float gap_value = 0;           // and its mean
+    float sum = 0;
+    uint32_t count = 0;
+  };
+  float& at(int64_t period, uint32_t channel) const;
+  void fill_gap(uint32_t channel, int64_t period, float value) const;
   float* values_;
   uint32_t length_;
+  uint32_t channels_;
   uint32_t max_interpolated_;
-  int64_t newest_ = INT64_MIN;  // newest period seen
-  int64_t last_observed_ = INT64_MIN;
-  float sum_ = 0;
-  uint32_t count_ = 0;
+  ChannelState state_[kMaxChannels];
 };
 
 }  // namespace tesla

@@ -37,7 +37,10 @@ constexpr char kFirmwareVersion[] = "1.0.0";
 // Boot records and slots A/B at the end of the 1 MB flash, sized to the model (generated).
 constexpr uint32_t kSlotBase = tesla::model::kSlotRegionBase;
 constexpr uint32_t kSlotBytes = tesla::model::kSlotBytes;
-constexpr float kSelfTestLevel = 20.0f;   // µg/m³, the known window of the self-test
+using tesla::model::Channel;
+constexpr uint32_t kChannels = tesla::model::kChannelCount;  // PM first, then rh / temp_c
+constexpr uint32_t kInputValues = tesla::model::kWindowLength * kChannels;
+static_assert(kChannels <= tesla::Window::kMaxChannels, "more channels than the window holds");
 
 tesla::ArduinoFlash flash;
 tesla::ArduinoSignatureVerifier verifier;
@@ -56,10 +59,10 @@ alignas(tflite::MicroInterpreter) uint8_t interpreter_storage[sizeof(tflite::Mic
 tflite::MicroInterpreter* interpreter = nullptr;
 tesla::ImageDescriptor active;
 
-float window_storage[tesla::model::kWindowLength];
-tesla::Window window(window_storage, tesla::model::kWindowLength,
+float window_storage[kInputValues];
+tesla::Window window(window_storage, tesla::model::kWindowLength, kChannels,
                      tesla::model::kMaxInterpolatedPeriods);
-float input_window[tesla::model::kWindowLength];
+float input_window[kInputValues];  // [N, C], oldest period first: the model's input order
 tesla::LineReader gateway_lines;
 tesla::Pms5003Parser pms;
 char out[tesla::kMaxLineBytes + 1];
@@ -85,7 +88,7 @@ void send_status(tesla::OtaStatus code) {
 
 float invoke(const float* values) {
   TfLiteTensor* input = interpreter->input(0);
-  for (uint32_t i = 0; i < tesla::model::kWindowLength; ++i) {
+  for (uint32_t i = 0; i < kInputValues; ++i) {
     float q = roundf(values[i] / tesla::model::kInputScale) + tesla::model::kInputZeroPoint;
     input->data.i16[i] = int16_t(q < -32768.f ? -32768.f : (q > 32767.f ? 32767.f : q));
   }
@@ -105,10 +108,12 @@ bool load_and_test(int slot) {
       tflite::MicroInterpreter(model, resolver, arena, sizeof(arena));
   if (interpreter->AllocateTensors() != kTfLiteOk) return false;
   TfLiteTensor* input = interpreter->input(0);
-  if (input->type != kTfLiteInt16 || input->bytes != 2 * tesla::model::kWindowLength) {
-    return false;
+  if (input->type != kTfLiteInt16 || input->bytes != 2 * kInputValues) {
+    return false;  // e.g. a PM-only release on a node built for a covariate model: rolled back
   }
-  for (uint32_t i = 0; i < tesla::model::kWindowLength; ++i) input_window[i] = kSelfTestLevel;
+  for (uint32_t i = 0; i < kInputValues; ++i) {
+    input_window[i] = tesla::model::kSelfTestLevels[i % kChannels];  // a flat, plausible window
+  }
   float value = invoke(input_window);
   return isfinite(value) && value >= 0.0f && value < 1000.0f;
 }
@@ -123,6 +128,38 @@ void boot_model() {
       break;
     case tesla::BootResult::kNoWorkingModel:
       while (true) delay(1000);  // no working model at all: never reached with a factory image
+  }
+}
+
+// The calibrated value goes out as the field of the PM value the model calibrates.
+void set_calibrated(tesla::ReadingValues* v, float value) {
+  switch (tesla::model::kInputChannels[0]) {
+    case Channel::kPm1:
+      v->has_cal_pm1 = true;
+      v->cal_pm1 = value;
+      break;
+    case Channel::kPm2_5:
+      v->has_cal_pm2_5 = true;
+      v->cal_pm2_5 = value;
+      break;
+    default:
+      v->has_cal_pm10 = true;
+      v->cal_pm10 = value;
+  }
+}
+
+// One frame's (and its humidity sample's) values into the window's channels; a channel
+// without a value this time (no humidity sample) is left for the gap rule.
+void add_to_window(int64_t now, const tesla::Pms5003Reading& r, bool env_ok, float rh,
+                   float temp_c) {
+  for (uint32_t c = 0; c < kChannels; ++c) {
+    switch (tesla::model::kInputChannels[c]) {
+      case Channel::kPm1: window.add(now, c, float(r.pm1)); break;
+      case Channel::kPm2_5: window.add(now, c, float(r.pm2_5)); break;
+      case Channel::kPm10: window.add(now, c, float(r.pm10)); break;
+      case Channel::kRh: if (env_ok) window.add(now, c, rh); break;
+      case Channel::kTempC: if (env_ok) window.add(now, c, temp_c); break;
+    }
   }
 }
 
@@ -141,8 +178,7 @@ void report_period() {
   if (window.copy(input_window)) {
     float calibrated = invoke(input_window);
     if (isfinite(calibrated)) {
-      v.has_cal_pm10 = true;
-      v.cal_pm10 = calibrated;
+      set_calibrated(&v, calibrated);
       v.has_model_version = true;
       v.model_version = active.model_version;
     }
@@ -202,16 +238,17 @@ void loop() {
       period = now;
     }
     const tesla::Pms5003Reading& r = pms.reading();
-    window.add(now, float(r.pm10));
     sum_pm1 += r.pm1;
     sum_pm2_5 += r.pm2_5;
     sum_pm10 += r.pm10;
     ++samples;
-    float rh, temp_c;
-    if (environment.read(&rh, &temp_c)) {
+    float rh = 0, temp_c = 0;
+    bool env_ok = environment.read(&rh, &temp_c);
+    if (env_ok) {
       sum_rh += rh;
       sum_temp_c += temp_c;
       ++env_samples;
     }
+    add_to_window(now, r, env_ok, rh, temp_c);
   }
 }

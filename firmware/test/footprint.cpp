@@ -1,4 +1,4 @@
-// RAM footprint of the portable core as the sketch instantiates it (static objects, the N-float
+// RAM footprint of the portable core as the sketch instantiates it (static objects, the N x C-float
 // window, line buffers). Compiled for Cortex-M4 only so arm-none-eabi-size reports its .bss;
 // the TFLite Micro arena (model_constants.h kArenaBytes) and the library itself come on top.
 #include "../src/line_protocol.h"
@@ -33,8 +33,8 @@ tesla::SlotManager slots(flash, 0x80000, 0x10000);
 tesla::OtaReceiver receiver(kProfile, verifier, slots, tesla::model::kModelVersion);
 tesla::LineReader gateway_line;
 tesla::Pms5003Parser sensor;
-float window_storage[tesla::model::kWindowLength];
-tesla::Window window(window_storage, tesla::model::kWindowLength,
+float window_storage[tesla::model::kWindowLength * tesla::model::kChannelCount];
+tesla::Window window(window_storage, tesla::model::kWindowLength, tesla::model::kChannelCount,
                      tesla::model::kMaxInterpolatedPeriods);
 char out_line[tesla::kMaxLineBytes + 1];
 

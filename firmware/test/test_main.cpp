@@ -1,5 +1,5 @@
 // Host tests of the portable firmware core. They read the SAME vectors as the Python tests
-// (tests/vectors/line_protocol.json and ota_protocol.json), so host and device agree byte for
+// (tests/vectors/line_protocol.json, ota_protocol.json and window_gap_policy.json), so host and device agree byte for
 // byte. Usage: test_firmware <vectors dir> ; exit status 0 when everything passes.
 #include <sodium.h>
 
@@ -404,25 +404,69 @@ void test_pms5003() {
   CHECK(after_stray == 1, "one stray 0x42 then a frame: %d frames", after_stray);
 }
 
-// The gap rule of tesla_gateway/contract/series.py on a window of 5 with max_interpolated 2.
-void test_window() {
-  float storage[5];
-  tesla::Window window(storage, 5, 2);
-  for (int p = 0; p < 4; ++p) window.add(p, float(p));
-  CHECK(!window.valid(), "not full yet");
-  window.add(4, 4.0f);
-  float out[5];
-  CHECK(window.copy(out) && out[0] == 0.0f && out[4] == 4.0f, "full window, oldest first");
-  window.add(7, 7.0f);  // two missing periods: interpolated
-  CHECK(window.copy(out) && std::fabs(out[2] - 5.0f) < 1e-6f && std::fabs(out[3] - 6.0f) < 1e-6f, "short gap filled");
-  window.add(7, 9.0f);  // same period: averaged
-  CHECK(window.copy(out) && out[4] == 8.0f, "same period averaged");
-  window.add(11, 11.0f);  // three missing: stays missing
-  CHECK(!window.valid(), "long gap leaves the window invalid");
-  for (int p = 12; p < 15; ++p) window.add(p, float(p));
-  CHECK(!window.valid(), "gap still inside");
-  window.add(15, 15.0f);
-  CHECK(window.valid(), "gap scrolled out");
+// The gap rule of tesla_gateway/contract/series.py, channel by channel, on the shared vectors
+// (tests/vectors/window_gap_policy.json, built from the contract; the gateway's ring passes
+// the same file): after each period's readings, the window ending there is what the file says.
+void test_window_vectors(const json::Value& vectors) {
+  for (const json::Value& scenario : vectors["scenarios"].items) {
+    const std::string& name = scenario["name"].text;
+    const uint32_t length = uint32_t(scenario["window_length"].integer());
+    const uint32_t channels = uint32_t(scenario["channels"].items.size());
+    std::vector<float> storage(length * channels);
+    std::vector<float> out(length * channels);
+    tesla::Window window(storage.data(), length, channels,
+                         uint32_t(scenario["max_interpolated_periods"].integer()));
+    CHECK(window.channels() == channels, "%s: channels", name.c_str());
+    for (const json::Value& step : scenario["periods"].items) {
+      const int64_t period = step["period"].integer();
+      const auto& readings = step["readings"].items;
+      for (uint32_t c = 0; c < channels; ++c) {
+        for (const json::Value& value : readings[c].items) {
+          window.add(period, c, float(value.number));
+        }
+      }
+      if (!step.has("window")) continue;  // PM not observed: no window is asked for
+      const json::Value& expected = step["window"];
+      if (expected.is_null()) {
+        CHECK(!window.valid() && !window.copy(out.data()), "%s: period %lld is invalid",
+              name.c_str(), (long long)period);
+        continue;
+      }
+      bool copied = window.copy(out.data());
+      CHECK(copied && window.newest_period() == period, "%s: period %lld is valid", name.c_str(),
+            (long long)period);
+      if (!copied) continue;
+      int wrong = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        double want = expected.items[i].number;
+        if (std::fabs(double(out[i]) - want) > 1e-4 + 1e-5 * std::fabs(want)) {
+          if (wrong == 0) std::fprintf(stderr, "  [%zu] %.6f vs %.6f\n", i, double(out[i]), want);
+          ++wrong;
+        }
+      }
+      CHECK(wrong == 0, "%s: period %lld: %d values differ", name.c_str(), (long long)period,
+            wrong);
+    }
+  }
+}
+
+// What the vectors cannot say: late readings and unknown channels are ignored.
+void test_window_edges() {
+  float storage[3 * 2];
+  tesla::Window window(storage, 3, 2, 1);
+  for (int p = 0; p < 3; ++p) {
+    window.add(p, 0, float(p));
+    window.add(p, 1, 10.0f + float(p));
+  }
+  float out[6];
+  CHECK(window.copy(out) && out[0] == 0.0f && out[1] == 10.0f && out[5] == 12.0f, "[N, C] order");
+  window.add(1, 0, 100.0f);  // late: ignored
+  window.add(2, 2, 100.0f);  // no such channel: ignored
+  CHECK(window.copy(out) && out[2] == 1.0f && out[4] == 2.0f, "late reading ignored");
+  window.add(3, 0, 3.0f);  // PM of the next period, rh not yet: invalid until rh comes
+  CHECK(!window.valid() && window.newest_period() == 3, "a channel behind");
+  window.add(3, 1, 13.0f);
+  CHECK(window.copy(out) && out[4] == 3.0f && out[5] == 13.0f, "caught up");
 }
 
 }  // namespace
@@ -438,6 +482,8 @@ int main(int argc, char** argv) {
   std::string ota_text = read_file(dir + "/ota_protocol.json");
   json::Value line_vectors = json::Parser(line_text).parse();
   json::Value ota_vectors = json::Parser(ota_text).parse();
+  std::string window_text = read_file(dir + "/window_gap_policy.json");
+  json::Value window_vectors = json::Parser(window_text).parse();
   test_checksums(line_vectors, ota_vectors);
   test_line_vectors(line_vectors);
   test_line_reader();
@@ -449,7 +495,8 @@ int main(int argc, char** argv) {
   test_boot_from_slots();
   test_trial_report();
   test_pms5003();
-  test_window();
+  test_window_vectors(window_vectors);
+  test_window_edges();
   std::printf("%d checks, %d failures\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

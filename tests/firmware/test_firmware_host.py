@@ -65,10 +65,17 @@ def test_host_core_notices_a_vector_it_disagrees_with(host_binary: Path, tmp_pat
     step["answer_hex"] = step["answer_hex"].replace("4f2c532c30", "4f2c532c32", 1)  # O,S,0 -> 2
     document["status_codes"][3]["message"] = "changed on one side only"
     (tmp_path / "ota_protocol.json").write_text(json.dumps(document))
+    windows = json.loads((VECTORS / "window_gap_policy.json").read_text())
+    scenario = next(s for s in windows["scenarios"] if s["name"] == "one rh missing, interpolated")
+    step = next(p for p in scenario["periods"] if p.get("window"))
+    step["window"][-2] += 0.01  # the newest rh of the first valid window
+    (tmp_path / "window_gap_policy.json").write_text(json.dumps(windows))
     result = _run(host_binary, tmp_path)
     assert result.returncode == 1
     assert "complete transfer step 2" in result.stderr
     assert "message of 3" in result.stderr
+    differs = f"one rh missing, interpolated: period {step['period']}: 1 values differ"
+    assert differs in result.stderr
 
 
 @pytest.mark.skipif(shutil.which("arm-none-eabi-g++") is None, reason="no ARM toolchain")
@@ -100,6 +107,29 @@ def test_model_constants_header_is_generated_from_the_default_manifest() -> None
         "regenerate: .venv/bin/python -m training firmware-constants "
         "--model models/pm10-ispra-1min --out firmware/src/model_constants.h"
     )
+
+
+def test_model_constants_give_the_node_the_covariate_models_channels_in_order() -> None:
+    """The covariate default: three channels in the manifest's order, a self-test level each;
+    a channel the node cannot measure, a wrong unit, or PM not first is refused by name."""
+    from tesla_gateway.contract.manifest import InputChannel
+    from training.firmware_constants import FirmwareConstantsError
+
+    manifest = load_manifest(ROOT / "models" / "pm10-ispra-1min-rh-temp")
+    header = render_model_constants(manifest, "covariates")
+    assert "constexpr uint32_t kChannelCount = 3u;" in header
+    assert "kInputChannels[kChannelCount] = {Channel::kPm10, Channel::kRh, Channel::kTempC};" in (
+        header
+    )
+    assert "kSelfTestLevels[kChannelCount] = {20.0f, 50.0f, 20.0f};" in header
+    pm, rh, temp = manifest.input_channels
+    for channels, message in (
+        ([pm, InputChannel(name="pressure", unit="hPa")], r"pressure \(hPa\) is not among"),
+        ([pm, InputChannel(name="temp_c", unit="degF")], r"temp_c \(degF\) is not among"),
+        ([rh, pm, temp], "first channel is rh, not the pm10"),
+    ):
+        with pytest.raises(FirmwareConstantsError, match=message):
+            render_model_constants(manifest.model_copy(update={"input_channels": channels}), "x")
 
 
 # (op, type of its first input) pairs the node runs with a kernel of the Arduino library whose
@@ -150,8 +180,6 @@ def test_every_default_device_graph_runs_on_the_arduino_library(model: str) -> N
     ops = manifest.files["int8"].ops
     assert set(ops) <= ARDUINO_TFLM_OPS
     assert "BATCH_MATMUL" not in ops
-    if len(manifest.input_channels) > 1:
-        return  # the sketch feeds one channel: no firmware of a covariate model (test_release)
     header = render_model_constants(manifest, model)
     registered = re.findall(r"^  X\(([A-Z0-9_]+), (\w+)\)", header, re.MULTILINE)
     assert [op for op, _ in registered] == sorted(ops)
