@@ -127,7 +127,7 @@ async def connect(config: ClusterConfig, name: str) -> Engine:
             KeyValueConfig(bucket=config.bucket, history=1, replicas=config.replicas)
         )
         engine.objects = await js.create_object_store(
-            config=ObjectStoreConfig(bucket=f"{config.bucket}_snapshots", replicas=config.replicas)
+            f"{config.bucket}_snapshots", config=ObjectStoreConfig(replicas=config.replicas)
         )
         for partition in range(config.partitions):
             await _partition_consumer(engine, config, partition)

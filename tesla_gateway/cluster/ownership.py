@@ -73,13 +73,24 @@ class Leases:
         await self._publish(f"member.{self.me}", self.me.encode(), None)
 
     async def members(self) -> list[str]:
-        from nats.js.errors import NoKeysError
+        """The members whose key is alive (the bucket's subjects, then each key's value: a
+        member that left has a delete marker)."""
+        from nats.js.errors import KeyNotFoundError
 
-        try:
-            keys = await self._engine.kv.keys(filters=["member.*"])
-        except NoKeysError:
-            return []
-        return [key.removeprefix("member.") for key in keys]
+        bucket = self._engine.subjects.config.bucket
+        info = await self._engine.js.stream_info(
+            f"KV_{bucket}", subjects_filter=f"$KV.{bucket}.member.*"
+        )
+        alive: list[str] = []
+        for subject in info.state.subjects or {}:
+            key = subject.removeprefix(f"$KV.{bucket}.")
+            try:
+                entry = await self._engine.kv.get(key)
+            except KeyNotFoundError:
+                continue
+            if entry.value:
+                alive.append(key.removeprefix("member."))
+        return sorted(alive)
 
     async def holders(self, partitions: int) -> dict[int, str | None]:
         """Who holds each partition's lease now (None: nobody)."""

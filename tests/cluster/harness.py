@@ -1,0 +1,283 @@
+"""Real gateway processes in cluster mode against real nats-servers: their config, a feeder of
+sensor readings into the readings stream (JetStream-acknowledged, retried under the same message
+id), and readers of the calibrated stream. Nothing here is faked: the nodes are simulated only in
+that a thread publishes what a node would (no Arduino board exists here)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from devkit.daemon import GatewayDaemon
+
+PERIOD_S = 2
+WINDOW = 4
+PARTITIONS = 6
+WAIT_S = 60.0  # upper bound of any wait (slow, shared CI): never a timing assertion
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def write_config(
+    directory: Path,
+    gateway_id: str,
+    model_dir: Path,
+    servers: Sequence[str],
+    mqtt_port: int,
+    *,
+    replicas: int = 3,
+    partitions: int = PARTITIONS,
+) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "gateway.toml"
+    path.write_text(
+        f"""
+gateway_id = "{gateway_id}"
+state_dir = "{directory / "state"}"
+
+[[models]]
+feature = "pm10"
+model_dir = "{model_dir}"
+
+[tick]
+grace_s = 60
+settle_s = 0.1
+
+[state]
+status_interval_s = 0.2
+save_interval_s = 600
+
+[sensors]
+allow_unknown = true
+
+[logging]
+format = "json"
+level = "info"
+
+[publisher]
+stats_interval_s = 5
+shutdown_flush_s = 2
+
+[publisher.broker]
+port = {mqtt_port}
+protocol = "3.1.1"
+reconnect_initial_s = 0.1
+reconnect_max_s = 1
+
+[cluster]
+servers = {json.dumps(list(servers))}
+partitions = {partitions}
+replicas = {replicas}
+pin_ttl_s = 5
+snapshot_interval_s = 2
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+class ClusterGateway(GatewayDaemon):
+    """One gateway process in cluster mode."""
+
+    def __init__(self, directory: Path, gateway_id: str, config: Path) -> None:
+        super().__init__(config, directory / "state", log=directory / "daemon.log")
+        self.gateway_id = gateway_id
+
+    def cluster(self) -> dict[str, Any]:
+        document = self.status().get("cluster")
+        return document if isinstance(document, dict) else {}
+
+    def partitions(self) -> dict[int, dict[str, Any]]:
+        """The partitions this gateway owns and has replayed (pulling)."""
+        owned = self.cluster().get("partitions") or {}
+        return {int(p): info for p, info in owned.items() if info.get("ready")}
+
+
+def placement(gateways: Sequence[ClusterGateway]) -> dict[str, list[int]]:
+    return {g.gateway_id: sorted(g.partitions()) for g in gateways if g.running}
+
+
+def balanced(gateways: Sequence[ClusterGateway], partitions: int = PARTITIONS) -> bool:
+    """Every partition owned by exactly one live gateway, none over ceil(P/G)."""
+    owned = placement(gateways)
+    every = [p for ps in owned.values() for p in ps]
+    share = math.ceil(partitions / max(len(owned), 1))
+    return sorted(every) == list(range(partitions)) and all(len(p) <= share for p in owned.values())
+
+
+def value_of(sensor: str, timestamp: float) -> float:
+    """A deterministic, varying PM10 value (so windows differ by history)."""
+    phase = sum(map(ord, sensor)) % 17
+    return round(15.0 + phase + 8.0 * math.sin(timestamp / 7.0 + phase), 1)
+
+
+@dataclass(eq=False)
+class Feeder(threading.Thread):
+    """Publishes one reading per sensor every ``interval_s`` into the readings stream and keeps
+    what the stream acknowledged, in order."""
+
+    servers: Sequence[str]
+    sensors: Sequence[str]
+    interval_s: float = 0.5
+    subject: str = "sensors"
+    sent: list[tuple[str, float, float]] = field(default_factory=list)
+    retries: int = 0
+
+    def __post_init__(self) -> None:
+        threading.Thread.__init__(self, daemon=True, name="feeder")
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        asyncio.run(self._feed())
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=60)
+
+    async def _feed(self) -> None:
+        client = await nats.connect(servers=list(self.servers), max_reconnect_attempts=-1)
+        js = client.jetstream(timeout=5)
+        try:
+            while not self._halt.is_set():
+                now = round(time.time(), 3)
+                for sensor in self.sensors:
+                    value = value_of(sensor, now)
+                    await publish_reading(js, self.subject, sensor, now, value, self)
+                    self.sent.append((sensor, now, value))
+                await asyncio.sleep(self.interval_s)
+            # One reading a period later per sensor: every period before it closes by event time.
+            closing = round(time.time() + PERIOD_S, 3)
+            for sensor in self.sensors:
+                value = value_of(sensor, closing)
+                await publish_reading(js, self.subject, sensor, closing, value, self)
+                self.sent.append((sensor, closing, value))
+        finally:
+            await client.close()
+
+
+async def publish_reading(
+    js: Any, subject: str, sensor: str, timestamp: float, value: float, feeder: Feeder | None
+) -> None:
+    payload = json.dumps({"ts": timestamp, "pm10": value}).encode()
+    headers = {"Nats-Msg-Id": f"{sensor}.{timestamp!r}"}
+    while True:
+        try:
+            await js.publish(f"{subject}.{sensor}.raw", payload, headers=headers, timeout=2)
+            return
+        except Exception:  # no stream leader for a few seconds: retried under the same id
+            if feeder is not None:
+                feeder.retries += 1
+            await asyncio.sleep(0.2)
+
+
+def replay_into(url: str, sent: Sequence[tuple[str, float, float]]) -> None:
+    """The same readings, in the same order, into another server's stream (the reference)."""
+
+    async def run() -> None:
+        client = await nats.connect(servers=[url])
+        js = client.jetstream(timeout=5)
+        try:
+            for sensor, timestamp, value in sent:
+                await publish_reading(js, "sensors", sensor, timestamp, value, None)
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+
+
+def expected_periods(sent: Sequence[tuple[str, float, float]]) -> set[str]:
+    """Message ids of every (sensor, feature, period) that must be calibrated: every period a
+    sensor had a reading in but its last (still open)."""
+    periods: dict[str, set[int]] = {}
+    for sensor, timestamp, _ in sent:
+        periods.setdefault(sensor, set()).add(int(timestamp // PERIOD_S) * PERIOD_S)
+    return {
+        f"{sensor}.pm10.{start}"
+        for sensor, starts in periods.items()
+        for start in sorted(starts)[:-1]
+    }
+
+
+def stream_messages(servers: Sequence[str], stream: str) -> list[tuple[str, dict[str, Any], float]]:
+    """Every message of a stream: (Nats-Msg-Id, JSON document, stored at Unix s)."""
+
+    async def run() -> list[tuple[str, dict[str, Any], float]]:
+        client = await nats.connect(servers=list(servers))
+        js = client.jetstream(timeout=10)
+        found: list[tuple[str, dict[str, Any], float]] = []
+        try:
+            info = await js.stream_info(stream)
+            if info.state.messages == 0:
+                return found
+            subscription = await js.pull_subscribe(">", stream=stream)
+            while len(found) < info.state.messages:
+                for message in await subscription.fetch(500, timeout=5):
+                    headers = message.headers or {}
+                    found.append(
+                        (
+                            headers.get("Nats-Msg-Id", ""),
+                            json.loads(message.data),
+                            message.metadata.timestamp.timestamp(),
+                        )
+                    )
+                    await message.ack()
+            await subscription.unsubscribe()
+        finally:
+            await client.close()
+        return found
+
+    return asyncio.run(run())
+
+
+def stream_leader(servers: Sequence[str], stream: str) -> str:
+    async def run() -> str:
+        client = await nats.connect(servers=list(servers))
+        try:
+            info = await client.jetstream(timeout=10).stream_info(stream)
+            assert info.cluster is not None and info.cluster.leader is not None
+            return str(info.cluster.leader)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def by_id(messages: Sequence[tuple[str, dict[str, Any], float]]) -> dict[str, dict[str, Any]]:
+    return {msg_id: document for msg_id, document, _ in messages}
+
+
+def sensor_partitions(servers: Sequence[str], stream: str = "TESLA_READINGS") -> dict[str, int]:
+    """Which partition the server's transform put each sensor in (from stored subjects)."""
+
+    async def run() -> dict[str, int]:
+        client = await nats.connect(servers=list(servers))
+        js = client.jetstream(timeout=10)
+        found: dict[str, int] = {}
+        try:
+            info = await js.stream_info(stream, subjects_filter=">")
+            for subject in info.state.subjects or {}:
+                head, sensor = subject.rsplit(".", 1)
+                found[sensor] = int(head.rsplit(".", 1)[1])
+        finally:
+            await client.close()
+        return found
+
+    return asyncio.run(run())
