@@ -99,6 +99,7 @@ def calibrate_model_dir(
     folds_dir: Path,
     *,
     folds: int = DEFAULT_FOLDS,
+    seeds: Sequence[int] = (),
     level: float = DEFAULT_LEVEL,
     verbose: int | str = 0,
 ) -> IntervalReport:
@@ -118,7 +119,9 @@ def calibrate_model_dir(
             f"the model's ({manifest.window_length}, train {manifest.data.train_sensors}, "
             f"validation {manifest.data.validation_sensor}): pass the config it was trained with"
         )
-    runs = train_folds(config, summary.train_sensors, folds_dir, folds=folds, verbose=verbose)
+    runs = train_folds(
+        config, summary.train_sensors, folds_dir, folds=folds, seeds=seeds, verbose=verbose
+    )
     points = [entry.min_periods for entry in manifest.history_intervals or []]
     units = unit_predictions(runs, sensor_windows(config, summary.train_sensors), points)
     calibrator = Calibrator.load(model_dir)

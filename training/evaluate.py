@@ -73,6 +73,8 @@ class Evaluation:
     equivalence: Equivalence | None = None
     test_sensor: HeldOutReport | None = None
     history_periods: int | None = None  # K of --history-periods; None: whole windows
+    # coverage per unit: pooled coverage hides a unit whose intervals are too narrow (issue 28)
+    intervals_per_sensor: dict[str, IntervalScores] | None = None
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -85,10 +87,17 @@ class Evaluation:
             "intervals": None if self.intervals is None else self.intervals.as_dict(),
             "equivalence": None if self.equivalence is None else self.equivalence.as_dict(),
             "sensors": {
-                sensor: {name: m.model_dump() for name, m in scores.items()}
+                sensor: {
+                    **{name: m.model_dump() for name, m in scores.items()},
+                    **self._sensor_intervals(sensor),
+                }
                 for sensor, scores in self.per_sensor.items()
             },
         }
+
+    def _sensor_intervals(self, sensor: str) -> dict[str, object]:
+        scores = (self.intervals_per_sensor or {}).get(sensor)
+        return {} if scores is None else {"intervals": scores.as_dict()}
 
 
 def model_channels(manifest: Manifest) -> tuple[str, ...]:
@@ -171,6 +180,16 @@ def evaluate_model_dir(
     interval_scores, agreement = _trust_scores(
         manifest, intervals, predictions, reference_uncertainty
     )
+    per_unit = (
+        None
+        if intervals is None
+        else {
+            str(sensor): score_intervals(
+                intervals, group["calibrated"].to_numpy(), group["reference"].to_numpy()
+            )
+            for sensor, group in scored.groupby("sensor_id", sort=True)
+        }
+    )
     test_id = manifest.data.test_sensor
     held_out = predictions[predictions["sensor_id"] == test_id]
     test_sensor = None
@@ -196,6 +215,7 @@ def evaluate_model_dir(
         equivalence=agreement,
         test_sensor=test_sensor,
         history_periods=history_periods,
+        intervals_per_sensor=per_unit,
     )
 
 
@@ -243,6 +263,7 @@ def evaluation_text(manifest: Manifest, evaluation: Evaluation) -> str:
     if evaluation.model.rmse > evaluation.raw.rmse:
         lines.append("  WARNING: on this data the model is worse than the raw readings")
     lines += _trust_lines("all sensors", evaluation.intervals, evaluation.equivalence, unit)
+    lines += _unit_lines(manifest, evaluation, unit)
     held = evaluation.test_sensor
     if held is not None:
         lines.append(
@@ -251,6 +272,20 @@ def evaluation_text(manifest: Manifest, evaluation: Evaluation) -> str:
         )
         lines += _trust_lines(f"test sensor {held.sensor}", held.intervals, held.equivalence, unit)
     return "\n".join(lines)
+
+
+def _unit_lines(manifest: Manifest, evaluation: Evaluation, unit: str) -> list[str]:
+    """Coverage per unit, each with its role for this model (trained on, validation, test or
+    a unit it never saw)."""
+    roles = dict.fromkeys(manifest.data.train_sensors, "trained on")
+    roles[manifest.data.validation_sensor] = "validation"
+    roles[manifest.data.test_sensor] = "test"
+    return [
+        f"    {sensor} ({roles.get(sensor, 'unseen')}): {scores.coverage:.1%} covered, mean "
+        f"width {scores.mean_width:.3g} {unit} over {scores.n} periods"
+        for sensor, scores in sorted((evaluation.intervals_per_sensor or {}).items())
+        if scores.n > 0
+    ]
 
 
 def _trust_lines(

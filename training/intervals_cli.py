@@ -36,12 +36,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="where fold runs are trained and reused (default runs/interval-folds/<name>)",
     )
     parser.add_argument("--folds", type=int, default=4, help="leave-sensor-out folds (4)")
+    parser.add_argument(
+        "--seeds",
+        help="seeds each fold tries, the best on validation kept, e.g. 0,1 (default: a "
+        "committed default's own seeds, else the run's seed)",
+    )
     parser.add_argument("--level", type=float, default=0.9, help="nominal coverage (0.9)")
     parser.add_argument("--report", type=Path, help="write the per-unit report (JSON) here")
 
 
-def model_config(model_dir: Path, run_dir: Path | None, data: Path | None) -> TrainConfig:
-    """The config the model was trained with: the run's, or a committed default's."""
+def model_config(
+    model_dir: Path, run_dir: Path | None, data: Path | None
+) -> tuple[TrainConfig, tuple[int, ...]]:
+    """The config the model was trained with (the run's, or a committed default's) and the
+    seeds its training tried."""
     from tesla_gateway.contract.manifest import load_manifest
     from training.defaults import DEFAULT_MODELS
 
@@ -49,6 +57,7 @@ def model_config(model_dir: Path, run_dir: Path | None, data: Path | None) -> Tr
         config = TrainConfig.model_validate_json(
             (run_dir / "config.json").read_text(encoding="utf-8")
         )
+        seeds: tuple[int, ...] = (config.seed,)
     else:
         manifest = load_manifest(model_dir)
         default = next((d for d in DEFAULT_MODELS if d.name == manifest.name), None)
@@ -60,17 +69,22 @@ def model_config(model_dir: Path, run_dir: Path | None, data: Path | None) -> Tr
         config = default.config.model_copy(
             update={"seed": int(manifest.hyperparameters.get("seed", default.config.seed))}
         )
-    return config if data is None else config.model_copy(update={"data_path": data})
+        seeds = default.seeds
+    return (config if data is None else config.model_copy(update={"data_path": data})), seeds
 
 
 def run(args: argparse.Namespace) -> int:
     from tesla_gateway.contract.manifest import load_manifest
     from training.calibrate_intervals import calibrate_model_dir
 
-    config = model_config(args.model, args.run, args.data)
+    config, seeds = model_config(args.model, args.run, args.data)
+    if args.seeds is not None:
+        seeds = tuple(int(seed) for seed in args.seeds.split(","))
     name = load_manifest(args.model).name
     folds_dir = args.folds_dir or Path("runs") / "interval-folds" / name
-    report = calibrate_model_dir(args.model, config, folds_dir, folds=args.folds, level=args.level)
+    report = calibrate_model_dir(
+        args.model, config, folds_dir, folds=args.folds, seeds=seeds, level=args.level
+    )
     text = json.dumps(report.as_json(), indent=2)
     if args.report is not None:
         args.report.parent.mkdir(parents=True, exist_ok=True)

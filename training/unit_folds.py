@@ -48,10 +48,12 @@ FloatArray = npt.NDArray[np.float64]
 
 @dataclass(frozen=True)
 class FoldRun:
-    """One fold: the sensors it left out and where its run directory is."""
+    """One fold: the sensors it left out, its run (the seed best on validation) and every
+    seed's run directory."""
 
     left_out: tuple[str, ...]
     run_dir: Path
+    seed_runs: tuple[Path, ...]
 
 
 @dataclass(frozen=True)
@@ -91,22 +93,34 @@ def train_folds(
     folds_dir: Path,
     *,
     folds: int = DEFAULT_FOLDS,
+    seeds: Sequence[int] = (),
     verbose: int | str = 0,
 ) -> list[FoldRun]:
-    """Train (or reuse) one run per fold under ``folds_dir``, each without its group."""
+    """Train (or reuse) each fold under ``folds_dir`` without its group, once per seed (the
+    model's own selection: the defaults try two seeds and keep the better on validation; by
+    default only ``config.seed``), and keep the seed best on the validation sensor."""
     runs = []
     for group in fold_groups(train_sensors, folds):
-        fold_config = config.model_copy(update={"left_out_sensors": group})
-        run_dir = folds_dir / ("without-" + "-".join(group))
-        if not _finished(run_dir, fold_config):
-            started = time.monotonic()
-            train(fold_config, run_dir, verbose=verbose)
-            (run_dir / TIMING_FILE).write_text(
-                json.dumps({"train_seconds": round(time.monotonic() - started, 1)}) + "\n",
-                encoding="utf-8",
-            )
-        runs.append(FoldRun(left_out=group, run_dir=run_dir))
+        candidates = []
+        for seed in seeds or (config.seed,):
+            fold_config = config.model_copy(update={"left_out_sensors": group, "seed": seed})
+            run_dir = folds_dir / f"without-{'-'.join(group)}-seed{seed}"
+            if not _finished(run_dir, fold_config):
+                started = time.monotonic()
+                train(fold_config, run_dir, verbose=verbose)
+                (run_dir / TIMING_FILE).write_text(
+                    json.dumps({"train_seconds": round(time.monotonic() - started, 1)}) + "\n",
+                    encoding="utf-8",
+                )
+            candidates.append(run_dir)
+        best = min(candidates, key=_validation_rmse)
+        runs.append(FoldRun(left_out=group, run_dir=best, seed_runs=tuple(candidates)))
     return runs
+
+
+def _validation_rmse(run_dir: Path) -> float:
+    metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
+    return float(metrics["validation"]["rmse"])
 
 
 def sensor_windows(config: TrainConfig, sensors: Sequence[str]) -> dict[str, WindowSet]:
@@ -167,23 +181,26 @@ def predicted_unit(
 
 
 def fold_costs(runs: Sequence[FoldRun]) -> list[dict[str, object]]:
-    """What each fold cost and how it scored on the validation sensor (from its run)."""
+    """What each fold cost (every seed's training time) and each seed's validation RMSE."""
     rows = []
     for run in runs:
-        metrics = json.loads((run.run_dir / "metrics.json").read_text(encoding="utf-8"))
-        history = json.loads((run.run_dir / "history.json").read_text(encoding="utf-8"))
-        timing = run.run_dir / TIMING_FILE
-        seconds = (
-            json.loads(timing.read_text(encoding="utf-8"))["train_seconds"]
-            if timing.is_file()
-            else None
-        )
-        rows.append(
-            {
-                "left_out": list(run.left_out),
-                "validation_rmse": metrics["validation"]["rmse"],
-                "epochs_run": len(history["loss"]),
-                "train_seconds": seconds,
-            }
-        )
+        seeds = []
+        for run_dir in run.seed_runs:
+            config = TrainConfig.model_validate_json(
+                (run_dir / "config.json").read_text(encoding="utf-8")
+            )
+            history = json.loads((run_dir / "history.json").read_text(encoding="utf-8"))
+            timing = run_dir / TIMING_FILE
+            seeds.append(
+                {
+                    "seed": config.seed,
+                    "validation_rmse": round(_validation_rmse(run_dir), 4),
+                    "epochs_run": len(history["loss"]),
+                    "train_seconds": json.loads(timing.read_text(encoding="utf-8"))["train_seconds"]
+                    if timing.is_file()
+                    else None,
+                    "kept": run_dir == run.run_dir,
+                }
+            )
+        rows.append({"left_out": list(run.left_out), "seeds": seeds})
     return rows

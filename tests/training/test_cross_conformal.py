@@ -1,0 +1,143 @@
+"""Intervals across units: the unit-weighted conformal widths, leave-one-unit-out figures, the
+leave-sensor-out folds and ``calibrate-intervals`` on a real (small, synthetic) model directory."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tesla_gateway.contract.manifest import load_manifest
+from training.cli import main
+from training.cross_conformal import (
+    UnitResiduals,
+    fit_cross_unit,
+    held_out_coverage,
+    unit_scores,
+)
+from training.data import generate_synthetic
+from training.errors import DataError
+from training.evaluate import evaluate_model_dir, evaluation_text
+from training.model_dir import export_run
+from training.models import TeslaConfig
+from training.train import TrainConfig, train
+from training.unit_folds import fold_groups
+
+
+def unit(name: str, scale: float, n: int, seed: int, bias: float = 0.0) -> UnitResiduals:
+    rng = np.random.default_rng(seed)
+    predicted = rng.uniform(5.0, 60.0, n)
+    return UnitResiduals(name, "train", predicted, predicted + bias + scale * rng.normal(size=n))
+
+
+def test_every_unit_weighs_the_same_however_many_pairs_it_has() -> None:
+    small_errors = unit("big", 1.0, 20_000, 0)
+    large_errors = unit("small", 3.0, 1_000, 1)
+    fitted = fit_cross_unit([small_errors, large_errors], validation_sensor="big")
+    pooled = np.quantile(
+        np.abs(np.concatenate([u.reference - u.predicted for u in (small_errors, large_errors)])),
+        0.9,
+    )
+    # pooled by pairs the big unit would set the width (about 1.9); as units, both count
+    assert min(fitted.half_widths) > 1.3 * pooled
+    scores = [unit_scores(fitted, u) for u in (small_errors, large_errors)]
+    assert np.mean([s.coverage for s in scores]) == pytest.approx(0.9, abs=0.02)
+    assert fitted.method == "cross_unit_conformal_binned"
+    assert fitted.calibration_sensors == ["big", "small"] and fitted.calibration_sensor == "big"
+
+
+def test_the_quantile_table_holds_the_level_and_grows() -> None:
+    fitted = fit_cross_unit(
+        [unit(f"u{i}", 1.0 + i / 4, 3000, i) for i in range(4)], validation_sensor="u3"
+    )
+    assert 0.9 in fitted.quantile_levels
+    row = fitted.quantile_half_widths[fitted.quantile_levels.index(0.9)]
+    assert row == fitted.half_widths
+    for lower, upper in itertools.pairwise(fitted.quantile_half_widths):
+        assert all(a <= b for a, b in zip(lower, upper, strict=True))
+    assert len(fitted.half_widths) == 5 and sum(fitted.counts) == 12_000
+
+
+def test_held_out_units_are_scored_without_their_own_residuals() -> None:
+    units = [unit(f"u{i}", 1.0, 3000, i) for i in range(4)] + [unit("odd", 1.0, 3000, 9, 4.0)]
+    figures = {f.sensor: f for f in held_out_coverage(units, validation_sensor="u0")}
+    assert figures["odd"].coverage < 0.6  # its bias is in no other unit's residuals
+    assert all(figures[f"u{i}"].coverage > 0.85 for i in range(4))
+    assert figures["odd"].n == 3000 and figures["odd"].mean_width > 0
+
+
+def test_one_unit_is_not_across_units() -> None:
+    with pytest.raises(DataError, match="at least 2 units"):
+        fit_cross_unit([unit("a", 1.0, 500, 0)], validation_sensor="a")
+
+
+def test_sensors_are_dealt_round_robin_into_folds() -> None:
+    sensors = ["f", "a", "e", "b", "d", "c"]
+    assert fold_groups(sensors, 4) == [("a", "e"), ("b", "f"), ("c",), ("d",)]
+    assert fold_groups(sensors[:4], 4) == [("a",), ("b",), ("e",), ("f",)]
+    with pytest.raises(DataError, match="at least 2 folds"):
+        fold_groups(sensors, 1)
+
+
+@pytest.mark.slow
+def test_calibrate_intervals_rewrites_a_model_directory(tmp_path: Path, capsys) -> None:
+    config = TrainConfig(
+        dataset="synthetic",
+        dataset_options={"n_sensors": 5, "days": 2, "period_seconds": 60, "seed": 3},
+        window_length=32,
+        max_interpolated_periods=10,
+        model=TeslaConfig(d_model=8, heads=2),
+        epochs=2,
+        batch_size=64,
+        learning_rate=3e-3,
+        partial_history_fraction=0.5,
+    )
+    run_dir = tmp_path / "run"
+    train(config, run_dir, verbose=0)
+    model_dir = tmp_path / "model"
+    before = export_run(run_dir, model_dir, name="pm2_5-synthetic", version=3, force=True).manifest
+    assert before.history_intervals is not None
+    folds_dir = tmp_path / "folds"
+    args = ["calibrate-intervals", "--model", str(model_dir), "--run", str(run_dir)]
+    args += ["--folds", "2", "--folds-dir", str(folds_dir), "--report", str(tmp_path / "r.json")]
+    assert main(args) == 0
+    after = load_manifest(model_dir)
+    intervals = after.intervals
+    assert intervals is not None and intervals.method == "cross_unit_conformal_binned"
+    summary = after.data
+    assert sorted(intervals.calibration_sensors) == sorted(
+        [*summary.train_sensors, summary.validation_sensor]
+    )
+    roles = {c.sensor: c.role for c in intervals.unit_coverage}
+    assert roles[summary.test_sensor] == "test" and roles[summary.validation_sensor] == "validation"
+    assert all(roles[s] == "train" for s in summary.train_sensors)
+    assert all(0 <= c.coverage <= 1 and c.n > 0 for c in intervals.unit_coverage)
+    assert after.history_intervals is not None
+    assert [h.min_periods for h in after.history_intervals] == [
+        h.min_periods for h in before.history_intervals
+    ]
+    assert {h.intervals.method for h in after.history_intervals} == {"cross_unit_conformal_binned"}
+    assert after.files == before.files  # only the manifest changed
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [len(f["seeds"]) for f in report["folds"]] == [1, 1]
+    assert {r["sensor"] for r in report["units"]} == set(roles)
+
+    # a second calibration reuses the folds: no run directory is written again
+    stamps = {p: p.stat().st_mtime_ns for p in folds_dir.glob("*/metrics.json")}
+    assert len(stamps) == 2
+    capsys.readouterr()
+    assert main(args) == 0
+    assert {p: p.stat().st_mtime_ns for p in folds_dir.glob("*/metrics.json")} == stamps
+
+    # evaluate names every unit's coverage with its role
+    data = generate_synthetic(**config.dataset_options)  # type: ignore[arg-type]
+    evaluation = evaluate_model_dir(model_dir, data)
+    assert evaluation.intervals_per_sensor is not None
+    assert set(evaluation.intervals_per_sensor) == set(roles)
+    text = evaluation_text(after, evaluation)
+    assert f"{summary.test_sensor} (test):" in text and "(trained on):" in text
+    per_unit = evaluation.as_json()["sensors"]
+    assert per_unit[summary.test_sensor]["intervals"]["n"] > 0  # type: ignore[index]
