@@ -39,13 +39,15 @@ from training.model_dir import (
 )
 from training.train import TrainConfig, input_range, target_range
 
-__all__ = ["DEVICE_RANGE_HEADROOM", "export_choice"]
+__all__ = ["DEVICE_RANGE_FLOOR", "DEVICE_RANGE_HEADROOM", "export_choice"]
 
 # The integer graph's activation ranges come from the representative windows; a straight line
-# is expected to extrapolate, so its peak windows enter again with the reading multiplied by
-# this factor (measured: without it a validation reading at 1.4x the training maximum came
-# out 19 µg/m³ low, clipped at the range's end).
+# is expected to extrapolate, so its peak windows enter again with the reading stretched to
+# DEVICE_RANGE_HEADROOM times the training maximum and at least DEVICE_RANGE_FLOOR µg/m³
+# (measured: without it a validation reading at 1.4x the training maximum came out 19 µg/m³
+# low, clipped at the range's end). 16-bit activations keep a step of 0.03 µg/m³ at 1,000.
 DEVICE_RANGE_HEADROOM = 4.0
+DEVICE_RANGE_FLOOR = 1000.0
 HEADROOM_WINDOWS = 20
 
 
@@ -108,10 +110,12 @@ def _representative(data: LadderData, channels: tuple[str, ...]) -> np.ndarray:
     base = representative_windows(train)
     peaks, _ = train.gather(np.sort(np.argsort(train.current_raw())[-HEADROOM_WINDOWS:]))
     stretched = peaks.copy()
+    peak = max(float(np.max(train.current_raw())), 1e-6)
+    factor = max(DEVICE_RANGE_HEADROOM, DEVICE_RANGE_FLOOR / peak)
     if stretched.ndim == 2:
-        stretched *= DEVICE_RANGE_HEADROOM
+        stretched *= factor
     else:
-        stretched[:, :, 0] *= DEVICE_RANGE_HEADROOM
+        stretched[:, :, 0] *= factor
     return np.concatenate([base, stretched])
 
 
@@ -134,7 +138,12 @@ def _export_classical(
         data.windows(fit.channels, r) for r in ("train", "validation", "test")
     )
     sensor = data.split.validation
-    linear = LinearCalibration.fit(train.current_raw(), train.targets())
+    line = ladder.fits.get("linear")  # the ladder's own line: a linear winner ties, not loses
+    linear = (
+        LinearCalibration.fit(train.current_raw(), train.targets())
+        if line is None
+        else LinearCalibration(slope=line.weights[0], intercept=line.intercept)
+    )
     validation_predicted = fit.predict(validation)
     baselines = compare_on(validation, validation_predicted, linear)
     check_not_harmful(baselines, sensor, force=force)
