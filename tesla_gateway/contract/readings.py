@@ -10,10 +10,10 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 from tesla_gateway.errors import GatewayError
 
@@ -95,9 +95,16 @@ class ReadingRejectedError(GatewayError):
         self.sensor_id = sensor_id  # whose input it was, when known (for the operator's log)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Reading:
-    """One sensor's measurements at one instant, already validated."""
+    """One sensor's measurements at one instant, already validated.
+
+    Every reading is built once per arrival, so ``__init__`` is written out: a frozen
+    dataclass's generated one sets each field through ``object.__setattr__``, which looks the
+    name up again per field; the slots' own setters (``_SET_FIELDS``) take about 40 % less time
+    (docs/performance.md). Fields, defaults, equality, hashing and immutability are the
+    dataclass's.
+    """
 
     sensor_id: str
     timestamp: float  # Unix seconds, UTC: the measurement's own time (event time)
@@ -112,6 +119,33 @@ class Reading:
     # The reading carried no time of its own: ``timestamp`` is its arrival on the gateway clock,
     # so its period moves with that clock when it steps (tesla_gateway/daemon/clock_steps.py).
     stamped_at_gateway: bool = field(default=False, compare=False)
+
+    def __init__(  # noqa: PLR0917  # the dataclass's signature: positional as before
+        self,
+        sensor_id: str,
+        timestamp: float,
+        values: Mapping[str, float],
+        source: str = "unknown",
+        seq: int | None = None,
+        dropped: tuple[ReadingRejectedError, ...] = (),
+        stamped_at_gateway: bool = False,
+    ) -> None:
+        set_sensor_id, set_timestamp, set_values, set_source, set_seq, set_dropped, set_stamped = (
+            _SET_FIELDS
+        )
+        set_sensor_id(self, sensor_id)
+        set_timestamp(self, timestamp)
+        set_values(self, values)
+        set_source(self, source)
+        set_seq(self, seq)
+        set_dropped(self, dropped)
+        set_stamped(self, stamped_at_gateway)
+
+
+# The slot setters of Reading's fields, in the order of its __init__ (which checks the count).
+_SET_FIELDS: tuple[Callable[[Reading, Any], None], ...] = tuple(
+    getattr(Reading, item.name).__set__ for item in fields(Reading)
+)
 
 
 def covariate_fault(name: str, detail: str) -> ReadingRejectedError:
