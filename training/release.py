@@ -130,12 +130,8 @@ def _files_for(model_dir: Path, target: Target) -> tuple[dict[str, bytes], str |
         for entry in manifest.files.values():
             files[entry.path] = (model_dir / entry.path).read_bytes()
         return files, None
-    if len(manifest.input_channels) != 1:
-        raise ReleaseError(
-            f"{model_dir} takes {', '.join(manifest.channel_names)}; the node firmware feeds its "
-            "model one channel (its PM readings): release it with --target gateway, where it "
-            "calibrates the sensors that report those channels"
-        )
+    # A covariate model goes to nodes too: only a firmware built for it (its name, hence its
+    # channels) accepts the release (the node's receiver compares the model name).
     device = manifest.files.get("int8")
     if device is None or device.batch != 1:
         why = f": {manifest.device_graph_absent}" if manifest.device_graph_absent else ""
