@@ -54,6 +54,7 @@ class IntervalReport:
     manifest: Manifest
     rows: list[dict[str, Any]]  # one per (unit, history length): before / after
     folds: list[dict[str, object]]
+    predictions: list[UnitPredictions]  # every unit's out-of-unit predictions, test last
 
     def as_json(self) -> dict[str, Any]:
         assert self.manifest.intervals is not None
@@ -153,7 +154,7 @@ def calibrate_model_dir(
     updated = Manifest.model_validate(updated.model_dump())
     write_manifest(model_dir, updated)
     verify_model_files(model_dir, load_manifest(model_dir))
-    return IntervalReport(manifest.name, updated, rows, fold_costs(runs))
+    return IntervalReport(manifest.name, updated, rows, fold_costs(runs), [*units, test])
 
 
 def _history_intervals(  # noqa: PLR0917 (one private step of calibrate_model_dir)

@@ -65,6 +65,7 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--force", action="store_true", help="export even if worse than raw or linear"
     )
     ladder_cli.add_export_arguments(parser)
+    intervals_cli.add_export_arguments(parser)
 
 
 def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -260,7 +261,10 @@ def _channel_list(text: str) -> list[str]:
 
 
 def _export(args: argparse.Namespace) -> int:
-    return ladder_cli.run_export(args)
+    code = ladder_cli.run_export(args)
+    if code == 0:
+        intervals_cli.after_export(args)
+    return code
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -304,6 +308,11 @@ def _default_models(args: argparse.Namespace) -> int:
             config = default.config.model_copy(update={"data_path": args.data})
             manifest = annotate_model_dir(args.out / default.name, config)
             print(json.dumps({"model": default.name, **_trust_fields(manifest)}, indent=2))
+            # annotate refits split conformal intervals: across units again (folds reused)
+            calibrated = intervals_cli.calibrate_default(
+                args.out / default.name, args.data, args.runs
+            )
+            print(json.dumps(calibrated, indent=2))
             continue
         results = []
         for seed in default.seeds:
@@ -321,6 +330,8 @@ def _default_models(args: argparse.Namespace) -> int:
         exported = export_run(
             best.run_dir, args.out / default.name, name=default.name, targets=default.targets
         )
+        calibrated = intervals_cli.calibrate_default(args.out / default.name, args.data, args.runs)
+        print(json.dumps(calibrated, indent=2))
         print(
             json.dumps(
                 {

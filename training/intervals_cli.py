@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from training.errors import DataError
 from training.train import TrainConfig
 
-__all__ = ["add_parser", "model_config", "run"]
+__all__ = [
+    "add_export_arguments",
+    "add_parser",
+    "after_export",
+    "calibrate_default",
+    "model_config",
+    "run",
+]
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -91,3 +99,45 @@ def run(args: argparse.Namespace) -> int:
         args.report.write_text(text + "\n", encoding="utf-8")
     print(text)
     return 0
+
+
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    """``export --intervals-across-units FOLDS``: calibrate the exported model's intervals."""
+    parser.add_argument(
+        "--intervals-across-units",
+        type=int,
+        metavar="FOLDS",
+        help="after export, fit the intervals across units: retrains FOLDS leave-sensor-out "
+        "models with the run's config (TESLA runs; the folds go to RUN/interval-folds)",
+    )
+
+
+def after_export(args: argparse.Namespace) -> None:
+    """The export's intervals recalibrated across units when asked (TESLA models only: the
+    folds retrain the run's own model)."""
+    from tesla_gateway.contract.manifest import load_manifest
+    from training.calibrate_intervals import calibrate_model_dir
+
+    folds = getattr(args, "intervals_across_units", None)
+    if folds is None or not (args.out / "manifest.json").is_file():
+        return
+    if load_manifest(args.out).architecture != "tesla":
+        print("intervals across units: only for TESLA models, kept as exported", file=sys.stderr)
+        return
+    config, seeds = model_config(args.out, args.run, None)
+    report = calibrate_model_dir(
+        args.out, config, args.run / "interval-folds", folds=folds, seeds=seeds
+    )
+    print(json.dumps(report.as_json(), indent=2))
+
+
+def calibrate_default(model_dir: Path, data: Path | None, runs: Path) -> dict[str, object]:
+    """A committed default's intervals across units (``default-models``), folds under
+    ``runs/interval-folds/<name>``, reused when their config matches."""
+    from tesla_gateway.contract.manifest import load_manifest
+    from training.calibrate_intervals import calibrate_model_dir
+
+    config, seeds = model_config(model_dir, None, data)
+    name = load_manifest(model_dir).name
+    report = calibrate_model_dir(model_dir, config, runs / "interval-folds" / name, seeds=seeds)
+    return report.as_json()
