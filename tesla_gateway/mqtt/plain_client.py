@@ -27,11 +27,15 @@ class PlainClient(paho.Client):
             self.ack(mid, 1)
 
     def close_sockets(self) -> None:
-        """Close the connection's socket now rather than when the client is garbage collected.
+        """Close the connection's socket and paho's wake-up socket pair now.
 
-        Only the public ``socket()``: paho's wake-up socket pair is private, and stays to paho.
+        paho closes them in its finaliser. Left to the garbage collector, a client in a
+        reference cycle may have its sockets finalised first ('unclosed socket' warnings) and
+        holds two descriptors per dead client until a collection runs. Running paho's own
+        finaliser now closes them without naming paho's private attributes.
         """
         sock = self.socket()
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
+        paho.Client.__del__(self)
