@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from training.ladder import fit_ladder
+from tesla_gateway.contract.manifest import CandidateScore
+from training.ladder import Ladder, fit_ladder
 from training.train import TrainConfig
 
 pytestmark = pytest.mark.realdata
@@ -36,7 +37,9 @@ def slices(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _ladder(slices: Path, name: str, tmp_path: Path, **options: object):  # type: ignore[no-untyped-def]
+def _ladder(
+    slices: Path, name: str, tmp_path: Path, **options: object
+) -> tuple[dict[str, CandidateScore], Ladder]:
     config = TrainConfig.model_validate({"dataset": "csv", "data_path": slices / f"{name}.csv",
                                          **options})  # fmt: skip
     ladder = fit_ladder(config, tmp_path, {})
