@@ -43,7 +43,7 @@ from training.unit_folds import (
     unit_predictions,
 )
 
-__all__ = ["IntervalReport", "calibrate_model_dir"]
+__all__ = ["IntervalReport", "calibrate_model_dir", "report_table"]
 
 
 @dataclass(frozen=True)
@@ -180,3 +180,28 @@ def _history_intervals(  # noqa: PLR0917 (one private step of calibrate_model_di
         rows.append(_row(cut_test, k, before[k], unit_scores(fitted, cut_test).model_dump()))
         out.append(HistoryIntervals(min_periods=k, intervals=fitted))
     return out
+
+
+def report_table(report: dict[str, Any]) -> str:
+    """The per-unit before/after table of a report (:meth:`IntervalReport.as_json`) in
+    Markdown: whole windows first, then the test unit per short history."""
+
+    def cell(coverage: float | None, width: float | None) -> str:
+        return "–" if coverage is None or width is None else f"{coverage:.1%} / {width:.2f}"
+
+    lines = [
+        f"**{report['model']}** ({report['method']}, calibrated on "
+        f"{', '.join(report['calibration_sensors'])})",
+        "",
+        "| unit | role | history (periods) | n | before: coverage / width | after: coverage / "
+        "width |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in report["units"]:
+        periods = "whole window" if row["history_periods"] is None else str(row["history_periods"])
+        lines.append(
+            f"| {row['sensor']} | {row['role']} | {periods} | {row['n']} | "
+            f"{cell(row['before_coverage'], row['before_width'])} | "
+            f"{cell(row['after_coverage'], row['after_width'])} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -51,6 +51,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     parser.add_argument("--level", type=float, default=0.9, help="nominal coverage (0.9)")
     parser.add_argument("--report", type=Path, help="write the per-unit report (JSON) here")
+    parser.add_argument("--table", type=Path, help="write the per-unit table (Markdown) here")
 
 
 def model_config(
@@ -97,6 +98,11 @@ def run(args: argparse.Namespace) -> int:
     if args.report is not None:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(text + "\n", encoding="utf-8")
+    if args.table is not None:
+        from training.calibrate_intervals import report_table
+
+        args.table.parent.mkdir(parents=True, exist_ok=True)
+        args.table.write_text(report_table(report.as_json()), encoding="utf-8")
     print(text)
     return 0
 
