@@ -98,11 +98,13 @@ def decode_plain_payload(
         document = _DECODER.decode(payload)
     except _FAILED:
         return None
-    elements = document if type(document) is list else (document,)
-    if not elements or len(elements) > rules.max_batch:
+    if type(document) is not list:  # one reading per message: the usual case
+        reading = _plain_reading(document, topic_sensor_id, received_at, source, rules)
+        return None if reading is None else (reading,)
+    if not document or len(document) > rules.max_batch:
         return None
     readings: list[Reading] = []
-    for element in elements:
+    for element in document:
         reading = _plain_reading(element, topic_sensor_id, received_at, source, rules)
         if reading is None:
             return None
@@ -133,7 +135,8 @@ def _plain_reading(
         MappingProxyType(values),
         source,
         None if seq is _UNSET else seq,
-        stamped_at_gateway=when == received_at,  # no time of its own (as validate_reading)
+        (),  # nothing dropped: a covariate out of range fails the decode (the full rules drop it)
+        when == received_at,  # stamped at the gateway: no time of its own (as validate_reading)
     )
 
 
@@ -154,40 +157,57 @@ def _timestamp(element: Any, received_at: float, rules: PayloadRules) -> float |
     """Unix seconds of a numeric or absent time inside the limits; None for anything else."""
     unset = _UNSET
     ts, timestamp, at = element.ts, element.timestamp, element.time
-    if (ts is not unset) + (timestamp is not unset) + (at is not unset) > 1:
+    if timestamp is unset and at is unset:
+        when = ts
+    elif ts is unset and (timestamp is unset or at is unset):
+        when = at if timestamp is unset else timestamp
+    else:
         return None  # two spellings of the time: the full rules explain
-    when = ts if ts is not unset else timestamp if timestamp is not unset else at
     if when is unset or when is None:
         return received_at
     if type(when) is not float or not _isfinite(when):
         return None  # an ISO-8601 string: the full path parses and explains it
     when = epoch_seconds(when)
-    too_old = rules.max_age_s is not None and when < received_at - rules.max_age_s
-    if when > received_at + rules.max_future_s or too_old:
+    max_age_s = rules.max_age_s
+    if when > received_at + rules.max_future_s or (
+        max_age_s is not None and when < received_at - max_age_s
+    ):
         return None
-    return float(when)
+    return when
 
 
 def _values(element: Any) -> dict[str, float] | None:
-    """The measured channels, or None when there are none or one is spelt twice."""
+    """The measured channels, or None when there are none or one is spelt twice.
+
+    Spelt out channel by channel: no tuple is built per reading.
+    """
     unset = _UNSET
     pm2_5, pm25 = element.pm2_5, element.pm25
     rh, humidity = element.rh, element.humidity
     temp_c, temperature = element.temp_c, element.temperature
-    if (
-        (pm2_5 is not unset and pm25 is not unset)
-        or (rh is not unset and humidity is not unset)
-        or (temp_c is not unset and temperature is not unset)
-    ):
+    if pm2_5 is unset:
+        pm2_5 = pm25
+    elif pm25 is not unset:
         return None  # one channel spelt twice: the full rules explain
+    if rh is unset:
+        rh = humidity
+    elif humidity is not unset:
+        return None
+    if temp_c is unset:
+        temp_c = temperature
+    elif temperature is not unset:
+        return None
+    # In the order ReadingPayload.values() lists the channels; None is a JSON null (absent).
     values: dict[str, float] = {}
-    for channel, value in (  # in the order ReadingPayload.values() lists the channels
-        ("pm1", element.pm1),
-        ("pm2_5", pm25 if pm2_5 is unset else pm2_5),
-        ("pm10", element.pm10),
-        ("rh", humidity if rh is unset else rh),
-        ("temp_c", temperature if temp_c is unset else temp_c),
-    ):
-        if value is not unset and value is not None:
-            values[channel] = value
+    pm1, pm10 = element.pm1, element.pm10
+    if pm1 is not unset and pm1 is not None:
+        values["pm1"] = pm1
+    if pm2_5 is not unset and pm2_5 is not None:
+        values["pm2_5"] = pm2_5
+    if pm10 is not unset and pm10 is not None:
+        values["pm10"] = pm10
+    if rh is not unset and rh is not None:
+        values["rh"] = rh
+    if temp_c is not unset and temp_c is not None:
+        values["temp_c"] = temp_c
     return values or None
