@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -32,7 +32,8 @@ from tesla_gateway.mqtt.connection import MqttConnection
 from tesla_gateway.mqtt.inbox import InboundMessage
 from tesla_gateway.mqtt.topics import TopicFilter
 from tesla_gateway.sources.payload_rules import PayloadRules
-from tesla_gateway.sources.payloads import decode_payload
+from tesla_gateway.sources.payloads import decode_payload_fully
+from tesla_gateway.sources.payloads_fast import decode_plain_payload
 
 __all__ = ["MqttSource", "MqttSourceConfig", "MqttSourceStats"]
 
@@ -194,10 +195,10 @@ class MqttSource:
 
         async def on_message(message: InboundMessage) -> None:
             for reading in self._decode(message, rejects):
-                if queue.full():
+                try:
+                    queue.put_nowait(reading)  # refused, and nothing logged, when full
+                except asyncio.QueueFull:
                     await queue.put(reading)  # backpressure: wait for the ingest loop
-                else:
-                    queue.put_nowait(reading)
 
         persistent = self._config.persistent_session
         connection = MqttConnection(
@@ -222,39 +223,50 @@ class MqttSource:
                 self._connection = None
                 self._started.clear()
 
-    def _decode(self, message: InboundMessage, rejects: RejectCounter) -> list[Reading]:
+    def _decode(self, message: InboundMessage, rejects: RejectCounter) -> Sequence[Reading]:
         topic_sensor_id: str | None = None
+        shard = self._config.shard
         try:
             topic_sensor_id = self._topic_sensor_id(message.topic)
-            shard = self._config.shard
             if (
                 topic_sensor_id is not None
                 and shard is not None
                 and not shard.owns(topic_sensor_id)
             ):
                 self._other_shard += 1
-                return []  # another gateway's sensor: not even parsed
-            decoded = decode_payload(
+                return ()  # another gateway's sensor: not even parsed
+            received_at = self._clock()
+            # decode_payload's two steps, taken here so that the usual message (plainly valid,
+            # no rejects) costs no DecodedPayload: this runs for every message.
+            readings = decode_plain_payload(
                 message.payload,
                 topic_sensor_id=topic_sensor_id,
-                received_at=self._clock(),
+                received_at=received_at,
                 source=SOURCE_NAME,
                 rules=self._rules,
             )
+            if readings is None:
+                decoded = decode_payload_fully(
+                    message.payload,
+                    topic_sensor_id=topic_sensor_id,
+                    received_at=received_at,
+                    source=SOURCE_NAME,
+                    rules=self._rules,
+                )
+                readings = decoded.readings
+                for reject in decoded.rejects:
+                    rejects.reject_error(
+                        reject, source=SOURCE_NAME, sensor=topic_sensor_id, where=message.topic
+                    )
         except ReadingRejectedError as exc:
             rejects.reject_error(
                 exc, source=SOURCE_NAME, sensor=topic_sensor_id, where=message.topic
             )
-            return []
-        for reject in decoded.rejects:
-            rejects.reject_error(
-                reject, source=SOURCE_NAME, sensor=topic_sensor_id, where=message.topic
-            )
-        shard = self._config.shard
+            return ()
         if shard is None:
-            return list(decoded.readings)
-        owned = [reading for reading in decoded.readings if shard.owns(reading.sensor_id)]
-        self._other_shard += len(decoded.readings) - len(owned)
+            return readings
+        owned = [reading for reading in readings if shard.owns(reading.sensor_id)]
+        self._other_shard += len(readings) - len(owned)
         return owned
 
     def _topic_sensor_id(self, topic: str) -> str | None:
