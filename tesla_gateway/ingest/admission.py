@@ -88,6 +88,8 @@ class SensorAdmission:
         on_evicted: Callable[[list[str]], None] | None = None,
     ) -> None:
         self._policy = policy
+        # The ids policy.allows() accepts, as a set (None: any), looked up once per reading.
+        self._known = None if policy.allow_unknown else frozenset(policy.known)
         self._on_evicted = on_evicted  # e.g. the publisher removes their discovery configs
         self._store = store
         self._rejects = rejects
@@ -120,8 +122,8 @@ class SensorAdmission:
     def admit(self, reading: Reading) -> bool:
         """True if the reading's sensor may have windows; a refusal is counted as a reject."""
         sensor_id = reading.sensor_id
-        policy = self._policy
-        if not policy.allows(sensor_id):
+        known = self._known
+        if known is not None and sensor_id not in known:
             self._rejects.reject(
                 RejectReason.UNKNOWN_SENSOR,
                 source=reading.source,
@@ -129,21 +131,24 @@ class SensorAdmission:
                 detail=f"sensor {sensor_id} is not in sensors.known",
             )
             return False
-        kind = source_kind(reading.source)
+        source = reading.source
         owner = self._owner.get(sensor_id)
-        if owner is not None and owner != kind:
-            self._refuse_conflict(reading, owner, kind)
+        # A claim holds a source kind; most sources' names are their kind ("mqtt").
+        if owner is not None and owner != source and owner != source_kind(source):
+            self._refuse_conflict(reading, owner, source_kind(source))
             return False
         now = self._monotonic()
-        if sensor_id in self._last_seen:
-            self._last_seen[sensor_id] = now
+        last_seen = self._last_seen
+        if sensor_id in last_seen:
+            last_seen[sensor_id] = now
             if owner is None:  # a restored window: the first reading claims it
-                self._owner[sensor_id] = kind
+                self._owner[sensor_id] = source_kind(source)
             return True
-        if len(self._last_seen) >= policy.max_sensors:
+        policy = self._policy
+        if len(last_seen) >= policy.max_sensors:
             if now - self._last_sweep >= min(_SWEEP_EVERY_S, policy.evict_idle_s / 4):
                 self.evict_idle()
-            if len(self._last_seen) >= policy.max_sensors:
+            if len(last_seen) >= policy.max_sensors:
                 self.stats.rejected_full += 1
                 self._rejects.reject(
                     RejectReason.UNKNOWN_SENSOR,
@@ -155,8 +160,8 @@ class SensorAdmission:
                     ),
                 )
                 return False
-        self._last_seen[sensor_id] = now
-        self._owner[sensor_id] = kind
+        last_seen[sensor_id] = now
+        self._owner[sensor_id] = source_kind(source)
         self.stats.admitted += 1
         return True
 
