@@ -112,3 +112,9 @@ def test_packets_split_only_when_whole_whatever_their_length_bytes() -> None:
     assert split_packets(bytes([0xE0, 0x00])) == ([(0xE0, b"")], 2)  # no body at all
     huge = bytes([PUBLISH << 4]) + remaining_length(3_000_000)
     assert split_packets(huge + bytes(10)) == ([], 0)
+    large = publish_packet(b"t", bytes(20_000))  # remaining length 20,005: three bytes
+    assert split_packets(large + small) == (
+        [(large[0], large[4:]), (small[0], small[2:])],
+        len(large) + len(small),
+    )
+    assert split_packets(large[:-1]) == ([], 0)
