@@ -163,14 +163,20 @@ def _tesla_predictions(run: Path, windows: WindowSet) -> tuple[npt.NDArray[np.fl
 def _classical_candidates(
     data: LadderData, wide: tuple[str, ...], validation: WindowSet, test: WindowSet
 ) -> tuple[list[CandidateScore], dict[str, ClassicalFit]]:
+    available = wide[1:]  # the covariates every compared window holds
+    sparse = "too sparse for whole windows in every split" if data.covariates else None
     plans: list[tuple[ClassicalKind, tuple[str, ...], str | None]] = [
         ("linear", ("raw",), None),
         (
             "multilinear",
-            ("raw", *data.covariates),
-            None if data.covariates else "the data have no humidity or temperature",
+            ("raw", *available),
+            None if available else sparse or "the data have no humidity or temperature",
         ),
-        ("growth", ("raw", "rh"), None if "rh" in data.covariates else "the data have no humidity"),
+        (
+            "growth",
+            ("raw", "rh"),
+            None if "rh" in available else sparse or "the data have no humidity",
+        ),
     ]
     scores: list[CandidateScore] = []
     fits: dict[str, ClassicalFit] = {}
@@ -199,11 +205,13 @@ def _classical_candidates(
 
 
 def _wide_channels(data: LadderData) -> tuple[str, ...]:
-    """The reading plus every covariate the data have, as long as each split keeps windows."""
+    """The reading plus every covariate the data have, as long as each split keeps windows
+    (else the run's own channels, which have windows in every split or train would have
+    failed)."""
     wide = ("raw", *data.covariates)
     roles = ("train", "validation", "test")
     if len(wide) > 1 and any(len(data.windows(wide, role)) == 0 for role in roles):
-        return ("raw",)  # a covariate too sparse for whole windows: compare on the reading
+        return data.config.channels  # a covariate too sparse for whole windows: TESLA's own
     return wide
 
 

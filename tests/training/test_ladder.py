@@ -191,3 +191,25 @@ def test_init_from_fine_tunes_a_tesla_model_directory(trained: Path, tmp_path: P
     # never worse on validation than the default as it was (epoch 0 counts)
     metrics = json.loads((run_dir / "fine-tuned" / "metrics.json").read_text())
     assert metrics["validation"]["rmse"] <= init["as_is_validation"]["rmse"] * (1 + 1e-6)
+
+
+def test_a_covariate_missing_on_one_unit_leaves_the_reading_to_compare(tmp_path: Path) -> None:
+    """Humidity absent on the validation unit: no window of it holds rh, so every candidate is
+    compared on the reading's windows and the humidity fits say why they were not fitted."""
+    rng = np.random.default_rng(2)
+    times = pd.date_range("2024-01-01", periods=300, freq="h", tz="UTC")
+    reference = 10 + 8 * rng.random(len(times))
+    rows = []
+    for sensor, gain in (("A", 1.5), ("B", 1.4), ("C", 1.6)):
+        rh = np.full(len(times), np.nan) if sensor == "B" else rng.uniform(40, 90, len(times))
+        rows.append(pd.DataFrame({"timestamp": times, "sensor_id": sensor, "rh": rh,
+                                  "raw": gain * reference + rng.normal(0, 0.5, len(times)),
+                                  "reference": reference}))  # fmt: skip
+    pd.concat(rows).to_csv(tmp_path / "data.csv", index=False)
+    config = TrainConfig(dataset="csv", data_path=tmp_path / "data.csv",
+                         dataset_options={"feature": "pm2_5"}, window_length=6)  # fmt: skip
+    ladder = fit_ladder(config, tmp_path, {})
+    scores = {c.name: c for c in ladder.candidates}
+    assert scores["multilinear"].note == "too sparse for whole windows in every split"
+    assert scores["growth"].validation is None
+    assert ladder.winner == "linear"

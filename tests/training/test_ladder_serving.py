@@ -34,6 +34,7 @@ from tests.gateway.e2e.harness import (
 )
 from tests.support.published import as_published
 from training.export import graph_input
+from training.firmware_constants import write_model_constants
 from training.ladder import fit_ladder
 from training.ladder_export import export_choice
 from training.tflm import run_tflm
@@ -110,7 +111,7 @@ def test_the_daemon_serves_a_ladder_linear_model(
         calibrated.close()
 
 
-def test_the_node_interpreter_runs_the_int8_line(linear_model: Path) -> None:
+def test_the_node_interpreter_runs_the_int8_line(linear_model: Path, tmp_path: Path) -> None:
     manifest = load_manifest(linear_model)
     entry = manifest.files["int8"]
     assert entry.ops == ["FULLY_CONNECTED", "STRIDED_SLICE"]  # a tiny graph the library has
@@ -120,3 +121,6 @@ def test_the_node_interpreter_runs_the_int8_line(linear_model: Path) -> None:
     micro = run_tflm(device, graph_input(windows, details)).reshape(-1).astype(np.float64)
     out = (micro - (entry.output_zero_point or 0)) * (entry.output_scale or 1.0)
     np.testing.assert_allclose(out, _line(linear_model, windows[:, -1]), atol=0.1)
+    # and the node's build takes it like TESLA: constants from the manifest, ops registered
+    header = write_model_constants(linear_model, tmp_path / "model_constants.h").read_text()
+    assert "X(FULLY_CONNECTED, FullyConnected)" in header and "kWindowLength = 8u" in header
