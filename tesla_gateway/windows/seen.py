@@ -43,6 +43,7 @@ class SeenReadings:
     """Per row, the open period's timestamps and the channels added at each."""
 
     def __init__(self, channels: int) -> None:
+        self._channels = channels
         self._all = all_channels(channels)
         self._times: list[array[float]] = []
         self._masks: list[array[int]] = []
@@ -72,11 +73,13 @@ class SeenReadings:
 
     def unseen(self, row: int, timestamp: float, present: ChannelValues) -> ChannelValues:
         """The part of a reading not yet added at its timestamp (empty: a duplicate), now
-        recorded as added."""
+        recorded as added. ``present`` names each channel at most once."""
         times = self._times[row]
         if not times or timestamp > times[-1]:  # the usual case: readings arrive in order
             times.append(timestamp)
-            self._masks[row].append(channel_mask(present))
+            # A reading of every channel (``present`` names each once) needs no mask built.
+            full = len(present) == self._channels
+            self._masks[row].append(self._all if full else channel_mask(present))
             return present
         masks = self._masks[row]
         position = bisect.bisect_left(times, timestamp)
