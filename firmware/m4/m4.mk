@@ -62,7 +62,7 @@ M4_LIB_OBJS = $(addprefix $(M4_LIB_DIR)/tflm/,$(addsuffix .o,$(TFLM_CPP) $(CMSIS
 M4_BOARD := startup board tflm_platform model_runner node_main
 M4_KEY ?= $(M4_BUILD)/keys/release_key.pub
 
-.PHONY: m4 m4-libraries m4-bench m4-sweep int16-kernels-test
+.PHONY: m4 m4-libraries m4-bench m4-sweep m4-enclosure int16-kernels-test
 m4-libraries:
 	@test -n "$(TFLM_ROOT)" || { echo "skip: Arduino_TensorFlowLite not found in: $(LIBRARY_DIRS)" >&2; exit 3; }
 	@test -n "$(CRYPTO_ROOT)" || { echo "skip: Crypto (rweather) not found in: $(LIBRARY_DIRS)" >&2; exit 3; }
@@ -122,7 +122,12 @@ $(foreach m,$(M4_MODELS),$(eval $(call M4_MODEL_RULES,$(m))))
 # Instructions per inference (qemu -icount), flash and RAM of both models and both kernel builds
 # into ../docs/benchmarks/node-m4/results.json (the README there explains the figures).
 m4-bench:
-	cd .. && PYTHONPATH=$(abspath ..) $(abspath $(PYTHON)) firmware/m4/bench.py
+	cd .. && PYTHONPATH=$(abspath ..) $(abspath $(PYTHON)) firmware/m4/bench.py $(M4_BENCH_MODELS)
+
+# What an enclosure's warm, dry air does to the covariate model, on its test sensor's windows
+# (docs/benchmarks/node-m4/enclosure.json; LiteRT on the host, no qemu).
+m4-enclosure:
+	cd .. && PYTHONPATH=$(abspath ..) $(abspath $(PYTHON)) firmware/m4/enclosure.py
 
 # The paper's Figure 8 on the emulated node: trains and exports a short-training TESLA for each
 # N (15, 60, 360, 720, 1440; minutes each), measures it, writes docs/benchmarks/node-m4/figure8.
