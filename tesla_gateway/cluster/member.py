@@ -226,7 +226,17 @@ class ClusterMember:
         )
 
     async def _own(self, partition: int, owned: _Owned) -> None:
-        """Load, replay, then pull the partition until its pin is lost or the task cancelled."""
+        """Load, replay, then pull the partition until its pin is lost or the task cancelled;
+        a failed request gives the partition up (the next heartbeat may take it again)."""
+        try:
+            await self._load_replay_pull(partition, owned)
+        except PinLostError:
+            await self._lose(partition, "pinned elsewhere")
+        except transient() as exc:
+            self.counters.errors += 1
+            await self._lose(partition, f"{type(exc).__name__}: {exc}")
+
+    async def _load_replay_pull(self, partition: int, owned: _Owned) -> None:
         assert self._engine is not None and self._snapshots is not None
         started = time.monotonic()
         snapshot = await self._load(partition)
@@ -266,10 +276,7 @@ class ClusterMember:
         puller = PartitionPuller(
             self._engine, partition, lambda batch: self._handle(partition, batch)
         )
-        try:
-            await puller.run()
-        except PinLostError:
-            await self._lose(partition, "pinned elsewhere")
+        await puller.run()
 
     def _handle(self, partition: int, batch: list[StreamMessage]) -> None:
         owned = self._owned.get(partition)

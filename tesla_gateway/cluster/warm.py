@@ -106,7 +106,7 @@ async def replay(
         while True:
             try:
                 messages = await subscription.fetch(_FETCH, timeout=1.0)
-            except NatsTimeoutError:
+            except (NatsTimeoutError, TimeoutError):
                 return  # nothing more (the consumer had nothing pending)
             batch = [
                 StreamMessage(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import nats.errors
 
 from devkit.daemon import GatewayDaemon
 
@@ -160,29 +161,32 @@ class Feeder(threading.Thread):
                 now = round(time.time(), 3)
                 for sensor in self.sensors:
                     value = value_of(sensor, now)
-                    await publish_reading(js, self.subject, sensor, now, value, self)
+                    await publish_reading(js, self.subject, sensor, now, value, feeder=self)
                     self.sent.append((sensor, now, value))
                 await asyncio.sleep(self.interval_s)
             # One reading a period later per sensor: every period before it closes by event time.
             closing = round(time.time() + PERIOD_S, 3)
             for sensor in self.sensors:
                 value = value_of(sensor, closing)
-                await publish_reading(js, self.subject, sensor, closing, value, self)
+                await publish_reading(js, self.subject, sensor, closing, value, feeder=self)
                 self.sent.append((sensor, closing, value))
         finally:
             await client.close()
 
 
 async def publish_reading(
-    js: Any, subject: str, sensor: str, timestamp: float, value: float, feeder: Feeder | None
+    js: Any, subject: str, sensor: str, timestamp: float, value: float, *, feeder: Feeder | None
 ) -> None:
     payload = json.dumps({"ts": timestamp, "pm10": value}).encode()
     headers = {"Nats-Msg-Id": f"{sensor}.{timestamp!r}"}
+    deadline = time.monotonic() + WAIT_S
     while True:
         try:
             await js.publish(f"{subject}.{sensor}.raw", payload, headers=headers, timeout=2)
             return
-        except Exception:  # no stream leader for a few seconds: retried under the same id
+        except (nats.errors.Error, TimeoutError):  # no stream leader for a while: retried
+            if time.monotonic() > deadline:
+                raise
             if feeder is not None:
                 feeder.retries += 1
             await asyncio.sleep(0.2)
@@ -196,7 +200,7 @@ def replay_into(url: str, sent: Sequence[tuple[str, float, float]]) -> None:
         js = client.jetstream(timeout=5)
         try:
             for sensor, timestamp, value in sent:
-                await publish_reading(js, "sensors", sensor, timestamp, value, None)
+                await publish_reading(js, "sensors", sensor, timestamp, value, feeder=None)
         finally:
             await client.close()
 

@@ -1,0 +1,186 @@
+"""Cluster mode end to end: a real 3-node nats-server cluster (streams at R3) and real gateway
+processes. A gateway SIGKILLed: its partitions are calibrated by the others within the issue's
+10 s; a fourth gateway joins: placement rebalances and its partitions start warm; over the run
+every (sensor, period) is in the calibrated stream exactly once, and each value is what one
+gateway alone computes from the same readings (no window re-warmed). The stream's leader
+SIGKILLed: no acknowledged reading lost, no period missing or doubled."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from devkit.nats_servers import NatsCluster, NatsServer
+from tests.cluster.harness import (
+    PERIOD_S,
+    WINDOW,
+    ClusterGateway,
+    Feeder,
+    balanced,
+    by_id,
+    expected_periods,
+    placement,
+    replay_into,
+    sensor_partitions,
+    stream_leader,
+    stream_messages,
+    wait_for,
+    write_config,
+)
+from tests.support.models import ModelFactory
+
+pytest.importorskip("nats")
+
+SENSORS = [f"s{index:02d}" for index in range(24)]
+FAILOVER_PROMISE_S = 10.0  # issue 29: a dead gateway's partitions are calibrated within 10 s
+
+
+def _gateway(
+    tmp_path: Path, name: str, model: Path, cluster: NatsCluster, node: int
+) -> ClusterGateway:
+    config = write_config(tmp_path / name, name, model, cluster.urls, cluster.mqtt_ports[node])
+    gateway = ClusterGateway(tmp_path / name, name, config)
+    gateway.start()
+    return gateway
+
+
+def _check_against_one_gateway(
+    tmp_path: Path,
+    server: NatsServer,
+    model: Path,
+    feeder: Feeder,
+    calibrated: dict[str, dict[str, object]],
+) -> None:
+    """The same readings through one gateway on its own server: every document equal."""
+    config = write_config(
+        tmp_path / "alone", "alone", model, [server.url], server.mqtt_port, replicas=1
+    )
+    with ClusterGateway(tmp_path / "alone", "alone", config) as alone:
+        alone.wait_ready(wait_sources=False)
+        wait_for(lambda: balanced([alone]), "the single gateway owning every partition")
+        replay_into(server.url, feeder.sent)
+        expected = expected_periods(feeder.sent)
+        wait_for(
+            lambda: len(stream_messages([server.url], "TESLA_CALIBRATED")) >= len(expected),
+            "the single gateway's calibrated values",
+        )
+        reference = by_id(stream_messages([server.url], "TESLA_CALIBRATED"))
+        alone.check_alive()
+    assert set(reference) == expected
+    differing = [key for key in sorted(expected) if calibrated[key] != reference[key]]
+    assert not differing, (
+        f"{len(differing)} of {len(expected)} values differ from one gateway's, e.g. "
+        f"{differing[0]}: {calibrated[differing[0]]} vs {reference[differing[0]]}"
+    )
+
+
+def test_killed_gateway_moves_warm_and_every_period_once(
+    nats_cluster: NatsCluster,
+    nats_server: NatsServer,
+    model_factory: ModelFactory,
+    tmp_path: Path,
+) -> None:
+    model = model_factory.get(window_length=WINDOW, period_seconds=PERIOD_S).path
+    gateways = [_gateway(tmp_path, f"g{i}", model, nats_cluster, i) for i in range(3)]
+    feeder = Feeder(nats_cluster.urls, SENSORS)
+    try:
+        for gateway in gateways:
+            gateway.wait_ready(wait_sources=False)
+        wait_for(lambda: balanced(gateways), "three gateways sharing the partitions")
+        feeder.start()
+        time.sleep((WINDOW + 2) * PERIOD_S)  # every window whole, snapshots taken
+
+        victim, survivors = gateways[0], gateways[1:]
+        moved = sorted(victim.partitions())
+        killed_at = time.time()
+        victim.kill()
+        wait_for(lambda: balanced(survivors), "the survivors taking the dead one's partitions")
+        time.sleep(2 * PERIOD_S)
+
+        joining = _gateway(tmp_path, "g3", model, nats_cluster, 0)
+        gateways.append(joining)
+        joining.wait_ready(wait_sources=False)
+        live = [*survivors, joining]
+        wait_for(lambda: balanced(live) and joining.partitions(), "a rebalance to the newcomer")
+        time.sleep(2 * PERIOD_S)
+        feeder.stop()
+        expected = expected_periods(feeder.sent)
+        wait_for(
+            lambda: len(stream_messages(nats_cluster.urls, "TESLA_CALIBRATED")) >= len(expected),
+            "every period calibrated",
+        )
+        time.sleep(1.0)  # anything calibrated twice would have arrived by now
+        messages = stream_messages(nats_cluster.urls, "TESLA_CALIBRATED")
+        final = placement(live)
+        joined = joining.cluster()
+    finally:
+        feeder.stop()
+        for gateway in gateways:
+            gateway.stop()
+
+    ids = Counter(msg_id for msg_id, _, _ in messages)
+    assert [key for key, count in ids.items() if count > 1] == []  # none twice
+    assert set(ids) == expected  # none missing, none made up
+
+    partition_of = sensor_partitions(nats_cluster.urls)
+    moved_sensors = {s for s, p in partition_of.items() if p in moved}
+    assert moved_sensors, f"the killed gateway owned no sensor ({moved}, {partition_of})"
+    first_after: dict[int, float] = {}
+    for msg_id, _, stored_at in messages:
+        sensor = msg_id.split(".", 1)[0]
+        if sensor in moved_sensors and stored_at > killed_at:
+            partition = partition_of[sensor]
+            first_after[partition] = min(first_after.get(partition, stored_at), stored_at)
+    failover_s = max(first_after[p] - killed_at for p in {partition_of[s] for s in moved_sensors})
+    print(f"cluster_failover_s={failover_s:.2f} partitions={moved} placement={final}")
+    assert failover_s <= FAILOVER_PROMISE_S
+
+    # the newcomer took its partitions from snapshots, never cold
+    assert joined["acquired"] >= 1 and joined["cold_takeovers"] == 0, joined
+
+    _check_against_one_gateway(tmp_path, nats_server, model, feeder, by_id(messages))
+
+
+def test_killed_stream_leader_loses_nothing(
+    nats_cluster: NatsCluster, model_factory: ModelFactory, tmp_path: Path
+) -> None:
+    model = model_factory.get(window_length=WINDOW, period_seconds=PERIOD_S).path
+    gateways = [_gateway(tmp_path, f"g{i}", model, nats_cluster, i) for i in range(2)]
+    feeder = Feeder(nats_cluster.urls, SENSORS[:12])
+    try:
+        for gateway in gateways:
+            gateway.wait_ready(wait_sources=False)
+        wait_for(lambda: balanced(gateways), "two gateways sharing the partitions")
+        feeder.start()
+        time.sleep(3 * PERIOD_S)
+        leader = stream_leader(nats_cluster.urls, "TESLA_READINGS")
+        nats_cluster.server(leader).kill()
+        urls = [s.url for s in nats_cluster.servers if s.name != leader]
+        time.sleep(6 * PERIOD_S)
+        feeder.stop()
+        expected = expected_periods(feeder.sent)
+        wait_for(
+            lambda: len(stream_messages(urls, "TESLA_CALIBRATED")) >= len(expected),
+            "every period calibrated after the leader's death",
+        )
+        messages = stream_messages(urls, "TESLA_CALIBRATED")
+        stored = stream_messages(urls, "TESLA_READINGS")
+    finally:
+        feeder.stop()
+        for gateway in gateways:
+            gateway.stop()
+
+    sent_ids = {f"{sensor}.{timestamp!r}" for sensor, timestamp, _ in feeder.sent}
+    stored_ids = Counter(msg_id for msg_id, _, _ in stored)
+    print(
+        f"cluster_lost={len(sent_ids - set(stored_ids))} readings={len(sent_ids)} "
+        f"publish_retries={feeder.retries} leader={leader}"
+    )
+    assert sent_ids == set(stored_ids)  # every acknowledged reading is in the stream
+    assert max(stored_ids.values()) == 1  # and once
+    ids = Counter(msg_id for msg_id, _, _ in messages)
+    assert [key for key, count in ids.items() if count > 1] == []
+    assert set(ids) == expected
