@@ -248,6 +248,11 @@ def stream_messages(servers: Sequence[str], stream: str) -> list[tuple[str, dict
             await client.close()
         return found
 
+    for _ in range(10):  # a server that just died may still be asked: ask again
+        try:
+            return asyncio.run(run())
+        except (nats.errors.Error, TimeoutError):
+            time.sleep(0.5)
     return asyncio.run(run())
 
 
