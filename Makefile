@@ -8,7 +8,7 @@ SYSTEM_STAMP := $(VENV)/.system-deps
 LEGACY_VENV := .venv-legacy
 LEGACY_STAMP := $(LEGACY_VENV)/.installed
 
-.PHONY: setup demo test lint typecheck pytest bench reliability mutation models wheel clean
+.PHONY: setup demo cluster-demo test lint typecheck pytest bench reliability mutation models wheel clean
 
 setup: $(STAMP) $(SYSTEM_STAMP) $(LEGACY_STAMP)
 
@@ -37,6 +37,10 @@ $(SYSTEM_STAMP): scripts/install-system-deps.sh
 
 demo: setup
 	$(PY) -m devkit.demo
+
+# Three nats-servers and three gateways in cluster mode; one gateway is killed mid-run.
+cluster-demo: setup
+	$(PY) -m devkit.cluster_demo
 
 test: setup lint typecheck pytest
 

@@ -1,0 +1,77 @@
+"""Reading the cluster's streams from outside the gateways: what the demo's verdict and the bench
+count (the stream's content is the truth, not what a gateway says it published)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["StoredMessage", "read_stream", "sensor_partitions"]
+
+_BATCH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    subject: str
+    msg_id: str  # Nats-Msg-Id, "" when the publisher set none (MQTT)
+    document: dict[str, Any]
+    stored_at: float  # Unix s
+
+
+def read_stream(servers: Sequence[str], stream: str) -> list[StoredMessage]:
+    """Every message of ``stream`` in stream order (an ephemeral consumer, then gone)."""
+    return asyncio.run(_read(servers, stream))
+
+
+async def _read(servers: Sequence[str], stream: str) -> list[StoredMessage]:
+    import nats
+
+    client = await nats.connect(servers=list(servers), connect_timeout=5)
+    js = client.jetstream(timeout=10)
+    found: list[StoredMessage] = []
+    try:
+        total = (await js.stream_info(stream)).state.messages
+        if total == 0:
+            return found
+        subscription = await js.pull_subscribe(">", stream=stream)
+        while len(found) < total:
+            for message in await subscription.fetch(_BATCH, timeout=5):
+                headers = message.headers or {}
+                found.append(
+                    StoredMessage(
+                        message.subject,
+                        headers.get("Nats-Msg-Id", ""),
+                        json.loads(message.data),
+                        message.metadata.timestamp.timestamp(),
+                    )
+                )
+                await message.ack()
+        await subscription.unsubscribe()
+    finally:
+        await client.close()
+    return found
+
+
+def sensor_partitions(servers: Sequence[str], stream: str = "TESLA_READINGS") -> dict[str, int]:
+    """Which partition the server's transform put each sensor in (from the stored subjects
+    ``<prefix>.part.<p>.<sensor>``)."""
+
+    async def run() -> dict[str, int]:
+        import nats
+
+        client = await nats.connect(servers=list(servers), connect_timeout=5)
+        found: dict[str, int] = {}
+        try:
+            info = await client.jetstream(timeout=10).stream_info(stream, subjects_filter=">")
+            for subject in info.state.subjects or {}:
+                head, sensor = subject.rsplit(".", 1)
+                found[sensor] = int(head.rsplit(".", 1)[1])
+        finally:
+            await client.close()
+        return found
+
+    return asyncio.run(run())
