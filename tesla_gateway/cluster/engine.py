@@ -22,7 +22,15 @@ if TYPE_CHECKING:
     from nats.js.kv import KeyValue
     from nats.js.object_store import ObjectStore
 
-__all__ = ["GROUP", "MIN_API_LEVEL", "Engine", "Subjects", "connect", "transient"]
+__all__ = [
+    "GROUP",
+    "MIN_API_LEVEL",
+    "Engine",
+    "Subjects",
+    "check_api_level",
+    "connect",
+    "transient",
+]
 
 MIN_API_LEVEL = 1  # nats-server 2.11: priority groups, per-message TTL
 GROUP = "owners"  # the priority group every partition consumer has
@@ -113,15 +121,8 @@ async def connect(config: ClusterConfig, name: str) -> Engine:
         js = nc.jetstream(timeout=_REQUEST_S)
         engine = Engine(nc, js, None, None, Subjects(config), 0)  # type: ignore[arg-type]
         info = await engine.request("$JS.API.INFO", {})
-        level = int((info.get("api") or {}).get("level") or 0)
-        if level < MIN_API_LEVEL:
-            version = nc._server_info.get("version", "?")  # the INFO it sent
-            raise ServerTooOldError(
-                f"nats-server {version} at {nc.connected_url} has JetStream API level {level}; "
-                f"cluster mode needs level {MIN_API_LEVEL} (nats-server 2.11 or newer) for "
-                "pinned consumers and per-key TTL: upgrade the servers"
-            )
-        engine.api_level = level
+        version = str(nc._server_info.get("version", "?"))  # the INFO it sent at connect
+        engine.api_level = check_api_level(info, version, str(nc.connected_url))
         await _streams(engine, config)
         engine.kv = await js.create_key_value(
             KeyValueConfig(bucket=config.bucket, history=1, replicas=config.replicas)
@@ -135,6 +136,20 @@ async def connect(config: ClusterConfig, name: str) -> Engine:
         await nc.close()
         raise
     return engine
+
+
+def check_api_level(info: dict[str, Any], version: str, where: str) -> int:
+    """The JetStream API level of an account-info reply; :class:`ServerTooOldError` below 1
+    (servers before 2.11 have no level and silently ignore pinned consumers and key TTLs)."""
+    api = info.get("api")
+    level = int(api.get("level") or 0) if isinstance(api, dict) else 0
+    if level < MIN_API_LEVEL:
+        raise ServerTooOldError(
+            f"nats-server {version} at {where} has JetStream API level {level}; cluster mode "
+            f"needs level {MIN_API_LEVEL} (nats-server 2.11 or newer) for pinned consumers and "
+            "per-key TTL: upgrade the servers"
+        )
+    return level
 
 
 async def _streams(engine: Engine, config: ClusterConfig) -> None:

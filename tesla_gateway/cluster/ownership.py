@@ -29,20 +29,34 @@ class Plan:
 def plan(
     me: str, members: Sequence[str], holders: Mapping[int, str | None], partitions: int
 ) -> Plan:
-    """This member's moves toward a placement where nobody has more than ceil(P/G).
+    """This member's moves toward a placement where nobody has more than ceil(P/G) and, once no
+    partition is free, nobody fewer than floor(P/G).
 
     Free partitions are tried from an offset that differs per member, so that members starting
-    together mostly ask for different ones; a lost race costs one KV request.
+    together mostly ask for different ones; a lost race costs one KV request. When a member
+    starves with nothing free, only the richest member (the first by name) gives one back per
+    heartbeat, so a join moves as few partitions as it can.
     """
     alive = sorted(set(members) | {me})
     share = math.ceil(partitions / len(alive))
+    floor = partitions // len(alive)
     mine = sorted(p for p, holder in holders.items() if holder == me)
     if len(mine) > share:
         return Plan(acquire=(), release=tuple(mine[share:]))
     free = [p for p in range(partitions) if holders.get(p) is None]
-    offset = alive.index(me) * partitions // len(alive)
-    free.sort(key=lambda p: (p - offset) % partitions)
-    return Plan(acquire=tuple(free[: share - len(mine)]), release=())
+    if free:
+        offset = alive.index(me) * partitions // len(alive)
+        free.sort(key=lambda p: (p - offset) % partitions)
+        return Plan(acquire=tuple(free[: share - len(mine)]), release=())
+    counts = dict.fromkeys(alive, 0)
+    for holder in holders.values():
+        if holder in counts:
+            counts[holder] += 1
+    richest = max(counts.values())
+    first_richest = min(m for m, count in counts.items() if count == richest)
+    if min(counts.values()) < floor and len(mine) > floor and me == first_richest:
+        return Plan(acquire=(), release=(mine[-1],))
+    return Plan(acquire=(), release=())
 
 
 class Leases:

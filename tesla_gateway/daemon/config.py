@@ -263,7 +263,7 @@ class GatewayConfig(_Section):
         if self.cluster is not None and any(s.kind == "mqtt" for s in self.sources):
             raise ValueError(
                 "cluster: the gateways read MQTT readings from the stream (nodes publish to "
-                "nats-server's MQTT listener): remove the [[sources]] of kind 'mqtt'"
+                "nats-server's MQTT listener): remove the mqtt [[sources]]"
             )
         return self
 
