@@ -25,6 +25,7 @@ from tesla_gateway.errors import ConfigError
 from tesla_gateway.sources.mqtt_source import MqttSourceConfig
 from tesla_gateway.sources.payloads import decode_payload
 from tesla_gateway.windows.ring import ModelWindows
+from tesla_gateway.windows.state import WindowState
 
 pytest.importorskip("nats")
 
@@ -85,7 +86,7 @@ def _windows() -> ModelWindows:
     return windows
 
 
-def _rows(state: window_parts.WindowState) -> dict[str, tuple[object, ...]]:
+def _rows(state: WindowState) -> dict[str, tuple[object, ...]]:
     return {
         sensor: (
             state.ring[row].tolist(),
