@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from structlog.typing import FilteringBoundLogger
 
@@ -31,9 +31,9 @@ from tesla_gateway.mqtt.attempt import Attempt
 __all__ = ["Delivery", "InboundMessage", "Inbox", "MessageHandler"]
 
 
-@dataclass(frozen=True, slots=True)
-class InboundMessage:
-    """A message received on a subscription."""
+class InboundMessage(NamedTuple):
+    """A message received on a subscription (immutable; a named tuple is built in half the
+    time of a frozen dataclass, and one is built per message)."""
 
     topic: str
     payload: bytes
@@ -44,8 +44,7 @@ class InboundMessage:
 MessageHandler = Callable[[InboundMessage], Awaitable[None]]
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(NamedTuple):
     """A received message with what acknowledging it needs: its attempt and packet id."""
 
     attempt: Attempt
@@ -113,13 +112,14 @@ class Inbox:
 
         True when the loop must be woken (:meth:`wake`): the first message since it last took.
         """
+        queue = self._queue
         with self._lock:
-            if len(self._queue) + self._in_hand >= self._max and not self._make_room(
+            if len(queue) + self._in_hand >= self._max and not self._make_room(
                 delivery.attempt, delivery.message.qos
             ):
                 return False
-            self._queue.append(delivery)
-            self._peak = max(self._peak, len(self._queue) + self._in_hand)
+            queue.append(delivery)
+            self._peak = max(self._peak, len(queue) + self._in_hand)
             if self._signalled:
                 return False
             self._signalled = True
