@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from devkit.bench.cluster import report as cluster_report
 from devkit.bench.inference import device_graph_rate, measure_inference, realistic_windows
 from devkit.bench.yardstick import gemm_flops_per_second
 from tesla_gateway.contract.manifest import Manifest, load_manifest
@@ -194,8 +195,13 @@ def main(argv: list[str]) -> int:
         shown = f"{value / 2**20:.1f} MiB" if key.startswith("rss") else f"{value:,.2f}"
         _row(key, shown)
 
+    print("5. Cluster mode (NATS JetStream, issue 29; devkit/bench/cluster.py)")
+    cluster = _child("devkit.bench.cluster", "--model", str(args.model))
+    results.update(cluster)
+    cluster_report(cluster, _row)
+
     if not args.quick:
-        print("5. Training (TESLA, synthetic 6 sensors x 10 days, batch 32)")
+        print("6. Training (TESLA, synthetic 6 sensors x 10 days, batch 32)")
         training = _child("devkit.bench.training_speed")
         for key, value in training.items():
             results[f"training_{key}"] = value

@@ -28,6 +28,7 @@ class ClusterGatewayConfig:
     pin_ttl_s: float = 5.0
     snapshot_interval_s: float = 2.0
     grace_s: float = 5.0
+    settle_s: float = 0.1
     status_interval_s: float = 0.5
 
     @property
@@ -55,7 +56,7 @@ def write_cluster_config(config: ClusterGatewayConfig) -> Path:
         "",
         "[tick]",
         f"grace_s = {config.grace_s}",
-        "settle_s = 0.1",
+        f"settle_s = {config.settle_s}",
         "",
         "[state]",
         f"status_interval_s = {config.status_interval_s}",
