@@ -46,6 +46,7 @@ def write_config(
     *,
     replicas: int = 3,
     partitions: int = PARTITIONS,
+    sources: str = "",
 ) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "gateway.toml"
@@ -89,6 +90,7 @@ partitions = {partitions}
 replicas = {replicas}
 pin_ttl_s = 5
 snapshot_interval_s = 2
+{sources}
 """,
         encoding="utf-8",
     )
