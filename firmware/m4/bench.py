@@ -1,6 +1,8 @@
 """Measures the node firmware on the emulated Cortex-M4F: instructions per inference, flash, RAM.
 
-Run by `make -C firmware m4-bench`; writes docs/benchmarks/node-m4/results.json. Method (see
+Run by `make -C firmware m4-bench` (`M4_BENCH_MODELS="a b"` measures only those and keeps the
+others' entries; a name with '/' is a model directory elsewhere, e.g. under firmware/build);
+writes docs/benchmarks/node-m4/results.json. Method (see
 docs/benchmarks/node-m4/README.md): qemu -icount shift=0 makes every executed instruction one
 nanosecond of virtual time; the board's SysTick runs on the 25 MHz core clock of that virtual
 time, so one tick is 40 instructions. The node times Invoke() alone with it.
@@ -19,9 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tesla_gateway.contract.manifest import load_manifest  # noqa: E402
-from tests.firmware.qemu_node import INSTRUCTIONS_PER_TICK, build, emulated_node  # noqa: E402
+from tests.firmware.qemu_node import (  # noqa: E402
+    INSTRUCTIONS_PER_TICK,
+    bench_windows,
+    build,
+    emulated_node,
+)
 
-MODELS = ("pm10-ispra-1min", "pm2_5-antwerp-1h")
+MODELS = ("pm10-ispra-1min", "pm2_5-antwerp-1h", "pm10-ispra-1min-rh-temp")
 KERNELS = ("cmsis-nn", "portable")
 NRF52840_HZ = 64_000_000
 NRF52840_FLASH = 1024 * 1024
@@ -44,12 +51,7 @@ def sections(elf: Path) -> dict[str, int]:
 def measure(model: str, kernels: str, model_root: Path = ROOT / "models") -> dict[str, object]:
     manifest = load_manifest(model_root / model)
     elf = build(model, kernels, model_root)
-    rng = np.random.default_rng(0)
-    low, high = manifest.input_range.p01, manifest.input_range.p99
-    windows = [np.full(manifest.window_length, 20.0, np.float32)] + [
-        rng.uniform(low, high, manifest.window_length).astype(np.float32)
-        for _ in range(WINDOWS - 1)
-    ]
+    windows = bench_windows(manifest, WINDOWS, seed=0)
     with emulated_node(elf) as node:
         node.expect("H,")
         loop_ticks = node.count_loop(1_000_000)
@@ -69,6 +71,7 @@ def measure(model: str, kernels: str, model_root: Path = ROOT / "models") -> dic
         "model": model,
         "kernels": kernels,
         "window_length": manifest.window_length,
+        "channels": list(manifest.channel_names),
         "counter_check": {
             "instructions": 2_000_000,
             "measured": loop_ticks * INSTRUCTIONS_PER_TICK,
@@ -102,14 +105,24 @@ def measure(model: str, kernels: str, model_root: Path = ROOT / "models") -> dic
     }
 
 
-def main() -> int:
-    results = [measure(m, k) for m in MODELS for k in KERNELS]
+def main(models: list[str]) -> int:
     out = ROOT / "docs" / "benchmarks" / "node-m4" / "results.json"
+    # A name is a default model under models/; a path (with '/') any other model directory.
+    places = [
+        (Path(m).name, Path(m).resolve().parent) if "/" in m else (m, ROOT / "models")
+        for m in models or MODELS
+    ]
+    measured = [measure(name, k, root) for name, root in places for k in KERNELS]
+    kept = [] if not models else json.loads(out.read_text(encoding="utf-8"))
+    fresh = {(r["model"], r["kernels"]) for r in measured}
+    results = [r for r in kept if (r["model"], r["kernels"]) not in fresh] + measured
+    order = {name: i for i, name in enumerate(MODELS)}
+    results.sort(key=lambda r: (order.get(str(r["model"]), len(order)), str(r["model"])))
     out.write_text(json.dumps(results, indent=2) + "\n")
-    for r in results:
+    for r in measured:
         print(json.dumps(r))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

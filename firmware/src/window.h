@@ -15,7 +15,7 @@ namespace tesla {
 
 class Window {
  public:
-  static constexpr uint32_t kMaxChannels = 8;
+  static constexpr uint32_t kMaxChannels = 4;  // PM, rh, temp_c and one more
 
   // `storage` holds length * channels floats; channels is at most kMaxChannels.
   Window(float* storage, uint32_t length, uint32_t channels, uint32_t max_interpolated);

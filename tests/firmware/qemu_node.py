@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from devkit.pty import PtySerial
+from tesla_gateway.contract.manifest import Manifest
 from tests.firmware.serial_tap import LineFaults, SerialTap, TapLog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +33,28 @@ FIRMWARE = ROOT / "firmware"
 INSTRUCTIONS_PER_TICK = 40  # 25 MHz SysTick under -icount shift=0 (1 ns per instruction)
 VALUES_PER_LINE = 24  # '#V' lines stay under the node's 512-byte line limit
 MAX_LINE_BYTES = 511  # firmware/src/line_protocol.h kMaxLineBytes, without the LF
+
+
+# Uniform ranges of the covariate channels in the benchmark's random windows: the humidity and
+# temperature an outdoor sensor meets (the PM channel uses the manifest's p01..p99).
+COVARIATE_RANGES = {"rh": (20.0, 95.0), "temp_c": (-5.0, 35.0)}
+FLAT_LEVELS = {"rh": 50.0, "temp_c": 20.0}  # the flat window: PM 20 ug/m3, as the self-test
+
+
+def bench_windows(manifest: Manifest, count: int, seed: int) -> list[npt.NDArray[np.float32]]:
+    """A flat window and ``count - 1`` uniform random ones, each [N * C] as the node takes them
+    (oldest period first, a period's channels together)."""
+    rng = np.random.default_rng(seed)
+    n = manifest.window_length
+    ranges = [(manifest.input_range.p01, manifest.input_range.p99)] + [
+        COVARIATE_RANGES[name] for name in manifest.channel_names[1:]
+    ]
+    flat = [20.0] + [FLAT_LEVELS[name] for name in manifest.channel_names[1:]]
+    windows = [np.tile(np.asarray(flat, np.float32), n)]
+    for _ in range(count - 1):
+        columns = [rng.uniform(low, high, n) for low, high in ranges]
+        windows.append(np.stack(columns, axis=1).astype(np.float32).reshape(-1))
+    return windows
 
 
 def library_dirs() -> list[Path]:

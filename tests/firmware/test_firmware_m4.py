@@ -20,6 +20,7 @@ import pytest
 from tesla_gateway.contract.manifest import load_manifest
 from tests.firmware.qemu_node import (
     INSTRUCTIONS_PER_TICK,
+    bench_windows,
     build,
     emulated_node,
     missing_prerequisite,
@@ -29,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MODELS = {
     "pm10-ispra-1min": ("ispra-1min", "ispra-1min"),
     "pm2_5-antwerp-1h": ("antwerp-hourly-pm2_5", "antwerp-hourly"),
+    # PM10, rh and temp_c: the node's window of three channels, [1, N, 3] into the graph
+    "pm10-ispra-1min-rh-temp": ("ispra-1min", "ispra-1min"),
 }
 GOLDEN_WINDOWS = 6
 # Against the Python tflite-micro interpreter (the runtime the exporter checks the graph with,
@@ -50,7 +53,8 @@ pytestmark = [
 
 
 def golden_windows(model: str) -> npt.NDArray[np.float32]:
-    """Evenly spaced complete windows of the model's test sensor (raw ug/m3, oldest first)."""
+    """Evenly spaced complete windows of the model's test sensor, [N * C] each as the node takes
+    them (raw values, oldest period first, a period's channels together)."""
     from training.data import WindowSet, clean, default_data_dir, load_dataset, to_grid
     from training.evaluate import model_channels
 
@@ -83,7 +87,10 @@ def tflm_outputs(model: str, quantised: npt.NDArray[np.int16]) -> list[int]:
     from training.tflm import run_tflm
 
     flatbuffer = (ROOT / "models" / model / "model_int8.tflite").read_bytes()
-    return [int(v) for v in run_tflm(flatbuffer, quantised).reshape(-1)]
+    manifest = load_manifest(ROOT / "models" / model)
+    shape = (manifest.window_length, len(manifest.input_channels))
+    rows = quantised.reshape(len(quantised), *shape) if shape[1] > 1 else quantised
+    return [int(v) for v in run_tflm(flatbuffer, rows).reshape(-1)]
 
 
 def litert_outputs(model: str, quantised: npt.NDArray[np.int16]) -> list[int]:
@@ -151,11 +158,7 @@ def test_dsp_fully_connected_gives_the_reference_kernels_outputs_bit_for_bit(
     windows across the input range, with fewer instructions."""
     model, elf = model_elf
     manifest = load_manifest(ROOT / "models" / model)
-    rng = np.random.default_rng(1)
-    low, high = manifest.input_range.p01, manifest.input_range.p99
-    windows = [np.full(manifest.window_length, 20.0, np.float32)] + [
-        rng.uniform(low, high, manifest.window_length).astype(np.float32) for _ in range(5)
-    ]
+    windows = bench_windows(manifest, 6, seed=1)
     with emulated_node(elf) as node:
         node.expect("H,")
         node.send("#K,300")
