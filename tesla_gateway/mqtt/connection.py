@@ -359,10 +359,9 @@ class MqttConnection:
         while True:
             batch = await inbox.next_batch()
             acks: dict[Attempt, list[int]] = {}
-            for delivery in batch:
-                await handler(delivery.message)
+            for attempt, mid, message in batch:  # each a Delivery
+                await handler(message)
                 inbox.handled_one()
-                attempt = delivery.attempt
                 if attempt.paused and inbox.has_room() and self._loop is not None:
                     loop_io.resume_reading(self._loop, attempt)
                 # A message of a lost connection is redelivered, not acknowledged. A live one is
@@ -370,18 +369,15 @@ class MqttConnection:
                 # persistent session's queue right after CONNACK, and a message left
                 # unacknowledged on a live connection holds one of the broker's in-flight slots
                 # for good (20 of them stalled delivery after a broker restart).
-                if (
-                    delivery.message.qos == 0
-                    or attempt is not self._attempt
-                    or attempt.lost.is_set()
-                ):
+                qos = message.qos
+                if qos == 0 or attempt is not self._attempt or attempt.lost.is_set():
                     continue
-                if delivery.message.qos == 1:
-                    acks.setdefault(attempt, []).append(delivery.mid)
+                if qos == 1:
+                    acks.setdefault(attempt, []).append(mid)
                 else:
                     if self._before_ack is not None:
                         self._before_ack()
-                    attempt.client.ack(delivery.mid, delivery.message.qos)
+                    attempt.client.ack(mid, qos)
             if self._before_ack is not None and acks:
                 self._before_ack()
             for attempt, mids in acks.items():
