@@ -53,7 +53,7 @@ def test_mqtt_and_serial_readings_are_partitioned_and_calibrated_under_the_clust
 
     def on_message(_client: paho.Client, _userdata: object, message: paho.MQTTMessage) -> None:
         with lock:
-            seen.append((message.topic, message.payload))
+            seen.append((message.topic, bytes(message.payload)))
 
     listener = paho.Client(CallbackAPIVersion.VERSION2, client_id="consumer")
     listener.on_message = on_message
