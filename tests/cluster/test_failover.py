@@ -33,6 +33,7 @@ from tests.cluster.harness import (
 from tests.support.models import ModelFactory
 
 pytest.importorskip("nats")
+pytestmark = pytest.mark.reliability  # fault injection (short form: part of make test)
 
 SENSORS = [f"s{index:02d}" for index in range(24)]
 FAILOVER_PROMISE_S = 10.0  # issue 29: a dead gateway's partitions are calibrated within 10 s
