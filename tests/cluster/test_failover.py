@@ -117,6 +117,8 @@ def test_killed_gateway_moves_warm_and_every_period_once(
         messages = stream_messages(nats_cluster.urls, "TESLA_CALIBRATED")
         final = placement(live)
         joined = joining.cluster()
+        refused = sum(g.cluster()["calibrated_duplicates"] for g in live)
+        dropped = [g.status()["windows"]["pm10"]["outcomes"] for g in live]
     finally:
         feeder.stop()
         for gateway in gateways:
@@ -136,7 +138,12 @@ def test_killed_gateway_moves_warm_and_every_period_once(
             partition = partition_of[sensor]
             first_after[partition] = min(first_after.get(partition, stored_at), stored_at)
     failover_s = max(first_after[p] - killed_at for p in {partition_of[s] for s in moved_sensors})
-    print(f"cluster_failover_s={failover_s:.2f} partitions={moved} placement={final}")
+    print(
+        f"cluster_failover_s={failover_s:.2f} partitions={moved} placement={final} "
+        f"calibrated_again_refused_by_stream={refused} "
+        f"readings_dropped_duplicate={sum(o.get('duplicate', 0) for o in dropped)} "
+        f"late={sum(o.get('late', 0) for o in dropped)}"
+    )
     assert failover_s <= FAILOVER_PROMISE_S
 
     # the newcomer took its partitions from snapshots, never cold
