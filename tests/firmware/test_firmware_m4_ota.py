@@ -59,7 +59,10 @@ def firmware() -> Path:
 @pytest.fixture
 def kit(tmp_path: Path, firmware: Path) -> ReleaseKit:
     """Releases signed with the key the firmware was built to trust (firmware/build/m4/keys)."""
-    kit = ReleaseKit(tmp_path / "releases")
+    return _with_firmware_key(ReleaseKit(tmp_path / "releases"))
+
+
+def _with_firmware_key(kit: ReleaseKit) -> ReleaseKit:
     keys = FIRMWARE / "build" / "m4" / "keys"
     public = keys / "release_key.pub"
     kit.keys = KeyPair(keys / "release_key.ed25519", public, key_id(load_public_key(public)))
@@ -162,6 +165,24 @@ def test_a_release_that_fails_the_self_test_is_rolled_back_on_the_emulated_node(
     assert "verified" in states, states
     assert states[-2] == "rolled back", states
     assert str(kit.base_version) in states[-1] and str(kit.base_version + 5) not in states[-1]
+
+
+def test_a_covariate_node_rolls_back_a_pm_only_graph_at_its_self_test(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """A node built for the covariate model (input [1, 360, 3]) gets a release of its own name
+    whose FlatBuffer is the PM-only graph ([1, 360]): it fits the slot and verifies, and the
+    self-test refuses it on the input's shape; the covariate model boots again."""
+    covariate = MODELS / "pm10-ispra-1min-rh-temp"
+    elf = build(covariate.name)
+    kit = _with_firmware_key(ReleaseKit(tmp_path / "releases", model_dir=covariate))
+    release = kit.release(kit.base_version + 1, image=MODELS / MODEL / "model_int8.tflite")
+    port = NodePort(tmp_path / "ttyNODE0")
+    with node_on_pty(elf, port.path):
+        states = asyncio.run(_update(kit, mosquitto, port, release, kit.base_version))
+    assert "verified" in states, states
+    assert states[-2] == "rolled back", states
+    assert str(kit.base_version) in states[-1] and str(kit.base_version + 1) not in states[-1]
 
 
 def test_the_emulated_node_refuses_an_image_larger_than_its_slot(
