@@ -103,6 +103,8 @@ async def replay(
         config=consumer,
     )
     try:
+        if (await subscription.consumer_info()).num_pending == 0:
+            return  # nothing after the snapshot: no fetch left to time out
         while True:
             try:
                 messages = await subscription.fetch(_FETCH, timeout=1.0)
