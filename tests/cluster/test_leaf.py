@@ -281,6 +281,12 @@ def test_leaf_readings_reach_the_hub_once_after_an_outage(
             outage = len(node.sent) - before
 
             uplink.start()
+            restored_at = time.monotonic()
+            held = len(node.sent)
+            wait_for(
+                lambda: len(_edge_readings(nats_cluster.urls)) >= held, "the outage's readings"
+            )
+            caught_up_s = time.monotonic() - restored_at
             node.publish_for(PERIOD_S)
             node.round(round(time.time() + PERIOD_S, 3))  # closes every period before it
         finally:
@@ -297,7 +303,10 @@ def test_leaf_readings_reach_the_hub_once_after_an_outage(
         calibrated = _calibrated(nats_cluster.urls)
         gateway.check_alive()
 
-    print(f"edge_readings={len(sent)} during_outage={outage} at_hub={len(stored)}")
+    print(
+        f"edge_readings={len(sent)} during_outage={outage} at_hub={len(stored)} "
+        f"outage_readings_at_hub_after_s={caught_up_s:.1f}"
+    )
     assert outage > 0
     assert Counter(stored) == Counter((sensor, ts) for sensor, ts, _ in sent)  # none lost, once
     ids = Counter(msg_id for msg_id, _, _ in calibrated)
