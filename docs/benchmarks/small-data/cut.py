@@ -23,6 +23,7 @@ SLICES = {
     "ispra-3x3d": ("ispra-1min", "pms5003_pm10_atm", "ref_pm10",
                    ("40642E", "4065E0", "4065ED"), "2020-01-19", "2020-01-22"),
 }  # fmt: skip
+COLUMNS = ("timestamp", "sensor_id", "raw", "reference", "rh", "temp_c")
 
 
 def cut(data: Path, out: Path) -> list[Path]:
@@ -34,12 +35,13 @@ def cut(data: Path, out: Path) -> list[Path]:
         for box in boxes:
             table = pd.read_csv(data / folder / f"{prefix}_{box}.csv", dtype={"sensor_id": str})
             time = pd.to_datetime(table["time_utc"], utc=True)
-            kept = table[(time >= pd.Timestamp(start, tz="UTC")) & (time < pd.Timestamp(end, tz="UTC"))]
+            within = (time >= pd.Timestamp(start, tz="UTC")) & (time < pd.Timestamp(end, tz="UTC"))
+            kept = table[within]
             columns = {"time_utc": "timestamp", raw: "raw", reference: "reference",
                        "ref_rh": "rh", "ref_temp_c": "temp_c"}  # fmt: skip
             frame = kept.rename(columns=columns)
             frame["sensor_id"] = box
-            parts.append(frame[[c for c in ("timestamp", "sensor_id", "raw", "reference", "rh", "temp_c") if c in frame]])
+            parts.append(frame[[c for c in COLUMNS if c in frame]])
         path = out / f"{name}.csv"
         pd.concat(parts).to_csv(path, index=False)
         written.append(path)
