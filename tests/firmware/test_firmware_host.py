@@ -250,6 +250,19 @@ def test_sketch_compiles_against_the_real_arduino_libraries(
     )  # fmt: skip
     assert drifted.returncode != 0
     assert "no_such_call" in drifted.stderr
+    # The sketch for the covariate model: three channels into the window and the model.
+    covariate = [*common, f"MODEL={ROOT / 'models' / 'pm10-ispra-1min-rh-temp'}"]
+    subprocess.run(
+        ["make", "-C", str(FIRMWARE), *covariate, "sketch"],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    sketch = subprocess.run(
+        ["make", "-C", str(FIRMWARE), *covariate, "sketch-compile", "SKETCH_FILES=tesla_node.ino"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert sketch.returncode == 0, sketch.stdout[-3000:] + sketch.stderr[-3000:]
+    constants = build_dir / "sketch" / "tesla_node" / "src" / "model_constants.h"
+    assert "kChannelCount = 3u" in constants.read_text()
 
 
 def test_int16_kernels_give_the_library_reference_kernels_outputs(build_dir: Path) -> None:
