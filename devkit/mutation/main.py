@@ -10,13 +10,14 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
 from devkit.mutation.report import load_verdicts, render
-from devkit.mutation.session import archive_head, run_target
+from devkit.mutation.session import DETECTED, archive_head, merge_survivor_run, run_target
 from devkit.mutation.targets import TARGETS, target_named
 
 __all__ = ["main"]
@@ -41,6 +42,14 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="stop each target after this long (its unreached mutants: not checked)",
+    )
+    parser.add_argument(
+        "--survivors",
+        action="store_true",
+        help=(
+            "rerun only the mutants the recorded run left alive (each target's modules must be"
+            " unchanged since; the killed keep their status): for tests added since"
+        ),
     )
     parser.add_argument(
         "--report-only", action="store_true", help="rewrite the report from the recorded results"
@@ -73,6 +82,11 @@ def main(argv: list[str]) -> int:
             commit = archive_head(ROOT, tree)
             for target in targets:
                 log = tree / f"mutmut-{target.name.replace(' ', '-')}.log"
+                earlier = by_name.get(target.name) if args.survivors else None
+                if args.survivors and earlier is None:
+                    print(f"{target.name}: no recorded run to take survivors from", file=sys.stderr)
+                    return 2
+                only = _survivors_of(earlier, commit) if earlier is not None else ()
                 result = run_target(
                     tree,
                     target,
@@ -81,7 +95,10 @@ def main(argv: list[str]) -> int:
                     max_children=args.max_children,
                     log=log,
                     budget_s=args.budget_s,
+                    only=only,
                 )
+                if earlier is not None:
+                    result = merge_survivor_run(result, earlier)
                 unchecked = result.count("not checked")
                 survived = len(result.mutants) - result.count("killed", "timeout") - unchecked
                 print(
@@ -102,6 +119,22 @@ def main(argv: list[str]) -> int:
     REPORT_PATH.write_text(report, encoding="utf-8")
     print(f"wrote {REPORT_PATH.relative_to(ROOT)}")
     return 0
+
+
+def _survivors_of(earlier: dict[str, object], commit: str) -> tuple[str, ...]:
+    """The recorded run's undetected mutants, if its modules are unchanged since (else the
+    mutants are renumbered and the killed ones' status means nothing)."""
+    modules = [str(module) for module in earlier["modules"]]  # type: ignore[attr-defined]
+    changed = subprocess.run(  # noqa: S603 - git with fixed arguments
+        ["git", "-C", str(ROOT), "diff", "--quiet", str(earlier["commit"]), commit, "--", *modules],  # noqa: S607
+        check=False,
+    )
+    if changed.returncode != 0:
+        raise SystemExit(
+            f"{earlier['name']}: modules changed since {earlier['commit']}: run it whole"
+        )
+    mutants: list[dict[str, str]] = earlier["mutants"]  # type: ignore[assignment]
+    return tuple(m["name"] for m in mutants if m["status"] not in DETECTED)
 
 
 def _in_target_order(by_name: dict[str, dict[str, object]]) -> list[dict[str, object]]:

@@ -94,7 +94,13 @@ def render(
         rows.append(
             f"| {result['name']} | {modules} | {total} | {detected} | {total - detected} | "
             f"{equivalent} | {_rate(detected, total)} | {_rate(detected, total - equivalent)} | "
-            f"{result['seconds']:.0f} s |" + (f" {unchecked} not reached" if unchecked else "")
+            f"{result['seconds']:.0f} s |"
+            + (f" {unchecked} not reached" if unchecked else "")
+            + (
+                f" only the survivors of the run at {str(result['survivors_of'])[:10]} rerun"
+                if result.get("survivors_of")
+                else ""
+            )
         )
         if lines:
             survivor_sections.append(f"### {result['name']}\n\n" + "\n".join(lines))
@@ -122,7 +128,9 @@ def render(
         "mutant: mutmut's workers import the modules before a mutant is set. A target run with "
         "a time "
         "budget (`--budget-s`) counts only the mutants it reached; the rest are noted after "
-        "its time.",
+        "its time. A target rerun with `--survivors` (its modules unchanged, tests added) ran "
+        "only the mutants its earlier run left alive; the others keep their earlier status, "
+        "as noted after its time (which is the rerun's).",
         "",
         f"**Overall: {totals['detected']} of {totals['mutants']} detected ({overall}); "
         f"{overall_net} without the {totals['equivalent']} equivalent mutants.**",

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
@@ -28,6 +29,8 @@ __all__ = [
     "Mutant",
     "TargetResult",
     "archive_head",
+    "collect",
+    "merge_survivor_run",
     "recheck_at_import",
     "run_target",
 ]
@@ -48,6 +51,7 @@ _STATUS = {
     37: "caught by type check",
     -9: "killed",  # SIGKILL: a mutant that grows without bound, killed by the OOM killer
 }
+_QUICK_S = 1.0  # a test mutmut timed under this runs in the recheck's first pass
 DETECTED = frozenset({"killed", "timeout", "caught by type check"})
 # Statements starting on these lines are not mutated: an exception's message is prose for the
 # operator, not a promise (its type and the condition that raises it are mutated).
@@ -69,6 +73,7 @@ class TargetResult:
     mutants: tuple[Mutant, ...]
     seconds: float
     commit: str
+    survivors_of: str | None = None  # only the survivors of the run at this commit were run
 
     def count(self, *statuses: str) -> int:
         return sum(mutant.status in statuses for mutant in self.mutants)
@@ -80,6 +85,7 @@ class TargetResult:
             "tests": list(self.target.tests),
             "seconds": round(self.seconds, 1),
             "commit": self.commit,
+            **({"survivors_of": self.survivors_of} if self.survivors_of else {}),
             "mutants": [
                 {"name": m.name, "status": m.status, "change": list(m.change)}
                 if m.change
@@ -111,18 +117,20 @@ def run_target(
     max_children: int,
     log: Path,
     budget_s: float | None = None,
+    only: tuple[str, ...] = (),
 ) -> TargetResult:
     """Run mutmut over ``target`` in ``tree`` (prepared by :func:`archive_head`).
 
     With ``budget_s`` the session is stopped after that long; the mutants it did not reach are
-    recorded as ``not checked`` (the report counts them apart).
+    recorded as ``not checked`` (the report counts them apart). With ``only``, just those
+    mutants run (the others are ``not checked``).
     """
     _configure(tree, target)
     shutil.rmtree(tree / "mutants", ignore_errors=True)
     started = time.monotonic()
     with log.open("ab") as out:
         session = subprocess.Popen(  # noqa: S603 - the venv's own mutmut
-            [str(mutmut), "run", "--max-children", str(max_children)],
+            [str(mutmut), "run", "--max-children", str(max_children), *only],
             cwd=tree,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -137,7 +145,14 @@ def run_target(
         # broker): the group is the session's own, so ending it touches nothing else.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(session.pid, signal.SIGTERM)
-    seconds = time.monotonic() - started
+    return collect(tree, target, commit=commit, mutmut=mutmut, seconds=time.monotonic() - started)
+
+
+def collect(
+    tree: Path, target: Target, *, commit: str, mutmut: Path, seconds: float
+) -> TargetResult:
+    """What became of each mutant of a finished (or stopped) session in ``tree``; import-time
+    survivors are checked again here."""
     mutants = []
     for module in target.modules:
         meta = tree / "mutants" / (module + ".meta")
@@ -153,6 +168,26 @@ def run_target(
     return TargetResult(target, tuple(mutants), seconds, commit)
 
 
+def merge_survivor_run(result: TargetResult, earlier: Mapping[str, object]) -> TargetResult:
+    """A run of only the earlier run's survivors, with the earlier run's detected mutants
+    (same modules, so the same mutants; tests were added, so killed stay killed)."""
+    before: list[dict[str, str]] = earlier["mutants"]  # type: ignore[assignment]
+    status = {m["name"]: m["status"] for m in before}
+    merged = tuple(
+        Mutant(m.name, status[m.name], ())
+        if m.status == "not checked" and status.get(m.name) in DETECTED
+        else m
+        for m in result.mutants
+    )
+    return TargetResult(
+        result.target,
+        merged,
+        result.seconds,
+        result.commit,
+        survivors_of=str(earlier.get("survivors_of") or earlier["commit"]),
+    )
+
+
 def _import_time_prefixes(target: Target) -> tuple[str, ...]:
     return tuple(f"{function}__mutmut_" for function in target.import_time)
 
@@ -162,14 +197,32 @@ def recheck_at_import(tree: Path, target: Target, name: str) -> str:
     process that imports the module with the mutant set: killed if any test fails (or the
     import does), survived otherwise."""
     environment = {**os.environ, "MUTANT_UNDER_TEST": name}
-    run = subprocess.run(  # noqa: S603 - the venv's own python and pytest
-        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *target.tests],
-        cwd=tree / "mutants",
-        env=environment,
-        capture_output=True,
-        check=False,
-    )
-    return "survived" if run.returncode == 0 else "killed"
+    for tests in _quick_first(tree, target):
+        run = subprocess.run(  # noqa: S603 - the venv's own python and pytest
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+            cwd=tree / "mutants",
+            env=environment,
+            capture_output=True,
+            check=False,
+        )
+        if run.returncode in {1, 2}:  # a test failed, or the import did (collection)
+            return "killed"
+        if run.returncode != 0:
+            raise RuntimeError(f"recheck of {name}: pytest exit {run.returncode}: {run.stdout!r}")
+    return "survived"
+
+
+def _quick_first(tree: Path, target: Target) -> list[list[str]]:
+    """The target's tests in two runs, those mutmut timed at a second or more last: a killed
+    mutant usually fails a quick one, so the slow property tests run only for survivors (the
+    same tests either way; without mutmut's timings, one run of every test file)."""
+    stats = tree / "mutants" / "mutmut-stats.json"
+    if not stats.exists():
+        return [list(target.tests)]
+    durations: dict[str, float] = json.loads(stats.read_text())["duration_by_test"]
+    slow = sorted(test for test, seconds in durations.items() if seconds >= _QUICK_S)
+    quick = [*target.tests, *(f"--deselect={test}" for test in slow)]
+    return [quick, slow] if slow else [quick]
 
 
 def _configure(tree: Path, target: Target) -> None:
