@@ -228,13 +228,16 @@ class ClusterMember:
     async def _own(self, partition: int, owned: _Owned) -> None:
         """Load, replay, then pull the partition until its pin is lost or the task cancelled;
         a failed request gives the partition up (the next heartbeat may take it again)."""
+        why = "stopped pulling"
         try:
             await self._load_replay_pull(partition, owned)
         except PinLostError:
-            await self._lose(partition, "pinned elsewhere")
+            why = "pinned elsewhere"
         except transient() as exc:
             self.counters.errors += 1
-            await self._lose(partition, f"{type(exc).__name__}: {exc}")
+            why = f"{type(exc).__name__}: {exc}"
+        if self._owned.get(partition) is owned:  # not given back and taken again meanwhile
+            await self._lose(partition, why)
 
     async def _load_replay_pull(self, partition: int, owned: _Owned) -> None:
         assert self._engine is not None and self._snapshots is not None
