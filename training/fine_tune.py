@@ -44,6 +44,7 @@ __all__ = [
     "check_compatible",
     "fine_tune_run",
     "init_manifest",
+    "init_weights",
 ]
 
 FINE_TUNE_LEARNING_RATE = 1e-4
@@ -94,7 +95,7 @@ def check_compatible(
         )
 
 
-def _weights(model_dir: Path, init_run: Path | None, manifest: Manifest) -> keras.Model:
+def init_weights(model_dir: Path, init_run: Path | None, manifest: Manifest) -> keras.Model:
     """The default's Keras model, checked to be the one its manifest describes."""
     beside = model_dir / "model.keras"
     if beside.is_file():
@@ -129,10 +130,12 @@ def fine_tune_run(
     run_dir: Path,
     *,
     init_run: Path | None = None,
+    model: keras.Model | None = None,
     learning_rate: float = FINE_TUNE_LEARNING_RATE,
     verbose: int | str = "auto",
 ) -> RunResult:
-    """Fine-tune the default on ``prepared`` and write the run to ``run_dir/fine-tuned``."""
+    """Fine-tune the default on ``prepared`` and write the run to ``run_dir/fine-tuned``
+    (``model``: its weights already loaded by :func:`init_weights`)."""
     manifest = init_manifest(model_dir)
     check_compatible(
         manifest,
@@ -140,7 +143,8 @@ def fine_tune_run(
         feature=prepared.data.feature,
         period_seconds=prepared.data.period_seconds,
     )
-    model = _weights(model_dir, init_run, manifest)
+    if model is None:
+        model = init_weights(model_dir, init_run, manifest)
     config = config.model_copy(
         update={
             "model": _tesla_config(manifest),

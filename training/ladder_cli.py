@@ -37,15 +37,16 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
 def run_train(args: argparse.Namespace, config: TrainConfig) -> int:
     """Train TESLA (and fine-tune a default with --init-from), then fit and print the ladder."""
     from tesla_gateway.contract.manifest import TestMetrics
-    from training.fine_tune import check_compatible, fine_tune_run, init_manifest
+    from training.fine_tune import check_compatible, fine_tune_run, init_manifest, init_weights
     from training.harm import describe
     from training.ladder import fit_ladder
     from training.train import prepare_data, train
 
     runs: dict[str, Path] = {"tesla": args.run_dir}
-    prepared = None
-    if args.init_from is not None:
+    prepared = default = None
+    if args.init_from is not None:  # every refusal before any training
         manifest = init_manifest(args.init_from)
+        default = init_weights(args.init_from, args.init_run, manifest)
         if args.window is None:
             config = config.model_copy(update={"window_length": manifest.window_length})
         prepared = prepare_data(config)
@@ -58,7 +59,7 @@ def run_train(args: argparse.Namespace, config: TrainConfig) -> int:
     result = train(config, args.run_dir)
     if args.init_from is not None and prepared is not None:
         tuned = fine_tune_run(config, prepared, args.init_from, args.run_dir,
-                              init_run=args.init_run)  # fmt: skip
+                              init_run=args.init_run, model=default)  # fmt: skip
         runs["tesla-fine-tuned"] = tuned.run_dir
     ladder = fit_ladder(config, args.run_dir, runs)
     metrics = json.loads((args.run_dir / "metrics.json").read_text(encoding="utf-8"))

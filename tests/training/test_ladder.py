@@ -18,7 +18,7 @@ from training.classical import growth_divisor
 from training.cli import main
 from training.errors import HarmfulModelError
 from training.export import graph_input, litert_predict
-from training.fine_tune import InitFromError, _weights, check_compatible, init_manifest
+from training.fine_tune import InitFromError, check_compatible, init_manifest, init_weights
 from training.ladder import LadderData, fit_ladder, load_ladder
 from training.ladder_export import export_choice
 from training.tflm import run_tflm
@@ -150,7 +150,9 @@ def test_when_nothing_beats_raw_export_says_so_and_writes_nothing(tmp_path: Path
     assert forced.manifest.choice is not None and "nothing beats" in forced.manifest.choice
 
 
-def test_init_from_refuses_what_it_cannot_fine_tune(exported: Path, tmp_path: Path) -> None:
+def test_init_from_refuses_what_it_cannot_fine_tune(
+    exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(InitFromError, match="only a TESLA default"):
         init_manifest(exported)  # a classical model directory
     with pytest.raises(InitFromError, match=r"is not a valid manifest|does not exist"):
@@ -165,6 +167,12 @@ def test_init_from_refuses_what_it_cannot_fine_tune(exported: Path, tmp_path: Pa
     assert "channels: the default has pm2_5, these data pm10,rh" in message
     data = LadderData(TrainConfig.model_validate(CONFIG))
     assert data.covariates == ("rh", "temp_c")
+    # Through the CLI: a committed default without its Keras weights is refused before training.
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    argv = ["train", "--config", str(tmp_path / "config.json"), "--run-dir", str(tmp_path / "r")]
+    assert main([*argv, "--init-from", "models/pm2_5-antwerp-1h"]) == 2
+    assert "carries FlatBuffers only, no Keras weights to fine-tune" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
 
 
 def test_init_from_fine_tunes_a_tesla_model_directory(trained: Path, tmp_path: Path) -> None:
@@ -175,7 +183,7 @@ def test_init_from_fine_tunes_a_tesla_model_directory(trained: Path, tmp_path: P
     assert main([*argv, "--candidate", "tesla", "--force", "--targets", "gateway"]) == 0
     assert load_manifest(default).architecture == "tesla"
     with pytest.raises(InitFromError, match="--init-run"):
-        _weights(default, None, load_manifest(default))
+        init_weights(default, None, load_manifest(default))
     other = {**CONFIG, "dataset_options": {**SYNTHETIC, "seed": 11, "days": 8}, "epochs": 1}
     (tmp_path / "config.json").write_text(json.dumps(other))
     run_dir = tmp_path / "run"
