@@ -174,7 +174,10 @@ def _history_intervals(  # noqa: PLR0917 (one private step of calibrate_model_di
     out = []
     for k in points:
         fitted = fit_cross_unit(
-            [_cut(unit, k) for unit in units], validation_sensor=sensor, level=level
+            [_cut(unit, k) for unit in units],
+            validation_sensor=sensor,
+            level=level,
+            quantile_levels=(),  # the whole-window intervals carry the table ACI reads
         )
         cut_test = _cut(test, k).finite()
         rows.append(_row(cut_test, k, before[k], unit_scores(fitted, cut_test).model_dump()))

@@ -16,7 +16,9 @@ CV+ with the sensor as the left-out block).
   bin the half-width is the smallest absolute residual whose weighted share reaches
   ``level · (n + 1) / n`` (the finite-sample rank of split conformal, as a weighted share).
 * **A quantile table** at :data:`QUANTILE_LEVELS` (and the level itself) per bin lets a sensor
-  beside a reference adapt its level online (tesla_gateway/monitor/coverage.py).
+  beside a reference adapt its level online (tesla_gateway/monitor/coverage.py); the
+  short-history buckets go without (``quantile_levels=()``: a young sensor's adapted interval
+  scales as a normal error's), which keeps the manifest small.
 * **Per-unit figures.** Each calibration unit is scored with intervals fitted on the *other*
   units (leave-one-unit-out: what a unit nobody calibrated on sees); the test unit with the
   intervals as published.
@@ -116,7 +118,7 @@ def fit_cross_unit(
         )
     edges, which = _bins(predicted)
     counts = np.bincount(which, minlength=len(edges) + 1)
-    levels = sorted({*quantile_levels, level})
+    levels = sorted({*quantile_levels, level}) if quantile_levels else [level]
 
     def widths(at: float) -> list[float]:
         return [
@@ -137,8 +139,8 @@ def fit_cross_unit(
         counts=counts.tolist(),
         calibration_sensor=validation_sensor,
         calibration_sensors=[unit.sensor for unit in kept],
-        quantile_levels=levels,
-        quantile_half_widths=table,
+        quantile_levels=levels if quantile_levels else [],
+        quantile_half_widths=table if quantile_levels else [],
     )
 
 
