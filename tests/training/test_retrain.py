@@ -66,6 +66,36 @@ def champion(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return root / "model", root / "run"
 
 
+@pytest.fixture(scope="module")
+def young_champion(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A champion trained for short histories too, whose manifest calibrates young sensors."""
+    root = tmp_path_factory.mktemp("young")
+    config = TrainConfig(
+        dataset="synthetic",
+        dataset_options=SYNTHETIC,
+        window_length=32,
+        max_interpolated_periods=5,
+        model=TeslaConfig(d_model=8, heads=2),
+        epochs=3,
+        batch_size=64,
+        learning_rate=3e-3,
+        partial_history_fraction=0.5,
+        partial_history_epochs=1,
+    )
+    train(config, root / "run", verbose=0)
+    export_run(
+        root / "run", root / "model", name="pm2_5-test", version=CHAMPION_VERSION, force=True
+    )
+    # Too tiny to beat the line on a few periods, it would calibrate from a full window only: its
+    # manifest is made to claim one period (the curve stays its own), as a default's does.
+    path = root / "model" / "manifest.json"
+    document = json.loads(path.read_text())
+    assert document["history_curve"]
+    document["min_history_periods"] = 1
+    path.write_text(json.dumps(document))
+    return root / "model", root / "run"
+
+
 def write_pairs(
     directory: Path,
     *,
@@ -235,6 +265,49 @@ def test_rejects_a_challenger_short_of_the_margin_through_the_cli(
     assert not (tmp_path / "out" / "model").exists()
     assert not (tmp_path / "out" / "release").exists()
     assert "REJECTED" in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("share", [None, 0.0])
+def test_a_challenger_claims_only_the_short_histories_it_was_measured_on(
+    young_champion: tuple[Path, Path], pairs_dir: Path, share: float | None, tmp_path: Path
+) -> None:
+    """The champion calibrates from a few periods. Its challenger is trained for short histories
+    too (by default) and its manifest carries its own curve, measured on its validation pairs;
+    trained on whole windows only, it claims nothing and a gateway waits for a full window.
+    Never the champion's figures, which describe another model."""
+    model_dir, run_dir = young_champion
+    champion = load_manifest(model_dir)
+    assert champion.min_history_periods is not None and champion.min_history_periods < 32
+    assert champion.history_curve is not None
+    result = retrain(
+        RetrainConfig(
+            champion=model_dir,
+            pairs=pairs_dir,
+            champion_run=run_dir,
+            holdout=HoldBack.model_validate("6h"),
+            margin=0.0,
+            epochs=3,
+            batch_size=64,
+            learning_rate=3e-3,
+            partial_history_fraction=share,
+        ),
+        tmp_path / "out",
+    )
+    assert result.accepted, result.reason
+    assert result.model_dir is not None
+    manifest = load_manifest(result.model_dir)
+    if share == 0.0:
+        assert manifest.min_history_periods is None
+        assert manifest.history_curve is None and manifest.history_intervals is None
+        assert manifest.calibrates_from == 32
+        return
+    assert manifest.history_curve is not None and manifest.history_intervals is not None
+    assert manifest.min_history_periods is not None
+    assert manifest.history_curve != champion.history_curve  # measured on the challenger
+    whole = manifest.history_curve[-1]
+    assert whole.periods == 32
+    assert whole.model.rmse == pytest.approx(manifest.validation.rmse, rel=1e-3)
 
 
 # Errors found before any training: cheap, specific, written to the report.

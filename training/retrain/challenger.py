@@ -27,6 +27,7 @@ from training.conformal import DEFAULT_LEVEL, fit_intervals
 from training.data import WindowSet
 from training.errors import DataError, RetrainError
 from training.harm import compare_on
+from training.history import history_fields
 from training.metrics import LinearCalibration, error_metrics
 from training.model_dir import training_hyperparameters
 from training.models import ModelConfig, build_model
@@ -51,6 +52,8 @@ __all__ = [
 
 
 RUN_MATCH_TOLERANCE = 1e-3  # champion run vs champion FlatBuffer, relative to the output scale
+# The share of truncated windows the committed defaults were trained with (training/defaults.py).
+YOUNG_SENSOR_FRACTION = 0.5
 
 
 _TRAINING_KEYS = frozenset(
@@ -76,6 +79,7 @@ class Challenger:
     history: dict[str, list[float]]
     validation: ErrorMetrics
     linear: LinearCalibration
+    partial_history_fraction: float
 
     @property
     def epochs_run(self) -> int:
@@ -95,8 +99,11 @@ def train_challenger(config: RetrainConfig, inputs: Inputs, verbose: int | str) 
     learning_rate = config.learning_rate or float(
         champion.hyperparameters.get("learning_rate", 1e-3)
     )
+    fraction = partial_history_share(config, inputs)
     model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="mse")
-    history = _fit(model, inputs.sets, config, batch_size, verbose)
+    history = _fit(
+        model, inputs.sets, config, batch_size, verbose, partial_history_fraction=fraction
+    )
     sets = inputs.sets
     if sets.validation is not None:
         validation = error_metrics(
@@ -113,7 +120,20 @@ def train_challenger(config: RetrainConfig, inputs: Inputs, verbose: int | str) 
         history=history,
         validation=validation,
         linear=LinearCalibration.fit(sets.train.current_raw(), sets.train.targets()),
+        partial_history_fraction=fraction,
     )
+
+
+def partial_history_share(config: RetrainConfig, inputs: Inputs) -> float:
+    """The configured share, or the champion's habit: a champion that calibrates young sensors
+    (from fewer than N periods) has a challenger trained to do so as well."""
+    if config.partial_history_fraction is not None:
+        return config.partial_history_fraction
+    champion = inputs.champion
+    calibrates_from = champion.min_history_periods
+    if calibrates_from is not None and calibrates_from < champion.window_length:
+        return YOUNG_SENSOR_FRACTION
+    return 0.0
 
 
 def describe_challenger(
@@ -204,6 +224,8 @@ def _fit(
     config: RetrainConfig,
     batch_size: int,
     verbose: int | str,
+    *,
+    partial_history_fraction: float,
 ) -> dict[str, list[float]]:
     callbacks: list[keras.callbacks.Callback] = []
     validation_data = None
@@ -217,7 +239,7 @@ def _fit(
             )
         )
     history = model.fit(
-        WindowBatches(sets.train, sets.indices, batch_size, config.seed),
+        WindowBatches(sets.train, sets.indices, batch_size, config.seed, partial_history_fraction),
         validation_data=validation_data,
         epochs=config.epochs,
         callbacks=callbacks,
@@ -296,10 +318,25 @@ def _trust_fields(inputs: Inputs, challenger: Challenger) -> dict[str, Any]:
         "intervals": None,
         "validation_baselines": None,
         "device_graph_absent": None,
+        # The champion's short-history figures describe the champion: measured anew or none
+        # (a gateway then waits for a full window rather than trust them).
+        "min_history_periods": None,
+        "history_curve": None,
+        "history_intervals": None,
     }
     validation = inputs.sets.validation
     if validation is None:
         return fields
+    level = inputs.champion.intervals.level if inputs.champion.intervals else DEFAULT_LEVEL
+    if challenger.partial_history_fraction > 0:
+        fields |= history_fields(
+            lambda x: challenger.model.predict(x, verbose=0, batch_size=1024),
+            validation,
+            challenger.linear.predict(validation.current_raw()),
+            period_seconds=inputs.champion.period_seconds,
+            sensor=",".join(validation.sensor_ids),
+            level=level,
+        )
     predicted = predict_windows(challenger.model, validation)
     fields["validation_baselines"] = compare_on(
         validation, predicted, challenger.linear
@@ -309,7 +346,7 @@ def _trust_fields(inputs: Inputs, challenger: Challenger) -> dict[str, Any]:
             predicted,
             validation.targets(),
             sensor=",".join(validation.sensor_ids),
-            level=inputs.champion.intervals.level if inputs.champion.intervals else DEFAULT_LEVEL,
+            level=level,
         )
     except DataError:  # too short a validation period to set a width: say nothing
         return fields

@@ -64,6 +64,16 @@ class RetrainConfig(BaseModel):
     learning_rate: float | None = Field(default=None, gt=0, description="Default: the champion's.")
     early_stopping_patience: int = Field(default=3, ge=1)
     seed: int = 0
+    partial_history_fraction: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "Share of training windows truncated to a random history (training/history.py), so "
+            "the challenger calibrates young sensors too; default: 0.5 when the champion "
+            "calibrates from fewer than N periods, else 0."
+        ),
+    )
     pairs_weight: int = Field(
         default=1, ge=1, description="Each pairs window is seen this many times per epoch."
     )
