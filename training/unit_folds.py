@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from training.data import WindowSet, clean, load_dataset, to_grid
-from training.errors import DataError
+from training.errors import DataError, DivergedTrainingError
 from training.history import Predict, predict_truncated
 from training.train import TrainConfig, load_run, train
 
@@ -43,6 +43,7 @@ __all__ = [
 
 DEFAULT_FOLDS = 4
 TIMING_FILE = "fold_timing.json"  # beside the run: what the fold cost when it was trained
+DIVERGED_FILE = "diverged.json"  # a seed whose training diverged (skipped, as default-models)
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -54,6 +55,7 @@ class FoldRun:
     left_out: tuple[str, ...]
     run_dir: Path
     seed_runs: tuple[Path, ...]
+    diverged_seeds: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,20 +104,58 @@ def train_folds(
     runs = []
     for group in fold_groups(train_sensors, folds):
         candidates = []
+        diverged = []
         for seed in seeds or (config.seed,):
             fold_config = config.model_copy(update={"left_out_sensors": group, "seed": seed})
             run_dir = folds_dir / f"without-{'-'.join(group)}-seed{seed}"
+            if _diverged(run_dir, fold_config):
+                diverged.append(seed)
+                continue
             if not _finished(run_dir, fold_config):
                 started = time.monotonic()
-                train(fold_config, run_dir, verbose=verbose)
+                try:
+                    train(fold_config, run_dir, verbose=verbose)
+                except DivergedTrainingError as exc:  # as default-models would: another seed
+                    _record_divergence(run_dir, fold_config, exc)
+                    diverged.append(seed)
+                    continue
                 (run_dir / TIMING_FILE).write_text(
                     json.dumps({"train_seconds": round(time.monotonic() - started, 1)}) + "\n",
                     encoding="utf-8",
                 )
             candidates.append(run_dir)
+        if not candidates:
+            raise DataError(
+                f"every seed of the fold without {list(group)} diverged (see {folds_dir}/*/"
+                f"{DIVERGED_FILE}): try other --seeds"
+            )
         best = min(candidates, key=_validation_rmse)
-        runs.append(FoldRun(left_out=group, run_dir=best, seed_runs=tuple(candidates)))
+        runs.append(
+            FoldRun(
+                left_out=group,
+                run_dir=best,
+                seed_runs=tuple(candidates),
+                diverged_seeds=tuple(diverged),
+            )
+        )
     return runs
+
+
+def _diverged(run_dir: Path, config: TrainConfig) -> bool:
+    """True when this config already diverged here (a rerun does not train it again)."""
+    marker = run_dir / DIVERGED_FILE
+    if not marker.is_file():
+        return False
+    recorded = json.loads(marker.read_text(encoding="utf-8"))["config"]
+    return TrainConfig.model_validate(recorded) == config
+
+
+def _record_divergence(run_dir: Path, config: TrainConfig, exc: DivergedTrainingError) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / DIVERGED_FILE).write_text(
+        json.dumps({"config": config.model_dump(mode="json"), "error": str(exc)}) + "\n",
+        encoding="utf-8",
+    )
 
 
 def _validation_rmse(run_dir: Path) -> float:
@@ -202,5 +242,11 @@ def fold_costs(runs: Sequence[FoldRun]) -> list[dict[str, object]]:
                     "kept": run_dir == run.run_dir,
                 }
             )
-        rows.append({"left_out": list(run.left_out), "seeds": seeds})
+        rows.append(
+            {
+                "left_out": list(run.left_out),
+                "seeds": seeds,
+                "diverged_seeds": list(run.diverged_seeds),
+            }
+        )
     return rows
