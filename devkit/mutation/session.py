@@ -169,19 +169,22 @@ def collect(
 
 
 def merge_survivor_run(result: TargetResult, earlier: Mapping[str, object]) -> TargetResult:
-    """A run of only the earlier run's survivors, with the earlier run's detected mutants
-    (same modules, so the same mutants; tests were added, so killed stay killed)."""
-    before: list[dict[str, str]] = earlier["mutants"]  # type: ignore[assignment]
-    status = {m["name"]: m["status"] for m in before}
-    merged = tuple(
-        Mutant(m.name, status[m.name], ())
-        if m.status == "not checked" and status.get(m.name) in DETECTED
-        else m
-        for m in result.mutants
-    )
+    """A run of only the earlier run's survivors, completed with the earlier run's status of
+    every mutant it did not run (same modules, so the same mutants; tests were only added, so
+    the killed stay killed, and a survivor a time budget left unreached stays as it was)."""
+    before: list[dict[str, object]] = earlier["mutants"]  # type: ignore[assignment]
+    by_name = {str(m["name"]): m for m in before}
+    merged = []
+    for mutant in result.mutants:
+        was = by_name.get(mutant.name)
+        if mutant.status == "not checked" and was is not None:
+            change: list[str] = was.get("change", [])  # type: ignore[assignment]
+            merged.append(Mutant(mutant.name, str(was["status"]), tuple(change)))
+        else:
+            merged.append(mutant)
     return TargetResult(
         result.target,
-        merged,
+        tuple(merged),
         result.seconds,
         result.commit,
         survivors_of=str(earlier.get("survivors_of") or earlier["commit"]),
