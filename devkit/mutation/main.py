@@ -16,7 +16,7 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
-from devkit.mutation.report import load_verdicts, render
+from devkit.mutation.report import Verdict, load_verdicts, render
 from devkit.mutation.session import DETECTED, archive_head, merge_survivor_run, run_target
 from devkit.mutation.targets import TARGETS, target_named
 
@@ -47,8 +47,9 @@ def _parser() -> argparse.ArgumentParser:
         "--survivors",
         action="store_true",
         help=(
-            "rerun only the mutants the recorded run left alive (each target's modules must be"
-            " unchanged since; the killed keep their status): for tests added since"
+            "rerun only the mutants the recorded run left alive and not explained as"
+            " equivalent (each target's modules must be unchanged since; the others keep their"
+            " status): for tests added since"
         ),
     )
     parser.add_argument(
@@ -122,8 +123,9 @@ def main(argv: list[str]) -> int:
 
 
 def _survivors_of(earlier: dict[str, object], commit: str) -> tuple[str, ...]:
-    """The recorded run's undetected mutants, if its modules are unchanged since (else the
-    mutants are renumbered and the killed ones' status means nothing)."""
+    """The recorded run's undetected mutants not explained as equivalent, if its modules are
+    unchanged since (else the mutants are renumbered and the killed ones' status means
+    nothing). The equivalent keep their earlier status: that can only understate the rate."""
     modules = [str(module) for module in earlier["modules"]]  # type: ignore[attr-defined]
     changed = subprocess.run(  # noqa: S603 - git with fixed arguments
         ["git", "-C", str(ROOT), "diff", "--quiet", str(earlier["commit"]), commit, "--", *modules],  # noqa: S607
@@ -133,8 +135,19 @@ def _survivors_of(earlier: dict[str, object], commit: str) -> tuple[str, ...]:
         raise SystemExit(
             f"{earlier['name']}: modules changed since {earlier['commit']}: run it whole"
         )
-    mutants: list[dict[str, str]] = earlier["mutants"]  # type: ignore[assignment]
-    return tuple(m["name"] for m in mutants if m["status"] not in DETECTED)
+    verdicts = load_verdicts()
+    mutants: list[dict[str, object]] = earlier["mutants"]  # type: ignore[assignment]
+    return tuple(
+        str(m["name"])
+        for m in mutants
+        if m["status"] not in DETECTED and not _equivalent(m, verdicts.get(str(m["name"])))
+    )
+
+
+def _equivalent(mutant: dict[str, object], verdict: Verdict | None) -> bool:
+    change: list[str] = mutant.get("change", [])  # type: ignore[assignment]
+    added = next((line[2:] for line in change if line.startswith("+ ")), "")
+    return verdict is not None and verdict.added == added and verdict.verdict.startswith("equiv")
 
 
 def _in_target_order(by_name: dict[str, dict[str, object]]) -> list[dict[str, object]]:

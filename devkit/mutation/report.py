@@ -129,8 +129,9 @@ def render(
         "a time "
         "budget (`--budget-s`) counts only the mutants it reached; the rest are noted after "
         "its time. A target rerun with `--survivors` (its modules unchanged, tests added) ran "
-        "only the mutants its earlier run left alive; the others (and survivors a time budget "
-        "left unreached) keep their earlier status, as noted after its time (the rerun's).",
+        "only the mutants its earlier run left alive and not explained as equivalent; the "
+        "others (and survivors a time budget left unreached) keep their earlier status, as "
+        "noted after its time (the rerun's).",
         "",
         f"**Overall: {totals['detected']} of {totals['mutants']} detected ({overall}); "
         f"{overall_net} without the {totals['equivalent']} equivalent mutants.**",
