@@ -39,10 +39,17 @@ class TeslaConfig(BaseModel):
     )
     bins: BinKind = Field(default="log", description="'log' (TESLA) or 'uniform' (ablation).")
     use_global: bool = Field(default=True, description="Add the global view of the window.")
-    aggregator: Literal["linear", "ffn"] = Field(
-        default="linear", description="TESLA's feature-wise aggregator or a transformer FFN head."
+    aggregator: Literal["linear", "ffn", "mlp"] = Field(
+        default="linear",
+        description=(
+            "TESLA's feature-wise aggregator, a transformer FFN head, or 'mlp': the aggregator "
+            "with a hidden ReLU layer of ffn_width per token (a head the node can afford at "
+            "N = 360, docs/model.md)."
+        ),
     )
-    ffn_width: int = Field(default=32, ge=1, description="Hidden width of the 'ffn' ablation.")
+    ffn_width: int = Field(
+        default=32, ge=1, description="Hidden width of the 'ffn' and 'mlp' heads."
+    )
 
 
 def build_tesla(
@@ -83,6 +90,10 @@ def build_tesla(
         normalised = keras.layers.Add(name="residual")([tokens, attended])  # [B, z, d]
     if config.aggregator == "linear":
         output = FeatureAggregator(name="aggregator")(normalised)  # [B, 1]
+    elif config.aggregator == "mlp":
+        hidden = Projection(config.ffn_width, activation="relu", name="mlp_in")(normalised)
+        flat = keras.layers.Reshape((bin_count(window_length) * config.ffn_width,))(hidden)
+        output = Projection(1, name="head")(flat)
     else:
         hidden = Projection(config.ffn_width, activation="relu", name="ffn_in")(normalised)
         hidden = Projection(config.d_model, name="ffn_out")(hidden)

@@ -84,6 +84,7 @@ def test_ablation_variants_build_and_differ() -> None:
         "uniform": TeslaConfig(d_model=8, heads=2, bins="uniform"),
         "local_only": TeslaConfig(d_model=8, heads=2, use_global=False),
         "ffn": TeslaConfig(d_model=8, heads=2, aggregator="ffn"),
+        "mlp": TeslaConfig(d_model=8, heads=2, aggregator="mlp", ffn_width=4),
     }.items():
         model = build_model(config, 60, 1, 50.0)
         outputs[name] = np.asarray(model(x))
