@@ -11,11 +11,31 @@ from pathlib import Path
 import pytest
 
 from devkit.cluster_demo.session import ClusterDemoOptions, run_cluster_demo, shift_slice
+from devkit.cluster_demo.tally import (
+    expected_periods,
+    reading_key,
+    readings_lost_and_duplicated,
+    tally,
+)
 from devkit.demo.replay_slice import default_slice_path, load_slice
 
 pytest.importorskip("nats")
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_verdict_counts_gaps_duplicates_and_lost_readings() -> None:
+    sent = [("a", 0.0), ("a", 61.0), ("a", 125.0), ("a", 190.0), ("b", 5.0), ("b", 70.0)]
+    expected = expected_periods(sent, 60)
+    assert expected == {"a": {0, 60, 120}, "b": {0}}  # the last, open period is not due
+    ids = ["a.pm10.0", "a.pm10.0", "a.pm10.120", "a.pm10.180", "b.pm10.0", "b.rh.60"]
+    tallies = tally(expected, ids)
+    assert tallies["a"].missing == (60,) and tallies["a"].duplicates == 1
+    assert not tallies["a"].clean and tallies["b"].clean
+    stored = [("a", 0.0), ("a", 0.0), ("a", 61.0), ("b", 5.0)]
+    assert readings_lost_and_duplicated(sent, stored) == (3, 1)
+    assert reading_key("sensors.part.3.a", {"timestamp": "1970-01-01T00:01:01Z"}) == ("a", 61.0)
+    assert reading_key("sensors.part.3.a", {"ts": 61}) == ("a", 61.0)
 
 
 def test_shifted_slice_keeps_periods_and_ends_an_hour_ago() -> None:
