@@ -7,6 +7,7 @@ SIGKILLed: no acknowledged reading lost, no period missing or doubled."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 
 from devkit.nats_servers import NatsCluster, NatsServer
 from tests.cluster.harness import (
+    PARTITIONS,
     PERIOD_S,
     WINDOW,
     ClusterGateway,
@@ -189,6 +191,51 @@ def test_killed_stream_leader_loses_nothing(
     )
     assert sent_ids == set(stored_ids)  # every acknowledged reading is in the stream
     assert max(stored_ids.values()) == 1  # and once
+    ids = Counter(msg_id for msg_id, _, _ in messages)
+    assert [key for key, count in ids.items() if count > 1] == []
+    assert set(ids) == expected
+
+
+def test_paused_gateway_learns_it_lost_its_partitions(
+    nats_cluster: NatsCluster, model_factory: ModelFactory, tmp_path: Path
+) -> None:
+    """SIGSTOP past the pin TTL (a frozen Pi): the other gateway takes the partitions; on
+    SIGCONT the paused one is refused its pins and leases, drops those windows, and placement
+    balances again; no period missing or doubled."""
+    model = model_factory.get(window_length=WINDOW, period_seconds=PERIOD_S).path
+    gateways = [_gateway(tmp_path, f"g{i}", model, nats_cluster, i) for i in range(2)]
+    feeder = Feeder(nats_cluster.urls, SENSORS[:12])
+    try:
+        for gateway in gateways:
+            gateway.wait_ready(wait_sources=False)
+        wait_for(lambda: balanced(gateways), "two gateways sharing the partitions")
+        feeder.start()
+        time.sleep(3 * PERIOD_S)
+        paused, other = gateways
+        had = sorted(paused.partitions())
+        paused.process.send_signal(signal.SIGSTOP)
+        wait_for(lambda: len(other.partitions()) == PARTITIONS, "the other taking everything")
+        paused.process.send_signal(signal.SIGCONT)
+        wait_for(lambda: paused.cluster().get("lost", 0) >= 1, "the paused one noticing")
+        wait_for(lambda: balanced(gateways), "a balanced placement again")
+        time.sleep(2 * PERIOD_S)
+        feeder.stop()
+        expected = expected_periods(feeder.sent)
+        wait_for(
+            lambda: len(stream_messages(nats_cluster.urls, "TESLA_CALIBRATED")) >= len(expected),
+            "every period calibrated",
+        )
+        time.sleep(1.0)
+        messages = stream_messages(nats_cluster.urls, "TESLA_CALIBRATED")
+        lost = paused.cluster()["lost"]
+    finally:
+        feeder.stop()
+        for gateway in gateways:
+            if gateway.running:
+                gateway.process.send_signal(signal.SIGCONT)
+            gateway.stop()
+
+    print(f"paused gateway lost {lost} of its partitions {had}")
     ids = Counter(msg_id for msg_id, _, _ in messages)
     assert [key for key, count in ids.items() if count > 1] == []
     assert set(ids) == expected
