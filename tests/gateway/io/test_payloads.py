@@ -429,6 +429,7 @@ _EDGES = [
     f'{{"ts": {NOW}, "time": {NOW}, "pm10": 1}}',  # two spellings of the time
     f'{{"ts": {NOW}, "timestamp": {NOW}, "pm10": 1}}',
     f'{{"timestamp": {NOW}, "time": {NOW}, "pm10": 1}}',
+    f'{{"ts": {NOW}, "timestamp": {NOW - 60}, "time": {NOW - 120}, "pm10": 1}}',
     f'{{"ts": {NOW}, "pm10": 1}}',
     f'{{"ts": {NOW - 604_800}, "pm10": 1}}',  # exactly as old as allowed
     f'{{"ts": {NOW - 604_800.5}, "pm10": 1}}',
@@ -440,13 +441,14 @@ _EDGES = [
 ]
 
 
+@pytest.mark.parametrize("topic_sensor_id", [None, "s1"])  # "s1": the C path reads the rest
 @pytest.mark.parametrize("payload", _EDGES)
 def test_at_the_edges_both_paths_end_the_same(
-    payload: str, monkeypatch: pytest.MonkeyPatch
+    payload: str, topic_sensor_id: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def outcome() -> object:
         try:
-            decoded = decode(payload, topic_sensor_id=None)
+            decoded = decode(payload, topic_sensor_id=topic_sensor_id)
         except ReadingRejectedError as exc:
             return exc.reason, exc.detail
         return decoded.readings, [(r.reason, r.detail) for r in decoded.rejects]
