@@ -148,6 +148,9 @@ class ClusterMember:
             "replayed": counters.replayed,
             "snapshots": counters.snapshots,
             "snapshot_bytes": 0 if self._snapshots is None else self._snapshots.saved_bytes,
+            "snapshots_in_object_store": (
+                0 if self._snapshots is None else self._snapshots.in_object_store
+            ),
             "last_takeover_s": round(counters.last_takeover_s, 3),
             "errors": counters.errors,
             **self.traffic.stats(),

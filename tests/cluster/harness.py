@@ -47,6 +47,7 @@ def write_config(
     replicas: int = 3,
     partitions: int = PARTITIONS,
     sources: str = "",
+    max_kv_value_bytes: int = 512 * 1024,
 ) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "gateway.toml"
@@ -90,6 +91,7 @@ partitions = {partitions}
 replicas = {replicas}
 pin_ttl_s = 5
 snapshot_interval_s = 2
+max_kv_value_bytes = {max_kv_value_bytes}
 {sources}
 """,
         encoding="utf-8",

@@ -42,9 +42,22 @@ FAILOVER_PROMISE_S = 10.0  # issue 29: a dead gateway's partitions are calibrate
 
 
 def _gateway(
-    tmp_path: Path, name: str, model: Path, cluster: NatsCluster, node: int
+    tmp_path: Path,
+    name: str,
+    model: Path,
+    cluster: NatsCluster,
+    node: int,
+    *,
+    max_kv_value_bytes: int = 512 * 1024,
 ) -> ClusterGateway:
-    config = write_config(tmp_path / name, name, model, cluster.urls, cluster.mqtt_ports[node])
+    config = write_config(
+        tmp_path / name,
+        name,
+        model,
+        cluster.urls,
+        cluster.mqtt_ports[node],
+        max_kv_value_bytes=max_kv_value_bytes,
+    )
     gateway = ClusterGateway(tmp_path / name, name, config)
     gateway.start()
     return gateway
@@ -87,7 +100,12 @@ def test_killed_gateway_moves_warm_and_every_period_once(
     tmp_path: Path,
 ) -> None:
     model = model_factory.get(window_length=WINDOW, period_seconds=PERIOD_S).path
-    gateways = [_gateway(tmp_path, f"g{i}", model, nats_cluster, i) for i in range(3)]
+    # snapshots over 1 KiB go to the object store: the takeovers here read them from there
+    small = 1024
+    gateways = [
+        _gateway(tmp_path, f"g{i}", model, nats_cluster, i, max_kv_value_bytes=small)
+        for i in range(3)
+    ]
     feeder = Feeder(nats_cluster.urls, SENSORS)
     try:
         for gateway in gateways:
@@ -103,7 +121,7 @@ def test_killed_gateway_moves_warm_and_every_period_once(
         wait_for(lambda: balanced(survivors), "the survivors taking the dead one's partitions")
         time.sleep(2 * PERIOD_S)
 
-        joining = _gateway(tmp_path, "g3", model, nats_cluster, 0)
+        joining = _gateway(tmp_path, "g3", model, nats_cluster, 0, max_kv_value_bytes=small)
         gateways.append(joining)
         joining.wait_ready(wait_sources=False)
         live = [*survivors, joining]
@@ -120,6 +138,7 @@ def test_killed_gateway_moves_warm_and_every_period_once(
         final = placement(live)
         joined = joining.cluster()
         refused = sum(g.cluster()["calibrated_duplicates"] for g in live)
+        in_objects = sum(g.cluster()["snapshots_in_object_store"] for g in live)
         dropped = [g.status()["windows"]["pm10"]["outcomes"] for g in live]
     finally:
         feeder.stop()
@@ -148,8 +167,9 @@ def test_killed_gateway_moves_warm_and_every_period_once(
     )
     assert failover_s <= FAILOVER_PROMISE_S
 
-    # the newcomer took its partitions from snapshots, never cold
+    # the newcomer took its partitions from snapshots (in the object store), never cold
     assert joined["acquired"] >= 1 and joined["cold_takeovers"] == 0, joined
+    assert in_objects > 0
 
     _check_against_one_gateway(tmp_path, nats_server, model, feeder, by_id(messages))
 
