@@ -40,11 +40,16 @@ class _Service(Protocol):
 
 
 def publisher_config(config: GatewayConfig) -> PublisherConfig:
-    """In cluster mode a sensor's topics do not depend on which gateway calibrated it."""
+    """In cluster mode a sensor's topics do not depend on which gateway calibrated it; and no
+    per-sensor availability: a gateway that handed a sensor on would call it offline while its
+    new owner still publishes it."""
     if config.cluster is None:
         return config.publisher
     return config.publisher.model_copy(
-        update={"topic_prefix": config.cluster.calibrated_topic_prefix}
+        update={
+            "topic_prefix": config.cluster.calibrated_topic_prefix,
+            "sensor_offline_after_s": None,
+        }
     )
 
 
