@@ -107,6 +107,8 @@ def main(argv: list[str]) -> int:
                     f"{unchecked} not checked, {result.seconds:.0f} s",
                     flush=True,
                 )
+                # Read again: another run (of other targets) may have recorded since.
+                by_name = {str(entry["name"]): entry for entry in _recorded()}
                 by_name[target.name] = result.as_dict()
                 RESULTS_PATH.write_text(
                     json.dumps(_in_target_order(by_name), indent=1) + "\n", encoding="utf-8"
