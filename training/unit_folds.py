@@ -43,7 +43,7 @@ __all__ = [
 
 DEFAULT_FOLDS = 4
 TIMING_FILE = "fold_timing.json"  # beside the run: what the fold cost when it was trained
-DIVERGED_FILE = "diverged.json"  # a seed whose training diverged (skipped, as default-models)
+DIVERGED_FILE = "diverged.json"  # a seed whose training diverged (skipped, not retried)
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -115,7 +115,7 @@ def train_folds(
                 started = time.monotonic()
                 try:
                     train(fold_config, run_dir, verbose=verbose)
-                except DivergedTrainingError as exc:  # as default-models would: another seed
+                except DivergedTrainingError as exc:  # never the better seed: the others decide
                     _record_divergence(run_dir, fold_config, exc)
                     diverged.append(seed)
                     continue
