@@ -83,7 +83,7 @@ def test_sensors_are_dealt_round_robin_into_folds() -> None:
 
 
 @pytest.mark.slow
-def test_calibrate_intervals_rewrites_a_model_directory(tmp_path: Path, capsys) -> None:
+def test_export_and_calibrate_intervals_fit_intervals_across_units(tmp_path: Path) -> None:
     config = TrainConfig(
         dataset="synthetic",
         dataset_options={"n_sensors": 5, "days": 2, "period_seconds": 60, "seed": 3},
@@ -98,12 +98,19 @@ def test_calibrate_intervals_rewrites_a_model_directory(tmp_path: Path, capsys) 
     run_dir = tmp_path / "run"
     train(config, run_dir, verbose=0)
     model_dir = tmp_path / "model"
-    before = export_run(run_dir, model_dir, name="pm2_5-synthetic", version=3, force=True).manifest
-    assert before.history_intervals is not None
-    folds_dir = tmp_path / "folds"
+    split = export_run(run_dir, tmp_path / "split", name="pm2_5-synthetic", force=True).manifest
+    assert split.intervals is not None and split.intervals.method == "split_conformal_binned"
+    assert split.history_intervals is not None
+    # export --intervals-across-units FOLDS: the folds are trained beside the run
+    export = ["export", "--run", str(run_dir), "--out", str(model_dir), "--name", "pm2_5-synthetic"]
+    assert main([*export, "--force", "--intervals-across-units", "2"]) == 0
+    folds_dir = run_dir / "interval-folds"
+    stamps = {p: p.stat().st_mtime_ns for p in folds_dir.glob("*/metrics.json")}
+    assert len(stamps) == 2
     args = ["calibrate-intervals", "--model", str(model_dir), "--run", str(run_dir)]
     args += ["--folds", "2", "--folds-dir", str(folds_dir), "--report", str(tmp_path / "r.json")]
-    assert main(args) == 0
+    assert main(args) == 0  # calibrating again reuses the folds: no run is written again
+    assert {p: p.stat().st_mtime_ns for p in folds_dir.glob("*/metrics.json")} == stamps
     after = load_manifest(model_dir)
     intervals = after.intervals
     assert intervals is not None and intervals.method == "cross_unit_conformal_binned"
@@ -117,20 +124,13 @@ def test_calibrate_intervals_rewrites_a_model_directory(tmp_path: Path, capsys) 
     assert all(0 <= c.coverage <= 1 and c.n > 0 for c in intervals.unit_coverage)
     assert after.history_intervals is not None
     assert [h.min_periods for h in after.history_intervals] == [
-        h.min_periods for h in before.history_intervals
+        h.min_periods for h in split.history_intervals
     ]
     assert {h.intervals.method for h in after.history_intervals} == {"cross_unit_conformal_binned"}
-    assert after.files == before.files  # only the manifest changed
+    assert after.validation == split.validation  # the same model, other intervals
     report = json.loads((tmp_path / "r.json").read_text())
     assert [len(f["seeds"]) for f in report["folds"]] == [1, 1]
     assert {r["sensor"] for r in report["units"]} == set(roles)
-
-    # a second calibration reuses the folds: no run directory is written again
-    stamps = {p: p.stat().st_mtime_ns for p in folds_dir.glob("*/metrics.json")}
-    assert len(stamps) == 2
-    capsys.readouterr()
-    assert main(args) == 0
-    assert {p: p.stat().st_mtime_ns for p in folds_dir.glob("*/metrics.json")} == stamps
 
     # evaluate names every unit's coverage with its role
     data = generate_synthetic(**config.dataset_options)  # type: ignore[arg-type]
