@@ -5,7 +5,9 @@ Trains (or reuses) the leave-sensor-out folds of the model's own training config
 validation and test sensors with the directory's float graph (run by the gateway's calibrator),
 fits the cross-unit intervals (training/cross_conformal.py) for whole windows and for every
 short-history bucket the manifest has, and rewrites only ``manifest.json``. The returned report
-holds the before/after coverage and width per unit (docs/benchmarks/intervals/).
+holds the before/after coverage and width per unit (docs/benchmarks/intervals/), and what the
+gateway's adaptive conformal inference reaches when each unit's pairs, in time order, are
+replayed through it beside a reference.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from tesla_gateway.contract.manifest import (
     write_manifest,
 )
 from tesla_gateway.models.calibrator import Calibrator
+from tesla_gateway.monitor.drift import DriftConfig
 from training.conformal import DEFAULT_LEVEL
 from training.cross_conformal import (
     UnitResiduals,
     fit_cross_unit,
-    held_out_coverage,
+    held_out_coverage_intervals,
+    replay_adaptive,
     unit_scores,
 )
 from training.errors import DataError
@@ -43,7 +47,11 @@ from training.unit_folds import (
     unit_predictions,
 )
 
-__all__ = ["IntervalReport", "calibrate_model_dir", "report_table"]
+ACI_GAMMA = DriftConfig().interval_gamma  # the gateway's default step, for the replay
+
+__all__ = ["ACI_GAMMA", "IntervalReport", "calibrate_model_dir", "report_table"]
+
+ACI_GAMMA = DriftConfig().interval_gamma  # the gateway's default step, for the replay
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,7 @@ def calibrate_model_dir(
     folds: int = DEFAULT_FOLDS,
     seeds: Sequence[int] = (),
     level: float = DEFAULT_LEVEL,
+    aci_gamma: float = ACI_GAMMA,
     verbose: int | str = 0,
 ) -> IntervalReport:
     """Fit cross-unit intervals for ``model_dir`` (trained with ``config``) and rewrite its
@@ -137,13 +146,19 @@ def calibrate_model_dir(
 
     whole = [_whole(unit) for unit in units]
     intervals = fit_cross_unit(whole, validation_sensor=sensor, level=level)
-    held = held_out_coverage(whole, validation_sensor=sensor, level=level)
-    tested = unit_scores(intervals, _whole(test).finite())
-    intervals = intervals.model_copy(update={"unit_coverage": [*held, tested]})
+    fitted = [*held_out_coverage_intervals(whole, validation_sensor=sensor, level=level)]
+    fitted.append(intervals)  # the test unit: the intervals as published
+    scored = [*whole, _whole(test)]
+    held = [unit_scores(i, unit.finite()) for i, unit in zip(fitted, scored, strict=True)]
+    intervals = intervals.model_copy(update={"unit_coverage": held})
     rows = [
         _row(unit.finite(), None, manifest.intervals, score.model_dump())
-        for unit, score in zip([*whole, _whole(test)], [*held, tested], strict=True)
+        for unit, score in zip(scored, held, strict=True)
     ]
+    for row, unit, unit_intervals in zip(rows, scored, fitted, strict=True):
+        adapted = replay_adaptive(unit_intervals, unit, gamma=aci_gamma)
+        row["aci_coverage"] = round(adapted.coverage, 4)
+        row["aci_width"] = round(adapted.mean_width, 3)
     history = _history_intervals(manifest, units, test, points, sensor, level, rows)
     updated = manifest.model_copy(
         update={
@@ -197,14 +212,15 @@ def report_table(report: dict[str, Any]) -> str:
         f"{', '.join(report['calibration_sensors'])})",
         "",
         "| unit | role | history (periods) | n | before: coverage / width | after: coverage / "
-        "width |",
-        "|---|---|---|---|---|---|",
+        "width | after, adapted beside a reference (ACI) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in report["units"]:
         periods = "whole window" if row["history_periods"] is None else str(row["history_periods"])
         lines.append(
             f"| {row['sensor']} | {row['role']} | {periods} | {row['n']} | "
             f"{cell(row['before_coverage'], row['before_width'])} | "
-            f"{cell(row['after_coverage'], row['after_width'])} |"
+            f"{cell(row['after_coverage'], row['after_width'])} | "
+            f"{cell(row.get('aci_coverage'), row.get('aci_width'))} |"
         )
     return "\n".join(lines) + "\n"

@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tesla_gateway.contract.manifest import PredictionIntervals, UnitCoverage
+from tesla_gateway.monitor.coverage import AdaptiveInterval
 from training.conformal import (
     DEFAULT_LEVEL,
     MAX_BINS,
@@ -51,6 +52,7 @@ __all__ = [
     "UnitResiduals",
     "fit_cross_unit",
     "held_out_coverage",
+    "replay_adaptive",
     "unit_scores",
 ]
 
@@ -156,6 +158,40 @@ def unit_scores(intervals: PredictionIntervals, unit: UnitResiduals) -> UnitCove
     )
 
 
+def held_out_coverage_intervals(
+    units: Sequence[UnitResiduals], *, validation_sensor: str, level: float = DEFAULT_LEVEL
+) -> list[PredictionIntervals]:
+    """Per unit, the intervals fitted on all the other units."""
+    return [
+        fit_cross_unit(
+            [other for j, other in enumerate(units) if j != index],
+            validation_sensor=validation_sensor,
+            level=level,
+        )
+        for index in range(len(units))
+    ]
+
+
+def replay_adaptive(
+    intervals: PredictionIntervals, unit: UnitResiduals, *, gamma: float
+) -> UnitCoverage:
+    """A unit's pairs, in time order, through the gateway's adaptive conformal inference
+    (tesla_gateway/monitor/coverage.py): the coverage and width its adapted interval reaches
+    beside a reference."""
+    finite = unit.finite()
+    state = AdaptiveInterval(intervals.level, gamma=gamma, window=max(1, len(finite.predicted)))
+    for value, reference in zip(finite.predicted.tolist(), finite.reference.tolist(), strict=True):
+        state.update(value, reference, intervals.interval(value), intervals)
+    figures = state.figures()
+    return UnitCoverage(
+        sensor=unit.sensor,
+        role=unit.role,  # type: ignore[arg-type]
+        n=figures.pairs,
+        coverage=0.0 if math.isnan(figures.adapted_coverage) else figures.adapted_coverage,
+        mean_width=0.0 if math.isnan(figures.adapted_mean_width) else figures.adapted_mean_width,
+    )
+
+
 def held_out_coverage(
     units: Sequence[UnitResiduals],
     *,
@@ -163,9 +199,7 @@ def held_out_coverage(
     level: float = DEFAULT_LEVEL,
 ) -> list[UnitCoverage]:
     """Each unit scored with intervals fitted on all the others (leave-one-unit-out)."""
-    out = []
-    for index, unit in enumerate(units):
-        others = [other for j, other in enumerate(units) if j != index]
-        intervals = fit_cross_unit(others, validation_sensor=validation_sensor, level=level)
-        out.append(unit_scores(intervals, unit.finite()))
-    return out
+    fitted = held_out_coverage_intervals(units, validation_sensor=validation_sensor, level=level)
+    return [
+        unit_scores(intervals, unit.finite()) for intervals, unit in zip(fitted, units, strict=True)
+    ]

@@ -16,6 +16,7 @@ from training.cross_conformal import (
     UnitResiduals,
     fit_cross_unit,
     held_out_coverage,
+    replay_adaptive,
     unit_scores,
 )
 from training.data import generate_synthetic
@@ -141,3 +142,13 @@ def test_export_and_calibrate_intervals_fit_intervals_across_units(tmp_path: Pat
     assert f"{summary.test_sensor} (test):" in text and "(trained on):" in text
     per_unit = evaluation.as_json()["sensors"]
     assert per_unit[summary.test_sensor]["intervals"]["n"] > 0  # type: ignore[index]
+
+
+def test_replaying_a_units_pairs_through_the_gateways_aci_brings_it_to_the_level() -> None:
+    calibrated_on = [unit(f"u{i}", 1.0, 3000, i) for i in range(3)]
+    fitted = fit_cross_unit(calibrated_on, validation_sensor="u0")
+    wider = unit("wide", 1.4, 8000, 7)
+    assert unit_scores(fitted, wider).coverage < 0.82
+    adapted = replay_adaptive(fitted, wider, gamma=0.005)
+    assert adapted.coverage == pytest.approx(0.9, abs=0.01)
+    assert adapted.mean_width > unit_scores(fitted, wider).mean_width
