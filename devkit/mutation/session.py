@@ -163,7 +163,8 @@ def collect(
             status = "not checked" if code is None else _STATUS.get(code, f"exit {code}")
             if status == "survived" and name.startswith(_import_time_prefixes(target)):
                 status = recheck_at_import(tree, target, name)
-            change = () if status in DETECTED else _change(tree, mutmut, name)
+            unshown = DETECTED | {"not checked"}  # the report lists neither
+            change = () if status in unshown else _change(tree, mutmut, name)
             mutants.append(Mutant(name, status, change))
     return TargetResult(target, tuple(mutants), seconds, commit)
 
