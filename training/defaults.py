@@ -22,10 +22,11 @@ against the linear's 2.742 and 2.918 µg/m³; its fine-tuning kept the first pha
 At N = 360 it breaks the node's 10 ms bound: 764,540 instructions, 11.95 ms (10.46 ms even
 without the head's LayerNorm). The PM-only Ispra model takes the head the node can afford there,
 ``aggregator="mlp"`` (a hidden ReLU layer of 16 per token, then one weight per token and
-feature: 590,540 instructions, 9.23 ms): better on validation for both seeds (3.38 and 3.71
+hidden unit: 590,520 instructions, 9.23 ms): better on validation for both seeds (3.38 and 3.71
 against the linear's 4.05 and 4.24 µg/m³ whole-window; short histories 6.32 against 6.33 for the
-kept seed). The rh/temp model keeps the linear aggregator (not retrained: no node measurement of
-it here). docs/model.md, "The aggregator of the default models".
+kept seed). The rh/temp model keeps the linear aggregator: with three channels its linear graph
+already takes 705,120 instructions (11.02 ms) there. docs/model.md, "The aggregator of the
+default models".
 """
 
 from __future__ import annotations
