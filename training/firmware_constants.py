@@ -1,6 +1,7 @@
 """Generate the firmware's model constants from a model manifest, so nothing is typed twice.
 
-``firmware/src/model_constants.h`` carries N, the grid period and gap policy, the arena size,
+``firmware/src/model_constants.h`` carries N, the periods from which a young node calibrates,
+the grid period and gap policy, the arena size,
 the model name and version, the input channels in the model's order (the PMS5003 value it
 calibrates first, then covariates the board measures: ``rh`` and ``temp_c`` from its HTS221),
 the int8 graph's quantisation and its operator list as an X-macro that the sketch expands into
@@ -130,6 +131,9 @@ namespace model {{
 constexpr char kModelName[] = "{manifest.name}";
 constexpr uint32_t kModelVersion = {manifest.version}u;
 constexpr uint32_t kWindowLength = {manifest.window_length}u;  // N
+// A young node calibrates from this many periods since its first reading on, the window's older
+// periods padded with its oldest (the manifest's min_history_periods; N: whole windows only).
+constexpr uint32_t kMinHistoryPeriods = {manifest.calibrates_from}u;
 // The input [1, N, C]: oldest period first ({manifest.input_order}), a period's channels together,
 // in this order; all of them quantised with kInputScale (the graph scales each channel itself:
 // {manifest.input_scale!r} for the PM channel).

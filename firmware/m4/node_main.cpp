@@ -7,6 +7,12 @@
 //   #V,<offset>,<v>,...   put raw values into the [N, C] window at offset (oldest period first,
 //                         a period's channels together: PM ug/m3, then rh %, temp_c degC)
 //   #I                    calibrate the window -> #O,<int16 output>,<value>,<ticks>,<sum of q>
+//   #A,<period>,<v>,...   one period's readings into the node's own window (src/window.h, the
+//                         sketch's: gap rule, young windows padded), a value per channel in
+//                         the model's order, '-' for none
+//   #W                    calibrate the node's window as the sketch does ->
+//                         #W,<history>,<int16 output>,<value>,<sum of q>, or #W,<history>,- when
+//                         it is not valid (too young, a hole, a channel behind)
 //   #C,<n>                run a loop of 2n instructions -> #C,<n>,<ticks> (counter check)
 //   #M                    -> #M,<arena used>,<arena size>,<model bytes>,<heap used>
 //   #R,<0|1>              1: the int16 FULLY_CONNECTED runs the library's reference kernel and
@@ -36,6 +42,7 @@
 #include "src/ota_receiver.h"
 #include "src/release_key.h"
 #include "src/slots.h"
+#include "src/window.h"
 
 extern const unsigned char kModelData[];
 extern const unsigned int kModelDataSize;
@@ -66,6 +73,9 @@ tesla::ModelRunner runner(arena, sizeof(arena));
 tesla::ImageDescriptor active;
 
 float input_window[tesla::kInputValues];
+float window_storage[tesla::kInputValues];
+tesla::Window window(window_storage, tesla::model::kWindowLength, tesla::model::kChannelCount,
+                     tesla::model::kMaxInterpolatedPeriods, tesla::model::kMinHistoryPeriods);
 tesla::LineReader gateway_lines;
 char out[tesla::kMaxLineBytes + 1];
 
@@ -207,6 +217,24 @@ void on_test_line(char* line) {
     tesla::format_value(value, text, sizeof(text));
     snprintf(out, sizeof(out), "#O,%d,%s,%lu,%ld\n", int(raw), text, (unsigned long)elapsed,
              long(sum));
+    send_text(out);
+  } else if (strcmp(fields[0], "#A") == 0 && count == 2 + tesla::model::kChannelCount) {
+    const int64_t period = strtoll(fields[1], nullptr, 10);
+    for (uint32_t c = 0; c < tesla::model::kChannelCount; ++c) {
+      if (strcmp(fields[2 + c], "-") != 0) window.add(period, c, strtof(fields[2 + c], nullptr));
+    }
+  } else if (strcmp(fields[0], "#W") == 0) {
+    if (window.copy(input_window)) {
+      int16_t raw = 0;
+      int32_t sum = 0;
+      float value = runner.invoke(input_window, &raw, &sum);
+      char text[24];
+      tesla::format_value(value, text, sizeof(text));
+      snprintf(out, sizeof(out), "#W,%lu,%d,%s,%ld\n", (unsigned long)window.history(),
+               int(raw), text, long(sum));
+    } else {
+      snprintf(out, sizeof(out), "#W,%lu,-\n", (unsigned long)window.history());
+    }
     send_text(out);
   } else if (strcmp(fields[0], "#R") == 0 && count == 2) {
     tesla::use_reference_fully_connected = strcmp(fields[1], "1") == 0;

@@ -10,6 +10,9 @@ namespace model {
 constexpr char kModelName[] = "pm10-ispra-1min";
 constexpr uint32_t kModelVersion = 1795749240u;
 constexpr uint32_t kWindowLength = 360u;  // N
+// A young node calibrates from this many periods since its first reading on, the window's older
+// periods padded with its oldest (the manifest's min_history_periods; N: whole windows only).
+constexpr uint32_t kMinHistoryPeriods = 1u;
 // The input [1, N, C]: oldest period first (oldest_first), a period's channels together,
 // in this order; all of them quantised with kInputScale (the graph scales each channel itself:
 // 143.0 for the PM channel).

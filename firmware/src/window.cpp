@@ -4,11 +4,13 @@
 
 namespace tesla {
 
-Window::Window(float* storage, uint32_t length, uint32_t channels, uint32_t max_interpolated)
+Window::Window(float* storage, uint32_t length, uint32_t channels, uint32_t max_interpolated,
+               uint32_t min_history)
     : values_(storage),
       length_(length),
       channels_(channels < kMaxChannels ? channels : kMaxChannels),
-      max_interpolated_(max_interpolated) {
+      max_interpolated_(max_interpolated),
+      min_history_(min_history < 1 ? 1 : min_history > length ? length : min_history) {
   for (uint32_t i = 0; i < length_ * channels_; ++i) values_[i] = NAN;
 }
 
@@ -33,6 +35,7 @@ void Window::add(int64_t period, uint32_t channel, float value) {
   if (channel >= channels_) return;
   ChannelState& s = state_[channel];
   if (period < s.last_observed) return;  // late reading: ignored, as the gateway's window does
+  if (channel == 0 && first_period_ == INT64_MIN) first_period_ = period;
   if (period == s.last_observed) {
     s.sum += value;
     s.count += 1;
@@ -72,6 +75,13 @@ int64_t Window::newest_period() const {
   return newest;
 }
 
+uint32_t Window::history() const {
+  const int64_t newest = newest_period();
+  if (first_period_ == INT64_MIN || newest < first_period_) return 0;
+  const int64_t since = newest - first_period_ + 1;
+  return since >= int64_t(length_) ? length_ : uint32_t(since);
+}
+
 bool Window::valid() const {
   int64_t newest = newest_period();
   if (newest == INT64_MIN) return false;
@@ -79,17 +89,25 @@ bool Window::valid() const {
     // A channel not observed in the newest period: its ring may still hold older values there.
     if (state_[c].last_observed != newest) return false;
   }
-  for (uint32_t i = 0; i < length_ * channels_; ++i) {
-    if (isnan(values_[i])) return false;
+  const uint32_t real = history();
+  if (real < min_history_) return false;
+  // Only the real periods count: the older ones are padded from the first (checked here too).
+  for (int64_t p = newest - int64_t(real) + 1; p <= newest; ++p) {
+    for (uint32_t c = 0; c < channels_; ++c) {
+      if (isnan(at(p, c))) return false;
+    }
   }
   return true;
 }
 
 bool Window::copy(float* out) const {
   if (!valid()) return false;
-  int64_t first = newest_period() - int64_t(length_) + 1;
+  const int64_t newest = newest_period();
+  const int64_t start = newest - int64_t(length_) + 1;
+  const int64_t oldest_real = newest - int64_t(history()) + 1;
   for (uint32_t i = 0; i < length_; ++i) {
-    for (uint32_t c = 0; c < channels_; ++c) out[i * channels_ + c] = at(first + i, c);
+    const int64_t p = start + i < oldest_real ? oldest_real : start + i;
+    for (uint32_t c = 0; c < channels_; ++c) out[i * channels_ + c] = at(p, c);
   }
   return true;
 }

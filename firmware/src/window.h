@@ -4,6 +4,9 @@
 // to the epoch of the node's clock); a gap of at most max_interpolated missing periods between
 // two observed values of a channel is filled linearly when the later value arrives; a window is
 // valid only if every channel was observed in its newest period and nothing in it is missing.
+// A young node (fewer than N periods since its first PM reading) calibrates from min_history
+// periods on: the window's periods before its first take that first period's values, channel by
+// channel (the contract's pad_history, edge padding), as the gateway pads a young sensor.
 // Storage is a caller-provided ring of N x C floats, period-major (NaN = missing), and a copy
 // is laid out as the model's input [1, N, C]: oldest period first, a period's channels together.
 #pragma once
@@ -17,17 +20,24 @@ class Window {
  public:
   static constexpr uint32_t kMaxChannels = 4;  // PM, rh, temp_c and one more
 
-  // `storage` holds length * channels floats; channels is at most kMaxChannels.
-  Window(float* storage, uint32_t length, uint32_t channels, uint32_t max_interpolated);
+  // `storage` holds length * channels floats; channels is at most kMaxChannels. A window with
+  // fewer than `min_history` periods since the first PM reading is not valid (clamped to
+  // 1 .. length; `length` calibrates whole windows only).
+  Window(float* storage, uint32_t length, uint32_t channels, uint32_t max_interpolated,
+         uint32_t min_history);
 
   // Adds a reading of `channel` for `period` (non-decreasing per channel; an older period is
   // ignored, as the gateway ignores late readings). Readings of the same period are averaged.
   void add(int64_t period, uint32_t channel, float value);
   // For the window ending at the newest period with a reading of any channel.
   bool valid() const;
-  // Copies the window into out[length * channels], oldest period first; false if not valid.
+  // Copies the window into out[length * channels], oldest period first, its periods before the
+  // first PM reading padded with that period's values; false if not valid.
   bool copy(float* out) const;
   int64_t newest_period() const;
+  // Periods of real history in the window ending at the newest period: those since the first
+  // PM reading, at most length (0 before any).
+  uint32_t history() const;
   uint32_t channels() const { return channels_; }
 
  private:
@@ -45,6 +55,8 @@ class Window {
   uint32_t length_;
   uint32_t channels_;
   uint32_t max_interpolated_;
+  uint32_t min_history_;
+  int64_t first_period_ = INT64_MIN;  // the first period with a reading of channel 0
   ChannelState state_[kMaxChannels];
 };
 

@@ -61,7 +61,7 @@ tesla::ImageDescriptor active;
 
 float window_storage[kInputValues];
 tesla::Window window(window_storage, tesla::model::kWindowLength, kChannels,
-                     tesla::model::kMaxInterpolatedPeriods);
+                     tesla::model::kMaxInterpolatedPeriods, tesla::model::kMinHistoryPeriods);
 float input_window[kInputValues];  // [N, C], oldest period first: the model's input order
 tesla::LineReader gateway_lines;
 tesla::Pms5003Parser pms;

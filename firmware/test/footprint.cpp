@@ -35,7 +35,7 @@ tesla::LineReader gateway_line;
 tesla::Pms5003Parser sensor;
 float window_storage[tesla::model::kWindowLength * tesla::model::kChannelCount];
 tesla::Window window(window_storage, tesla::model::kWindowLength, tesla::model::kChannelCount,
-                     tesla::model::kMaxInterpolatedPeriods);
+                     tesla::model::kMaxInterpolatedPeriods, tesla::model::kMinHistoryPeriods);
 char out_line[tesla::kMaxLineBytes + 1];
 
 }  // namespace

@@ -415,7 +415,8 @@ void test_window_vectors(const json::Value& vectors) {
     std::vector<float> storage(length * channels);
     std::vector<float> out(length * channels);
     tesla::Window window(storage.data(), length, channels,
-                         uint32_t(scenario["max_interpolated_periods"].integer()));
+                         uint32_t(scenario["max_interpolated_periods"].integer()),
+                         uint32_t(scenario["min_history_periods"].integer()));
     CHECK(window.channels() == channels, "%s: channels", name.c_str());
     for (const json::Value& step : scenario["periods"].items) {
       const int64_t period = step["period"].integer();
@@ -426,6 +427,8 @@ void test_window_vectors(const json::Value& vectors) {
         }
       }
       if (!step.has("window")) continue;  // PM not observed: no window is asked for
+      CHECK(window.history() == uint32_t(step["history"].integer()), "%s: period %lld history %u",
+            name.c_str(), (long long)period, unsigned(window.history()));
       const json::Value& expected = step["window"];
       if (expected.is_null()) {
         CHECK(!window.valid() && !window.copy(out.data()), "%s: period %lld is invalid",
@@ -450,10 +453,11 @@ void test_window_vectors(const json::Value& vectors) {
   }
 }
 
-// What the vectors cannot say: late readings and unknown channels are ignored.
+// What the vectors cannot say: late readings and unknown channels are ignored; min_history
+// outside 1 .. N.
 void test_window_edges() {
   float storage[3 * 2];
-  tesla::Window window(storage, 3, 2, 1);
+  tesla::Window window(storage, 3, 2, 1, 3);
   for (int p = 0; p < 3; ++p) {
     window.add(p, 0, float(p));
     window.add(p, 1, 10.0f + float(p));
@@ -467,6 +471,19 @@ void test_window_edges() {
   CHECK(!window.valid() && window.newest_period() == 3, "a channel behind");
   window.add(3, 1, 13.0f);
   CHECK(window.copy(out) && out[4] == 3.0f && out[5] == 13.0f, "caught up");
+
+  // min_history is clamped to 1 .. N: 0 calibrates from the first period, N + 5 at N.
+  float young_storage[4];
+  tesla::Window young(young_storage, 4, 1, 0, 0);
+  CHECK(!young.valid() && young.history() == 0, "nothing yet");
+  young.add(7, 0, 5.0f);
+  float young_out[4];
+  CHECK(young.copy(young_out) && young.history() == 1 && young_out[0] == 5.0f, "one period");
+  tesla::Window whole(young_storage, 4, 1, 0, 9);
+  for (int p = 0; p < 4; ++p) {
+    whole.add(p, 0, float(p));
+    CHECK(whole.valid() == (p == 3), "whole windows only at period %d", p);
+  }
 }
 
 }  // namespace

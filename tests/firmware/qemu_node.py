@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import tty
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -135,6 +135,20 @@ class EmulatedNode:
         self.send("#I")
         fields = self.expect("#O,").split(",")
         return int(fields[1]), int(fields[3]), int(fields[4])
+
+    def add_period(self, period: int, values: Sequence[float | None]) -> None:
+        """One period's readings into the node's own window (None: no reading of a channel)."""
+        text = ",".join("-" if v is None else f"{v:.9g}" for v in values)
+        self.send(f"#A,{period},{text}")
+
+    def calibrate_own_window(self) -> tuple[int, tuple[int, int] | None]:
+        """(history, (int16 output, sum of the quantised inputs) or None if not valid) of the
+        node's own window, calibrated as the sketch calibrates it."""
+        self.send("#W")
+        fields = self.expect("#W,").split(",")
+        if fields[2] == "-":
+            return int(fields[1]), None
+        return int(fields[1]), (int(fields[2]), int(fields[4]))
 
     def profile(self, window: npt.NDArray[np.float32]) -> dict[str, tuple[int, int]]:
         """{op: (calls, instructions)} of one inference with a per-op profiler attached."""

@@ -148,6 +148,61 @@ def test_node_calibrates_golden_windows_as_litert_does(model_elf: tuple[str, Pat
     assert difference.max() <= LITERT_TOLERANCE_UG_M3, (on_node, expected)
 
 
+# Periods of history at which the young node is checked: from its first period to a whole window.
+YOUNG_HISTORIES = (1, 2, 60)
+
+
+@pytest.mark.realdata
+def test_young_node_calibrates_from_its_first_period_as_litert_does(
+    model_elf: tuple[str, Path],
+) -> None:
+    """A node just switched on: the test sensor's periods go one by one into the node's own
+    window (firmware/src/window.h, as the sketch feeds it); from the manifest's
+    min_history_periods on the node pads the older periods with its oldest (the contract's
+    pad_history) and calibrates. Its quantised input sums to the padded window's (the same
+    window, value for value after quantisation) and its output is LiteRT's on that window."""
+    from tesla_gateway.contract.series import pad_history
+    from tests.firmware.window_vectors import FIRST_PERIOD
+
+    model, elf = model_elf
+    manifest = load_manifest(ROOT / "models" / model)
+    device = manifest.files["int8"]
+    assert device.input_scale is not None and device.output_scale is not None
+    n, c = manifest.window_length, len(manifest.input_channels)
+    rows = golden_windows(model)[GOLDEN_WINDOWS // 2].reshape(n, c)
+    histories = sorted({k for k in (*YOUNG_HISTORIES, manifest.calibrates_from, n) if k <= n})
+    expected = []
+    for k in histories:
+        window = np.full((1, n, c), np.nan, dtype=np.float32)
+        window[0, n - k :] = rows[:k]
+        expected.append(pad_history(window, k, axis=1).reshape(-1))
+    quantised = quantise(np.stack(expected), device.input_scale)
+    litert = litert_outputs(model, quantised)
+    micro = tflm_outputs(model, quantised)
+    got = {}
+    with emulated_node(elf) as node:
+        node.expect("H,")
+        for period in range(n):
+            node.add_period(FIRST_PERIOD + period, [float(v) for v in rows[period]])
+            if period + 1 in histories:
+                got[period + 1] = node.calibrate_own_window()
+    assert [got[k][0] for k in histories] == histories
+    calibrated = [got[k][1] for k in histories]
+    assert all(result is not None for result in calibrated), got
+    on_node = np.array([result[0] for result in calibrated if result is not None])
+    sums = [result[1] for result in calibrated if result is not None]
+    assert sums == [int(q.astype(np.int64).sum()) for q in quantised]
+    zero, scale = device.output_zero_point, device.output_scale
+    for k, node_value, reference, steps in zip(histories, on_node, litert, micro, strict=True):
+        print(
+            f"{model} K={k}: node {(node_value - zero) * scale:.3f} ug/m3, "
+            f"LiteRT {(reference - zero) * scale:.3f}, tflite-micro {node_value - steps:+d} steps"
+        )
+    assert np.abs(on_node - np.array(micro)).max() <= TFLM_TOLERANCE_STEPS, (on_node, micro)
+    difference = np.abs(on_node - np.array(litert)) * scale
+    assert difference.max() <= LITERT_TOLERANCE_UG_M3, (histories, on_node, litert)
+
+
 def test_dsp_fully_connected_gives_the_reference_kernels_outputs_bit_for_bit(
     model_elf: tuple[str, Path],
 ) -> None:

@@ -1,5 +1,6 @@
 """The shared window vectors (tests/vectors/window_gap_policy.json): current with the contract,
-and the gateway's ring buffers make the same windows of the same readings as the file says.
+and the gateway's ring buffers make the same windows (young ones padded) and report the same
+history of the same readings as the file says.
 The firmware's host test (test_firmware_host.py) runs the node's window on the same file."""
 
 from __future__ import annotations
@@ -36,6 +37,19 @@ def test_vectors_hold_valid_invalid_and_absent_windows_of_several_channels() -> 
     assert {len(scenario["channels"]) for scenario in SCENARIOS} >= {1, 2, 3}
 
 
+def test_vectors_hold_young_windows_padded_and_too_young() -> None:
+    """Young sensors: padded windows from min_history_periods on, and ones still too young."""
+    young = [
+        (period["history"], period["window"] is not None)
+        for scenario in SCENARIOS
+        for period in scenario["periods"]
+        if "window" in period and period["history"] < scenario["window_length"]
+    ]
+    assert any(valid and history == 1 for history, valid in young)
+    assert any(valid and history > 1 for history, valid in young)
+    assert any(not valid for _, valid in young)
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: str(s["name"]))
 def test_the_gateway_ring_makes_the_vector_windows(scenario: dict[str, Any]) -> None:
     channels = tuple(scenario["channels"])
@@ -48,7 +62,7 @@ def test_the_gateway_ring_makes_the_vector_windows(scenario: dict[str, Any]) -> 
             gap_policy=GapPolicy(max_interpolated_periods=scenario["max_interpolated_periods"]),
         )
     )
-    windows.min_history_periods = n  # the node pads nothing: whole windows only
+    windows.min_history_periods = scenario["min_history_periods"]
     for step in scenario["periods"]:
         start = step["period"] * PERIOD_SECONDS
         second = 0
@@ -62,6 +76,7 @@ def test_the_gateway_ring_makes_the_vector_windows(scenario: dict[str, Any]) -> 
             assert len(ready.sensor_ids) == 0
             continue
         assert list(ready.periods) == [step["period"]]
+        assert int(ready.history[0]) == step["history"]
         window = np.asarray(ready.windows[0], dtype=np.float64).reshape(n, len(channels))
         if step["window"] is None:
             assert ready.quality[0] != (), step["period"]
