@@ -16,7 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from tesla_gateway.contract.geometry import WindowGeometry
-from tesla_gateway.windows.state import WindowState
+from tesla_gateway.windows.state import (
+    WAITING_ARRAYS,
+    WindowState,
+    waiting_as_arrays,
+    waiting_from_arrays,
+)
 
 __all__ = ["PartitionSnapshot", "decode", "encode", "merge", "remove", "subset"]
 
@@ -68,16 +73,20 @@ def merge(base: WindowState, extra: WindowState) -> WindowState:
         },
         open_seen=[*kept.open_seen, *extra.open_seen],
         pending_period=np.concatenate(pending).astype(np.int64),
+        waiting=[*kept.waiting, *extra.waiting],
     )
 
 
 def _rows(state: WindowState, rows: list[int]) -> WindowState:
     index = np.asarray(rows, dtype=np.intp)
+    sensor_ids = [state.sensor_ids[row] for row in rows]
+    chosen = set(sensor_ids)
     return WindowState(
         geometry=state.geometry,
-        sensor_ids=[state.sensor_ids[row] for row in rows],
+        sensor_ids=sensor_ids,
         **{name: np.asarray(getattr(state, name))[index].copy() for name in _ARRAYS},
         open_seen=[list(state.open_seen[row]) for row in rows] if state.open_seen else [],
+        waiting=[item for item in state.waiting if item.sensor_id in chosen],
     )
 
 
@@ -87,9 +96,11 @@ def encode(snapshot: PartitionSnapshot) -> bytes:
     slots: dict[str, object] = {}
     for index, (slot, state) in enumerate(snapshot.states.items()):
         geometry = state.geometry
+        waiting_ids, waiting = waiting_as_arrays(state.waiting, geometry)
         slots[slot] = {
             "index": index,
             "sensor_ids": state.sensor_ids,
+            "waiting_sensor_ids": waiting_ids,
             "window_length": geometry.window_length,
             "period_seconds": geometry.period_seconds,
             "channels": list(geometry.channels),
@@ -97,6 +108,8 @@ def encode(snapshot: PartitionSnapshot) -> bytes:
         }
         for name in _ARRAYS:
             arrays[f"s{index}_{name}"] = np.asarray(getattr(state, name))
+        for name, array in waiting.items():
+            arrays[f"s{index}_{name}"] = array
     meta = {"format": FORMAT, "sequence": snapshot.sequence, "slots": slots}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     buffer = io.BytesIO()
@@ -126,6 +139,13 @@ def decode(blob: bytes, geometries: Mapping[str, WindowGeometry]) -> PartitionSn
                 sensor_ids=[str(sensor_id) for sensor_id in info["sensor_ids"]],
                 **{name: archive[f"s{index}_{name}"] for name in _ARRAYS},
                 open_seen=[[float(t) for t in row] for row in info["open_seen"]],
+                waiting=waiting_from_arrays(
+                    [str(sensor_id) for sensor_id in info.get("waiting_sensor_ids", [])],
+                    {name: archive[f"s{index}_{name}"] for name in WAITING_ARRAYS},
+                    geometry,
+                )
+                if info.get("waiting_sensor_ids")
+                else [],
             )
             state.check_shapes()
             states[slot] = state

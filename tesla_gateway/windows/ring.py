@@ -18,7 +18,6 @@ the memory (10,000 sensors x N = 360: 14 MB); the published raw mean stays float
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,6 +35,7 @@ from tesla_gateway.windows.state import (
     FloatArray,
     IntArray,
     ReadyWindows,
+    WaitingPeriod,
     WarmUp,
     WindowState,
 )
@@ -61,17 +61,6 @@ _ROW_ARRAYS: dict[str, float | int | bool] = {
 }
 
 
-@dataclass(slots=True)
-class _Snapshot:
-    """A closed period copied out because the sensor closed another one before the tick."""
-
-    sensor_id: str
-    period: int
-    window: Float32Array  # [C, N] oldest-first
-    first_period: int
-    raw: float
-
-
 class ModelWindows:
     """The ring buffers of every sensor for one model."""
 
@@ -83,7 +72,7 @@ class ModelWindows:
         self._ids: list[str] = []
         self._index: dict[str, int] = {}
         self._seen = SeenReadings(self._channels)  # per row: what the open period holds
-        self._overflow: list[_Snapshot] = []
+        self._overflow: list[WaitingPeriod] = []
         self._pending_rows = 0  # count of True in _pending: asked for after every reading
         self.counts: dict[AddOutcome, int] = dict.fromkeys(AddOutcome, 0)
         # Set by the ticker when the feature has a model with fewer channels: a sensor gets a
@@ -371,9 +360,9 @@ class ModelWindows:
         window: Float32Array = self._ring[row][:, positions]
         return window
 
-    def _snapshot(self, row: int) -> _Snapshot:
+    def _snapshot(self, row: int) -> WaitingPeriod:
         period = int(self._pending_period[row])
-        return _Snapshot(
+        return WaitingPeriod(
             sensor_id=self._ids[row],
             period=period,
             window=self._ordered(row, period),
@@ -452,7 +441,7 @@ class ModelWindows:
     # -- persistence ------------------------------------------------------------------------
 
     def export_state(self) -> WindowState:
-        """Copy of the restorable state (pending periods are kept, snapshots are not)."""
+        """Copy of the restorable state, every period waiting for a tick included."""
         live = len(self._ids)
         return WindowState(
             geometry=self.geometry,
@@ -469,6 +458,7 @@ class ModelWindows:
             pending_period=np.where(
                 self._pending[:live], self._pending_period[:live], NO_PERIOD
             ).astype(np.int64),
+            waiting=list(self._overflow),  # frozen items: the list is the copy
         )
 
     @classmethod
@@ -490,6 +480,7 @@ class ModelWindows:
         windows._pending_period[:s] = state.pending_period
         windows._pending[:s] = state.pending_period != NO_PERIOD
         windows._pending_rows = int(np.count_nonzero(windows._pending[:s]))
+        windows._overflow = list(state.waiting)
         for row in np.flatnonzero(windows._pending[:s]).tolist():
             # The exact mean is not saved: the ring's float32 value, read back as the shortest
             # decimal that rounds to it (what the sensor sent, for a mean of few digits).

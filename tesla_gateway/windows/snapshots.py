@@ -30,7 +30,13 @@ from tesla_gateway.contract.readings import SENSOR_ID_PATTERN
 from tesla_gateway.errors import GatewayError
 from tesla_gateway.set_aside import SetAsideLog
 from tesla_gateway.windows.ring import ModelWindows
-from tesla_gateway.windows.state import WindowState, WindowStoreError
+from tesla_gateway.windows.state import (
+    WAITING_ARRAYS,
+    WindowState,
+    WindowStoreError,
+    waiting_as_arrays,
+    waiting_from_arrays,
+)
 from tesla_gateway.windows.store import WindowStore
 
 __all__ = ["FORMAT_VERSION", "StateStats", "StateStore"]
@@ -129,6 +135,8 @@ class StateStore:
             "saved_at": self._clock(),
         }
         arrays = {name: getattr(state, name) for name in _ARRAYS}
+        meta["waiting_sensor_ids"], waiting = waiting_as_arrays(state.waiting, geometry)
+        arrays |= waiting
         target = self.path_for(feature)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -252,6 +260,8 @@ def _parse_npz(handle: BinaryIO) -> tuple[str, dict[str, np.ndarray]]:
             if array.dtype.kind != wanted:
                 raise _CorruptStateError(f"snapshot array {name} has dtype {array.dtype}")
             arrays[name] = array
+        # Periods waiting for a tick: absent from snapshots written before they were kept.
+        arrays |= {name: np.asarray(data[name]) for name in WAITING_ARRAYS if name in data.files}
         return str(meta), arrays
 
 
@@ -268,6 +278,13 @@ def _window_state(
         isinstance(seen, list) and all(_is_number(t) for t in seen) for seen in open_seen
     ):
         raise _CorruptStateError("snapshot open_seen must be lists of timestamps")
+    waiting_ids = meta.get("waiting_sensor_ids", [])
+    if not isinstance(waiting_ids, list) or not all(
+        isinstance(s, str) and SENSOR_ID_PATTERN.fullmatch(s) for s in waiting_ids
+    ):
+        raise _CorruptStateError("snapshot waiting_sensor_ids must be a list of valid sensor ids")
+    if waiting_ids and not all(name in arrays for name in WAITING_ARRAYS):
+        raise _CorruptStateError("snapshot names waiting periods but lacks their arrays")
     return WindowState(
         geometry=geometry,
         sensor_ids=list(sensor_ids),
@@ -281,6 +298,7 @@ def _window_state(
         open_sum=arrays["open_sum"],
         open_count=arrays["open_count"],
         pending_period=arrays["pending_period"],
+        waiting=waiting_from_arrays(waiting_ids, arrays, geometry) if waiting_ids else [],
     )
 
 

@@ -6,6 +6,7 @@ the file format that keeps the state is :mod:`tesla_gateway.windows.snapshots`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,14 +19,18 @@ from tesla_gateway.errors import GatewayError
 
 __all__ = [
     "NO_PERIOD",
+    "WAITING_ARRAYS",
     "BoolArray",
     "Float32Array",
     "FloatArray",
     "IntArray",
     "ReadyWindows",
+    "WaitingPeriod",
     "WarmUp",
     "WindowState",
     "WindowStoreError",
+    "waiting_as_arrays",
+    "waiting_from_arrays",
 ]
 
 NO_PERIOD = np.iinfo(np.int64).min  # sentinel: "no period yet" in the int64 period arrays
@@ -85,6 +90,69 @@ class WarmUp:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class WaitingPeriod:
+    """A closed period waiting for a tick while its sensor has closed a newer one: its window is
+    copied out, as the ring has moved on. A backlog (a replay, a node catching up) makes them."""
+
+    sensor_id: str
+    period: int
+    window: Float32Array  # [C, N] oldest-first
+    first_period: int
+    raw: float
+
+
+# How waiting periods are kept in a snapshot's arrays (their sensor ids go with the meta).
+WAITING_ARRAYS = ("waiting_period", "waiting_window", "waiting_first_period", "waiting_raw")
+
+
+def waiting_as_arrays(
+    waiting: list[WaitingPeriod], geometry: WindowGeometry
+) -> tuple[list[str], dict[str, npt.NDArray[Any]]]:
+    """Waiting periods as (sensor ids, arrays named by :data:`WAITING_ARRAYS`)."""
+    c, n = len(geometry.channels), geometry.window_length
+    windows = np.empty((len(waiting), c, n), dtype=np.float32)
+    for index, item in enumerate(waiting):
+        windows[index] = item.window
+    return [item.sensor_id for item in waiting], {
+        "waiting_period": np.array([item.period for item in waiting], dtype=np.int64),
+        "waiting_window": windows,
+        "waiting_first_period": np.array([item.first_period for item in waiting], dtype=np.int64),
+        "waiting_raw": np.array([item.raw for item in waiting], dtype=np.float64),
+    }
+
+
+def waiting_from_arrays(
+    sensor_ids: list[str], arrays: Mapping[str, npt.NDArray[Any]], geometry: WindowGeometry
+) -> list[WaitingPeriod]:
+    """The inverse of :func:`waiting_as_arrays`; :class:`WindowStoreError` on shapes or types
+    that do not fit."""
+    k, c, n = len(sensor_ids), len(geometry.channels), geometry.window_length
+    expected = {
+        "waiting_period": ((k,), "i"),
+        "waiting_window": ((k, c, n), "f"),
+        "waiting_first_period": ((k,), "i"),
+        "waiting_raw": ((k,), "f"),
+    }
+    for name, (shape, kind) in expected.items():
+        array = arrays[name]
+        if array.shape != shape or array.dtype.kind != kind:
+            raise WindowStoreError(
+                f"state field {name} has shape {array.shape} and dtype {array.dtype}, "
+                f"expected {shape} of kind {kind!r}"
+            )
+    return [
+        WaitingPeriod(
+            sensor_id=sensor_id,
+            period=int(arrays["waiting_period"][index]),
+            window=np.asarray(arrays["waiting_window"][index], dtype=np.float32),
+            first_period=int(arrays["waiting_first_period"][index]),
+            raw=float(arrays["waiting_raw"][index]),
+        )
+        for index, sensor_id in enumerate(sensor_ids)
+    ]
+
+
 @dataclass(slots=True)
 class WindowState:
     """Everything needed to rebuild a model's windows after a restart.
@@ -104,6 +172,8 @@ class WindowState:
     open_count: IntArray  # [S, C]
     open_seen: list[list[float]] = field(default_factory=list)  # [S] timestamps in open period
     pending_period: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # [S]
+    # Closed periods older than a sensor's pending one, still waiting for a tick, oldest first
+    waiting: list[WaitingPeriod] = field(default_factory=list)
 
     def check_shapes(self) -> None:
         """Raise :class:`WindowStoreError` unless every array fits the sensors and geometry."""
@@ -125,3 +195,5 @@ class WindowState:
                 raise WindowStoreError(f"state field {name} has shape {actual}, expected {shape}")
         if len(self.open_seen) != s or len(set(self.sensor_ids)) != s:
             raise WindowStoreError("state sensor list is inconsistent")
+        if any(np.shape(item.window) != (c, n) for item in self.waiting):
+            raise WindowStoreError(f"a waiting period's window is not of shape {(c, n)}")

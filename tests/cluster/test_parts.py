@@ -123,6 +123,31 @@ def test_a_partitions_windows_survive_bytes_and_merge() -> None:
     assert np.array_equal(ours.windows[order[0]], theirs.windows[order[1]])
 
 
+def test_a_backlog_waiting_for_a_tick_moves_with_its_partition() -> None:
+    """A takeover while sensors have several closed periods waiting (a replay catching up):
+    every one of them reaches the new owner, none is dropped as the pending one's elder."""
+    original = _windows()
+    original.ready_windows()  # the last tick
+    for minute in range(7, 10):  # three more closed periods each, no tick between
+        for index, sensor in enumerate(["a", "b", "c"]):
+            original.add(Reading(sensor, 6000.0 + minute * 60 + 5, {"pm10": index}), arrival=0.0)
+    state = original.export_state()
+    assert len(state.waiting) == 6  # two each, beside each sensor's pending period
+    blob = window_parts.encode(
+        window_parts.PartitionSnapshot(7, {"pm10": window_parts.subset(state, {"a", "c"})})
+    )
+    part = window_parts.decode(blob, {"pm10": original.geometry}).states["pm10"]
+    assert sorted({item.sensor_id for item in part.waiting}) == ["a", "c"]
+    merged = ModelWindows.from_state(
+        window_parts.merge(window_parts.remove(state, {"a", "c"}), part)
+    )
+    ours, theirs = original.ready_windows(), merged.ready_windows()
+    assert sorted(zip(ours.sensor_ids, ours.periods.tolist(), strict=True)) == sorted(
+        zip(theirs.sensor_ids, theirs.periods.tolist(), strict=True)
+    )
+    assert len(theirs) == 9  # 3 periods x 3 sensors
+
+
 def test_a_snapshot_of_another_geometry_is_left_out() -> None:
     original = _windows()
     blob = window_parts.encode(window_parts.PartitionSnapshot(1, {"pm10": original.export_state()}))

@@ -75,6 +75,63 @@ def test_round_trip_restores_windows_open_periods_and_dedupe(tmp_path: Path) -> 
     assert saver.stats.saves == 1 and saver.stats.restored == 1
 
 
+def _backlog() -> ModelWindows:
+    """Two sensors that closed three periods each with no tick between (a replay, a node
+    catching up): two of each sensor's periods wait beside its pending one."""
+    windows = ModelWindows(GEOMETRY)
+    for sensor, scale in (("a", 1.0), ("b", 2.0)):
+        for period in range(5):
+            windows.add(Reading(sensor, T0 + period * P, {"pm10": scale * (period + 1)}), 0.0)
+    windows.ready_windows()  # periods 0-3 closed, ticked; period 4 open
+    for sensor, scale in (("a", 1.0), ("b", 2.0)):
+        for period in range(5, 9):
+            windows.add(Reading(sensor, T0 + period * P, {"pm10": scale * (period + 1)}), 0.0)
+    assert windows.pending_count == 8  # periods 4-7 of both: three waiting, one pending each
+    return windows
+
+
+def test_periods_waiting_for_a_tick_survive_a_snapshot(tmp_path: Path) -> None:
+    """Every closed period not yet ticked is in the state, not only each sensor's newest: a
+    backlog snapshotted (or handed to another gateway) and restored is calibrated whole."""
+    original = _backlog()
+    store = WindowStore()
+    store.install("pm10", original)
+    saver = StateStore(tmp_path)
+    assert saver.save_all(store)
+    restored = saver.restore("pm10", GEOMETRY)
+    assert restored is not None
+    in_memory = ModelWindows.from_state(original.export_state())
+    want = original.export_state()
+    for windows in (restored, in_memory):
+        assert windows.pending_count == 8
+        got = windows.export_state()
+        assert [(w.sensor_id, w.period, w.first_period, w.raw) for w in got.waiting] == [
+            (w.sensor_id, w.period, w.first_period, w.raw) for w in want.waiting
+        ]
+    expected = original.ready_windows()
+    for windows in (restored, in_memory):
+        ready = windows.ready_windows()
+        assert ready.sensor_ids == expected.sensor_ids
+        np.testing.assert_array_equal(ready.periods, expected.periods)
+        np.testing.assert_array_equal(ready.windows, expected.windows)
+        np.testing.assert_array_equal(ready.raw, expected.raw)
+
+
+def test_a_snapshot_written_before_waiting_periods_were_kept_still_loads(tmp_path: Path) -> None:
+    saver = StateStore(tmp_path)
+    store = filled_store()
+    assert saver.save_all(store)
+    path = saver.path_for("pm10")
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {name: data[name] for name in data.files if not name.startswith("waiting_")}
+    meta = json.loads(str(arrays.pop("meta")))
+    del meta["waiting_sensor_ids"]
+    np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
+    restored = saver.restore("pm10", GEOMETRY)
+    assert restored is not None
+    assert restored.pending_count == store["pm10"].pending_count == 1
+
+
 def test_geometry_change_is_not_restored(tmp_path: Path) -> None:
     saver = StateStore(tmp_path)
     saver.save_all(filled_store())
