@@ -41,7 +41,9 @@ GOLDEN_WINDOWS = 6
 TFLM_TOLERANCE_STEPS = 4
 # Against LiteRT (what the gateway runs): its int16 kernels use other fixed-point recipes in
 # about 45 chained ops (layer norm, softmax tables); measured: at most 40 output steps, 0.12
-# ug/m3. The bound is 0.25 ug/m3, under a tenth of either model's test RMSE.
+# ug/m3 on whole windows, 79 steps (0.23 ug/m3) on the covariate model's young window of 60
+# real periods, where the node is bit for bit tflite-micro's. The bound is 0.25 ug/m3, under a
+# tenth of either model's test RMSE.
 LITERT_TOLERANCE_UG_M3 = 0.25
 
 _missing = missing_prerequisite()
@@ -192,7 +194,7 @@ def test_young_node_calibrates_from_its_first_period_as_litert_does(
     on_node = np.array([result[0] for result in calibrated if result is not None])
     sums = [result[1] for result in calibrated if result is not None]
     assert sums == [int(q.astype(np.int64).sum()) for q in quantised]
-    zero, scale = device.output_zero_point, device.output_scale
+    zero, scale = device.output_zero_point or 0, device.output_scale
     for k, node_value, reference, steps in zip(histories, on_node, litert, micro, strict=True):
         print(
             f"{model} K={k}: node {(node_value - zero) * scale:.3f} ug/m3, "

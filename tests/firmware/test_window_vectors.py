@@ -76,7 +76,7 @@ def test_the_gateway_ring_makes_the_vector_windows(scenario: dict[str, Any]) -> 
             assert len(ready.sensor_ids) == 0
             continue
         assert list(ready.periods) == [step["period"]]
-        assert int(ready.history[0]) == step["history"]
+        assert ready.history is not None and int(ready.history[0]) == step["history"]
         window = np.asarray(ready.windows[0], dtype=np.float64).reshape(n, len(channels))
         if step["window"] is None:
             assert ready.quality[0] != (), step["period"]

@@ -56,8 +56,7 @@ def _expected(
         if history < length:
             window = pad_history(window[None], history)[0] if history >= min_history else window
         valid = not np.isnan(window).any()  # the newest PM is observed: only holes invalidate
-        values = [round(float(v), 6) for v in window.T.ravel()] if valid else None
-        steps.append((history, values))
+        steps.append((history, [round(float(v), 6) for v in window.T.ravel()] if valid else None))
     return steps
 
 
