@@ -109,6 +109,17 @@ def test_model_constants_header_is_generated_from_the_default_manifest() -> None
     )
 
 
+def test_model_constants_say_from_how_many_periods_a_young_node_calibrates() -> None:
+    """The manifest's min_history_periods; a model without it calibrates whole windows only."""
+    manifest = load_manifest(DEFAULT_MODEL)
+    n = manifest.window_length
+    for given, expected in ((None, n), (1, 1), (60, 60)):
+        header = render_model_constants(
+            manifest.model_copy(update={"min_history_periods": given}), "x"
+        )
+        assert f"constexpr uint32_t kMinHistoryPeriods = {expected}u;" in header
+
+
 def test_model_constants_give_the_node_the_covariate_models_channels_in_order() -> None:
     """The covariate default: three channels in the manifest's order, a self-test level each;
     a channel the node cannot measure, a wrong unit, or PM not first is refused by name."""
