@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -41,6 +41,9 @@ __all__ = ["ClusterMember"]
 
 _log = structlog.get_logger(__name__)
 _RETRY_S = 1.0
+_DRAIN_POLL_S = 0.05
+_SNAPSHOT_WAIT_S = 5.0  # then this round is skipped
+_INSTALL_WAIT_S = 30.0  # then the windows are rebuilt anyway (logged)
 
 
 class WindowOwner(Protocol):
@@ -246,7 +249,9 @@ class ClusterMember:
         assert self._engine is not None and self._snapshots is not None
         started = time.monotonic()
         snapshot = await self._load(partition)
-        async with self._tick_lock:
+        async with self._drained(_INSTALL_WAIT_S) as drained:  # the windows are rebuilt
+            if not drained:
+                _log.warning("cluster_windows_rebuilt_while_periods_wait", partition=partition)
             self._drop_windows(owned.sensors | self._sensors_of(snapshot))
             if snapshot is not None:
                 self._install(snapshot)
@@ -357,7 +362,9 @@ class ClusterMember:
         if not partitions:
             return
         assert self._snapshots is not None
-        async with self._tick_lock:  # no tick between taking periods and publishing them
+        async with self._drained(_SNAPSHOT_WAIT_S) as drained:
+            if not drained:  # periods keep closing: the last snapshot stays (it is consistent)
+                return
             states = self._ticker.snapshot()
             covered = {p: (owned.covered, set(owned.sensors)) for p, owned in partitions.items()}
         for partition, (sequence, sensors) in covered.items():
@@ -366,6 +373,28 @@ class ClusterMember:
             blob = await asyncio.to_thread(window_parts.encode, snapshot)
             await self._snapshots.save(partition, blob)
             self.counters.snapshots += 1
+
+    @contextlib.asynccontextmanager
+    async def _drained(self, wait_s: float) -> AsyncIterator[bool]:
+        """Hold the tick lock at a moment no closed period waits for the tick (True), or, after
+        ``wait_s``, whatever waits (False).
+
+        A window's export keeps one closed period per sensor at most, and a period is out of
+        the windows only once the tick has published it, under this lock: so a snapshot, or a
+        rebuild of the windows, taken while nothing waits loses no period.
+        """
+        deadline = time.monotonic() + wait_s
+        while True:
+            await self._tick_lock.acquire()
+            drained = self._ticker.store.pending_count == 0
+            if drained or time.monotonic() >= deadline:
+                break
+            self._tick_lock.release()
+            await asyncio.sleep(_DRAIN_POLL_S)
+        try:
+            yield drained
+        finally:
+            self._tick_lock.release()
 
     # -- the windows ------------------------------------------------------------------------
 
