@@ -4,9 +4,10 @@ data and fine-tune it on the user's few weeks, instead of training TESLA from no
 The default's manifest is the authority on what it can be fine-tuned to: the same feature,
 grid period and input channels (a window of N periods, N being the default's). Anything else
 is refused with what differs. The Keras weights come from ``model.keras`` in the model
-directory or from the run directory that produced it (``--init-run``; ``make models`` writes
-``runs/<name>-seed<k>``, the seed is in the manifest's hyperparameters): the FlatBuffers carry
-folded constants, not the weights a fine-tuning needs.
+directory (``export`` writes it, outside the manifest's ``files``: releases and the wheel carry
+the FlatBuffers only) or from the run directory that produced it (``--init-run``): the
+FlatBuffers carry folded constants, not the weights a fine-tuning needs. Either is checked to
+compute what the directory's float graph computes before anything is trained.
 
 Fine-tuning: Adam at :data:`FINE_TUNE_LEARNING_RATE`, early stopping on the user's
 validation sensor, and the default *as it is* counts as epoch 0: when no epoch beats it, its
@@ -16,14 +17,19 @@ weights are kept (the report says so).
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+import zipfile
 from pathlib import Path
 
 import keras
 import numpy as np
+import numpy.typing as npt
 
 from tesla_gateway.contract.manifest import Manifest, load_manifest
 from tesla_gateway.errors import ManifestError
 from training.errors import TrainingError
+from training.export import FLOAT_TOLERANCE, litert_predict
 from training.harm import compare_on
 from training.metrics import LinearCalibration, error_metrics
 from training.models import TeslaConfig
@@ -40,15 +46,22 @@ from training.train import (
 __all__ = [
     "FINE_TUNED_DIR",
     "FINE_TUNE_LEARNING_RATE",
+    "KERAS_FILENAME",
     "InitFromError",
     "check_compatible",
     "fine_tune_run",
     "init_manifest",
     "init_weights",
+    "probe_windows",
+    "weights_error",
+    "write_keras",
 ]
 
 FINE_TUNE_LEARNING_RATE = 1e-4
 FINE_TUNED_DIR = "fine-tuned"
+KERAS_FILENAME = "model.keras"
+PROBE_WINDOWS = 32
+Array = npt.NDArray[np.float32]
 # The defaults calibrate from a sensor's first period because half of their training windows
 # were truncated (training/history.py); fine-tuning keeps at least that mix so it stays so.
 PARTIAL_HISTORY_FRACTION = 0.5
@@ -95,23 +108,100 @@ def check_compatible(
         )
 
 
+def write_keras(model: keras.Model, model_dir: Path) -> Path:
+    """Write ``model.keras`` beside the FlatBuffers: what ``--init-from`` fine-tunes.
+
+    Rebuilt from its config, so without optimizer state or compile settings, and its archive
+    deflated, written atomically. The manifest does not list it.
+    """
+    plain = keras.Model.from_config(model.get_config())
+    plain.set_weights(model.get_weights())
+    target = model_dir / KERAS_FILENAME
+    handle, temp_name = tempfile.mkstemp(dir=model_dir, prefix=".model-", suffix=".tmp")
+    os.close(handle)
+    temp = Path(temp_name)
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            saved = Path(scratch) / KERAS_FILENAME
+            plain.save(saved)
+            with (
+                zipfile.ZipFile(saved) as source,
+                zipfile.ZipFile(temp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as out,
+            ):
+                for name in source.namelist():
+                    out.writestr(name, source.read(name))
+        temp.chmod(0o644)  # mkstemp creates 0600
+        temp.replace(target)
+    finally:
+        temp.unlink(missing_ok=True)
+    return target
+
+
+def probe_windows(manifest: Manifest, shape: tuple[int, ...], count: int = PROBE_WINDOWS) -> Array:
+    """Seeded windows over the default's training input range (covariates over plausible
+    humidity and temperature), ``[count, *shape]``: what weights are compared on."""
+    rng = np.random.default_rng(28)
+    low, high = manifest.input_range.p01, manifest.input_range.p99
+    steps = rng.normal(0.0, (high - low) / 30, (count, shape[0]))
+    pm = np.clip(rng.uniform(low, high, (count, 1)) + np.cumsum(steps, axis=1), low, high)
+    if len(shape) == 1:
+        return pm.astype(np.float32)
+    windows = np.empty((count, *shape))
+    windows[..., 0] = pm
+    bounds = {"rh": (15.0, 98.0), "temp_c": (-10.0, 38.0)}
+    for index, name in enumerate(manifest.channel_names[1:], start=1):
+        lo, hi = bounds.get(name, (0.0, 100.0))
+        windows[..., index] = rng.uniform(lo, hi, (count, 1)) + rng.normal(0, 1, shape[0])
+    return windows.astype(np.float32)
+
+
+def weights_error(model: keras.Model, model_dir: Path, manifest: Manifest) -> float:
+    """Largest difference between the Keras model and the directory's float graph (LiteRT) on
+    :func:`probe_windows`, relative to the largest output: within ``FLOAT_TOLERANCE`` (1e-4,
+    the export's own check) when these are the weights the FlatBuffer was made from."""
+    windows = probe_windows(manifest, tuple(model.input_shape[1:]))
+    keras_out = np.asarray(model.predict(windows, verbose=0)).reshape(-1)
+    graph = (model_dir / manifest.files["float32"].path).read_bytes()
+    graph_out = litert_predict(graph, windows).reshape(-1)
+    scale = max(float(np.max(np.abs(graph_out))), 1e-6)
+    return float(np.max(np.abs(keras_out - graph_out))) / scale
+
+
 def init_weights(model_dir: Path, init_run: Path | None, manifest: Manifest) -> keras.Model:
-    """The default's Keras model, checked to be the one its manifest describes."""
-    beside = model_dir / "model.keras"
+    """The default's Keras model (``model.keras`` beside its manifest, else ``--init-run``'s),
+    checked to be the one its float graph was exported from."""
+    beside = model_dir / KERAS_FILENAME
     if beside.is_file():
-        model = keras.models.load_model(beside)
+        source = str(beside)
+        try:
+            model = keras.models.load_model(beside)  # safe mode: no code is deserialised
+        except Exception as exc:  # Keras raises many types for a damaged archive
+            raise InitFromError(
+                f"{beside} does not load ({type(exc).__name__}: {exc}): copy the model "
+                "directory again, or remove it and pass --init-run"
+            ) from exc
     elif init_run is not None:
+        source = f"--init-run {init_run}"
         _, model, _ = load_run(init_run)
     else:
+        seed = manifest.hyperparameters.get("seed", 0)
         raise InitFromError(
-            f"{model_dir} carries FlatBuffers only, no Keras weights to fine-tune: pass the run "
-            f"directory that produced it with --init-run (`make models` writes "
-            f"runs/{manifest.name}-seed{manifest.hyperparameters.get('seed', 0)})"
+            f"no Keras weights to fine-tune: {model_dir} has no {KERAS_FILENAME} (`export` "
+            "writes it; the FlatBuffers cannot be trained) and no --init-run was given. Pass "
+            f"--init-run with the run directory that produced it (`make models` writes "
+            f"runs/{manifest.name}-seed{seed}), or re-export that run into {model_dir}"
         )
     if int(model.count_params()) != manifest.parameter_count:
         raise InitFromError(
-            f"the Keras model has {model.count_params()} parameters, {manifest.name}'s manifest "
-            f"{manifest.parameter_count}: --init-run is not the run this default came from"
+            f"{source} has {model.count_params()} parameters, {manifest.name}'s manifest "
+            f"{manifest.parameter_count}: it is not the model this default was exported from"
+        )
+    error = weights_error(model, model_dir, manifest)
+    if not error <= FLOAT_TOLERANCE:
+        raise InitFromError(
+            f"{source} does not compute what {model_dir}'s float graph computes (differs by "
+            f"{error:.2g} of the output, export allows {FLOAT_TOLERANCE:g}): it is not the "
+            "model this default was exported from"
         )
     return model
 

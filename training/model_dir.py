@@ -1,4 +1,5 @@
-"""Turn a finished training run into a model directory: FlatBuffers + verified manifest.
+"""Turn a finished training run into a model directory: FlatBuffers + verified manifest, and the
+Keras model beside them (``model.keras``, unlisted) that ``train --init-from`` fine-tunes.
 
 The model directory is the only thing that travels from training to gateways and nodes.
 """
@@ -30,6 +31,7 @@ from training.conformal import DEFAULT_LEVEL, fit_intervals
 from training.data import WindowSet
 from training.errors import DataError
 from training.export import ExportTargets, ExportVerification, export_flatbuffers
+from training.fine_tune import write_keras
 from training.harm import check_not_harmful, compare_on
 from training.history import history_fields
 from training.metrics import LinearCalibration
@@ -169,6 +171,7 @@ def export_run(
         check_reference,
         targets=targets,
     )
+    write_keras(model, model_dir)  # for `train --init-from`; not in the manifest's files
     data = json.loads((run_dir / "data.json").read_text())
     feature = prepared.data.feature
     manifest = Manifest(

@@ -1,12 +1,14 @@
 """The calibration ladder on small synthetic data, through the real CLI: train fits raw, linear,
 multilinear, growth and TESLA, export writes the winner as a model directory whose float graph
 (LiteRT) and integer graph (TFLite Micro) compute the fitted formula; raw winning exports
-nothing unless forced; --init-from fine-tunes a TESLA model directory or refuses clearly.
+nothing unless forced; --init-from fine-tunes a TESLA model directory (an exported one, and a
+committed default copied as a fresh clone has it, without any run directory) or refuses clearly.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,14 @@ from training.classical import growth_divisor
 from training.cli import main
 from training.errors import HarmfulModelError
 from training.export import graph_input, litert_predict
-from training.fine_tune import InitFromError, check_compatible, init_manifest, init_weights
+from training.fine_tune import (
+    KERAS_FILENAME,
+    InitFromError,
+    check_compatible,
+    init_manifest,
+    init_weights,
+    write_keras,
+)
 from training.ladder import LadderData, fit_ladder, load_ladder
 from training.ladder_export import export_choice
 from training.tflm import run_tflm
@@ -167,12 +176,24 @@ def test_init_from_refuses_what_it_cannot_fine_tune(
     assert "channels: the default has pm2_5, these data pm10,rh" in message
     data = LadderData(TrainConfig.model_validate(CONFIG))
     assert data.covariates == ("rh", "temp_c")
-    # Through the CLI: a committed default without its Keras weights is refused before training.
+    # Through the CLI: a default without its Keras weights (model.keras removed, no --init-run)
+    # is refused before training, naming both places the weights could come from.
+    bare = _copy_model_dir(Path("models/pm2_5-antwerp-1h"), tmp_path / "bare", keras=False)
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
     argv = ["train", "--config", str(tmp_path / "config.json"), "--run-dir", str(tmp_path / "r")]
-    assert main([*argv, "--init-from", "models/pm2_5-antwerp-1h"]) == 2
-    assert "carries FlatBuffers only, no Keras weights to fine-tune" in capsys.readouterr().err
+    assert main([*argv, "--init-from", str(bare)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bare} has no model.keras" in err and "no --init-run was given" in err
     assert not (tmp_path / "r").exists()
+
+
+def _copy_model_dir(source: Path, target: Path, *, keras: bool = True) -> Path:
+    """The model directory's files as a fresh clone has them (``model.keras`` optional)."""
+    target.mkdir()
+    for path in source.iterdir():
+        if path.is_file() and (keras or path.name != KERAS_FILENAME):
+            shutil.copyfile(path, target / path.name)
+    return target
 
 
 def test_init_from_fine_tunes_a_tesla_model_directory(trained: Path, tmp_path: Path) -> None:
@@ -181,14 +202,29 @@ def test_init_from_fine_tunes_a_tesla_model_directory(trained: Path, tmp_path: P
     default = tmp_path / "default"
     argv = ["export", "--run", str(trained), "--out", str(default), "--name", "pm2_5-default"]
     assert main([*argv, "--candidate", "tesla", "--force", "--targets", "gateway"]) == 0
-    assert load_manifest(default).architecture == "tesla"
-    with pytest.raises(InitFromError, match="--init-run"):
-        init_weights(default, None, load_manifest(default))
+    manifest = load_manifest(default)
+    assert manifest.architecture == "tesla"
+    # export writes the Keras model beside the FlatBuffers, outside the manifest's files
+    assert (default / KERAS_FILENAME).is_file()
+    assert KERAS_FILENAME not in {entry.path for entry in manifest.files.values()}
+    model = init_weights(default, None, manifest)
+    # without it, the run directory (--init-run) gives the weights; with neither, refused
+    bare = _copy_model_dir(default, tmp_path / "bare", keras=False)
+    with pytest.raises(InitFromError, match=r"has no model\.keras .* no --init-run was given"):
+        init_weights(bare, None, manifest)
+    assert init_weights(bare, trained, manifest).count_params() == manifest.parameter_count
+    # weights that are not the FlatBuffer's (same architecture, one bias moved) are refused
+    weights = model.get_weights()
+    weights[-1] = weights[-1] + 0.5
+    model.set_weights(weights)
+    write_keras(model, bare)
+    with pytest.raises(InitFromError, match="does not compute what"):
+        init_weights(bare, None, manifest)
     other = {**CONFIG, "dataset_options": {**SYNTHETIC, "seed": 11, "days": 8}, "epochs": 1}
     (tmp_path / "config.json").write_text(json.dumps(other))
     run_dir = tmp_path / "run"
     argv = ["train", "--config", str(tmp_path / "config.json"), "--run-dir", str(run_dir)]
-    assert main([*argv, "--init-from", str(default), "--init-run", str(trained)]) == 0
+    assert main([*argv, "--init-from", str(default)]) == 0
     ladder = load_ladder(run_dir)
     assert ladder is not None
     names = [c.name for c in ladder.candidates]
@@ -198,6 +234,28 @@ def test_init_from_fine_tunes_a_tesla_model_directory(trained: Path, tmp_path: P
     init = json.loads((run_dir / "fine-tuned" / "init.json").read_text())
     assert init["from"] == "pm2_5-default"
     # never worse on validation than the default as it was (epoch 0 counts)
+    metrics = json.loads((run_dir / "fine-tuned" / "metrics.json").read_text())
+    assert metrics["validation"]["rmse"] <= init["as_is_validation"]["rmse"] * (1 + 1e-6)
+
+
+def test_init_from_fine_tunes_a_committed_default_without_its_run(tmp_path: Path) -> None:
+    """A fresh clone has models/ but no runs/: the committed default's model.keras is enough.
+    A few days of synthetic hourly PM2.5 (the default's feature, period and N), one epoch."""
+    default = _copy_model_dir(Path("models/pm2_5-antwerp-1h"), tmp_path / "default")
+    manifest = load_manifest(default)
+    options = {**SYNTHETIC, "days": 10, "seed": 5, "dropout_rate_per_day": 0.5}
+    config = {**CONFIG, "dataset_options": options, "window_length": manifest.window_length,
+              "max_interpolated_periods": 4, "epochs": 1}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    run_dir = tmp_path / "run"
+    argv = ["train", "--config", str(tmp_path / "config.json"), "--run-dir", str(run_dir)]
+    assert main([*argv, "--init-from", str(default)]) == 0
+    ladder = load_ladder(run_dir)
+    assert ladder is not None
+    tuned = next(c for c in ladder.candidates if c.name == "tesla-fine-tuned")
+    assert tuned.parameters == manifest.parameter_count and tuned.validation is not None
+    init = json.loads((run_dir / "fine-tuned" / "init.json").read_text())
+    assert (init["from"], init["version"]) == (manifest.name, manifest.version)
     metrics = json.loads((run_dir / "fine-tuned" / "metrics.json").read_text())
     assert metrics["validation"]["rmse"] <= init["as_is_validation"]["rmse"] * (1 + 1e-6)
 
