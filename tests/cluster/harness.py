@@ -260,6 +260,17 @@ def stream_messages(servers: Sequence[str], stream: str) -> list[tuple[str, dict
     return asyncio.run(run())
 
 
+def wait_calibrated(servers: Sequence[str], expected: set[str], what: str) -> None:
+    """Until the calibrated stream holds as many values as ``expected``; on time-out the
+    failure names what is missing."""
+    try:
+        wait_for(lambda: len(stream_messages(servers, "TESLA_CALIBRATED")) >= len(expected), what)
+    except AssertionError as exc:
+        have = {msg_id for msg_id, _, _ in stream_messages(servers, "TESLA_CALIBRATED")}
+        missing = sorted(expected - have)
+        raise AssertionError(f"{exc}: {len(missing)} missing, e.g. {missing[:5]}") from exc
+
+
 def stream_leader(servers: Sequence[str], stream: str) -> str:
     async def run() -> str:
         client = await nats.connect(servers=list(servers))

@@ -25,6 +25,7 @@ from tests.cluster.harness import (
     sensor_partitions,
     stream_messages,
     value_of,
+    wait_calibrated,
     wait_for,
     write_config,
 )
@@ -88,10 +89,7 @@ def test_mqtt_and_serial_readings_are_partitioned_and_calibrated_under_the_clust
         )
         sent += [("serial-1", closing, 10.0), ("mqtt-1", closing, 10.0)]
         expected = expected_periods(sent)
-        wait_for(
-            lambda: len(stream_messages([nats_server.url], "TESLA_CALIBRATED")) >= len(expected),
-            "both sensors calibrated",
-        )
+        wait_calibrated([nats_server.url], expected, "both sensors calibrated")
         stats = gateway.cluster()
     node.loop_stop()
     listener.loop_stop()

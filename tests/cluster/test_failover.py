@@ -29,6 +29,7 @@ from tests.cluster.harness import (
     sensor_partitions,
     stream_leader,
     stream_messages,
+    wait_calibrated,
     wait_for,
     write_config,
 )
@@ -79,10 +80,7 @@ def _check_against_one_gateway(
         wait_for(lambda: balanced([alone]), "the single gateway owning every partition")
         replay_into(server.url, feeder.sent)
         expected = expected_periods(feeder.sent)
-        wait_for(
-            lambda: len(stream_messages([server.url], "TESLA_CALIBRATED")) >= len(expected),
-            "the single gateway's calibrated values",
-        )
+        wait_calibrated([server.url], expected, "the single gateway's calibrated values")
         reference = by_id(stream_messages([server.url], "TESLA_CALIBRATED"))
         alone.check_alive()
     assert set(reference) == expected
@@ -129,10 +127,7 @@ def test_killed_gateway_moves_warm_and_every_period_once(
         time.sleep(2 * PERIOD_S)
         feeder.stop()
         expected = expected_periods(feeder.sent)
-        wait_for(
-            lambda: len(stream_messages(nats_cluster.urls, "TESLA_CALIBRATED")) >= len(expected),
-            "every period calibrated",
-        )
+        wait_calibrated(nats_cluster.urls, expected, "every period calibrated")
         time.sleep(1.0)  # anything calibrated twice would have arrived by now
         messages = stream_messages(nats_cluster.urls, "TESLA_CALIBRATED")
         final = placement(live)
@@ -192,10 +187,7 @@ def test_killed_stream_leader_loses_nothing(
         time.sleep(6 * PERIOD_S)
         feeder.stop()
         expected = expected_periods(feeder.sent)
-        wait_for(
-            lambda: len(stream_messages(urls, "TESLA_CALIBRATED")) >= len(expected),
-            "every period calibrated after the leader's death",
-        )
+        wait_calibrated(urls, expected, "every period calibrated after the leader's death")
         messages = stream_messages(urls, "TESLA_CALIBRATED")
         stored = stream_messages(urls, "TESLA_READINGS")
     finally:
@@ -241,10 +233,7 @@ def test_paused_gateway_learns_it_lost_its_partitions(
         time.sleep(2 * PERIOD_S)
         feeder.stop()
         expected = expected_periods(feeder.sent)
-        wait_for(
-            lambda: len(stream_messages(nats_cluster.urls, "TESLA_CALIBRATED")) >= len(expected),
-            "every period calibrated",
-        )
+        wait_calibrated(nats_cluster.urls, expected, "every period calibrated")
         time.sleep(1.0)
         messages = stream_messages(nats_cluster.urls, "TESLA_CALIBRATED")
         lost = paused.cluster()["lost"]
