@@ -25,6 +25,8 @@ __all__ = ["PartitionPuller", "PinLostError", "StreamMessage"]
 
 _log = structlog.get_logger(__name__)
 _NS = 1_000_000_000
+_PULL_ENDS = {"100", "404", "408", "409"}  # heartbeat, no messages, expired, over (a leader moved)
+_REFUSED_PAUSE_S = 0.5
 
 
 class PinLostError(Exception):
@@ -85,6 +87,20 @@ class PartitionPuller:
         finally:
             await subscription.unsubscribe()
 
+    async def _status(self, status: str, message: Msg) -> bool:
+        """A status message: True when it ends the pull; 423 raises :class:`PinLostError`."""
+        if status == "423":
+            raise PinLostError(f"partition {self.partition}: pinned elsewhere")
+        if status not in _PULL_ENDS:  # a refusal: do not ask again at once
+            _log.warning(
+                "cluster_pull_refused",
+                partition=self.partition,
+                status=status,
+                description=(message.headers or {}).get("Description"),
+            )
+            await asyncio.sleep(_REFUSED_PAUSE_S)
+        return status != "100"  # 408 expired, 404/409 and refusals: this pull is over
+
     async def _one_pull(self, arrived: asyncio.Queue[Msg]) -> None:
         """Take one pull's messages (handled in runs as they come) until it ends."""
         received = 0
@@ -104,10 +120,7 @@ class PartitionPuller:
             for message in messages:
                 status = (message.headers or {}).get("Status")
                 if status is not None and not message.data:
-                    if status == "423":
-                        raise PinLostError(f"partition {self.partition}: pinned elsewhere")
-                    if status != "100":  # 408 expired, 404/409: this pull is over
-                        ended = True
+                    ended = await self._status(status, message) or ended
                     continue
                 pin = (message.headers or {}).get("Nats-Pin-Id")
                 if pin is not None and pin != self.pin_id:
