@@ -1,6 +1,7 @@
 """What changes in the daemon when ``[cluster]`` is set, in one place: the member is built (and
-nats imported) only then, the publisher's topics take the cluster-wide prefix, and the sources
-the gateway runs itself feed the stream instead of the windows."""
+nats imported) only then, the sensors' topics take the cluster-wide prefix (the gateway's own
+status and stats keep its prefix), and the sources the gateway runs itself feed the stream
+instead of the windows."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from tesla_gateway.ingest.admission import SensorAdmission
 from tesla_gateway.ingest.ingest_log import IngestLog, JournaledQueue
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.monitor.monitor import Monitor
-from tesla_gateway.publish.config import PublisherConfig
+from tesla_gateway.publish.publisher import Publisher
+from tesla_gateway.set_aside import SetAsideLog
 
 if TYPE_CHECKING:
     from tesla_gateway.cluster.member import ClusterMember, WindowOwner
 
-__all__ = ["ingest_queue", "make_member", "publisher_config"]
+__all__ = ["ingest_queue", "make_member", "make_publisher"]
 
 
 class _Service(Protocol):
@@ -35,21 +37,22 @@ class _Service(Protocol):
     def monitor(self) -> Monitor: ...
     @property
     def rejects(self) -> RejectCounter: ...
+    @property
+    def publisher(self) -> Publisher | None: ...
 
     def _ingest(self, reading: Reading) -> None: ...
 
 
-def publisher_config(config: GatewayConfig) -> PublisherConfig:
-    """In cluster mode a sensor's topics do not depend on which gateway calibrated it; and no
-    per-sensor availability: a gateway that handed a sensor on would call it offline while its
-    new owner still publishes it."""
-    if config.cluster is None:
-        return config.publisher
-    return config.publisher.model_copy(
-        update={
-            "topic_prefix": config.cluster.calibrated_topic_prefix,
-            "sensor_offline_after_s": None,
-        }
+def make_publisher(config: GatewayConfig, set_aside: SetAsideLog) -> Publisher:
+    """In cluster mode a sensor's topics (calibrated values, health, drift, availability,
+    discovery) do not depend on which gateway calibrated it; the gateway's status (its will)
+    and stats stay its own."""
+    return Publisher(
+        config.publisher,
+        gateway_id=config.gateway_id,
+        state_dir=config.state_dir,
+        set_aside=set_aside,
+        cluster_prefix=None if config.cluster is None else config.cluster.calibrated_topic_prefix,
     )
 
 
@@ -63,9 +66,11 @@ def make_member(
 
     def moved_away(sensor_ids: list[str]) -> None:
         """Another gateway calibrates these now: forgotten here, not withdrawn (their topics
-        are the cluster's)."""
+        are the cluster's); their availability is the new owner's to say."""
         service.admission.forget(sensor_ids)
         service.monitor.forget_sensors(sensor_ids)
+        if service.publisher is not None:
+            service.publisher.hand_off_sensors(sensor_ids)
 
     return ClusterMember(
         config.cluster,

@@ -41,6 +41,7 @@ from tesla_gateway.monitor.pairs import PairsConfig
 from tesla_gateway.monitor.references import ReferenceConfig
 from tesla_gateway.ota.config import OtaConfig
 from tesla_gateway.publish.config import PublisherConfig
+from tesla_gateway.publish.topics import OWN_PREFIX_PROBLEM, shares_levels
 from tesla_gateway.sources.fleet import FleetSourceConfig
 from tesla_gateway.sources.mqtt_source import MqttSourceConfig
 from tesla_gateway.sources.serial_source import NodePortConfig, Pms5003PortConfig
@@ -265,6 +266,12 @@ class GatewayConfig(_Section):
                 "cluster: the gateways read MQTT readings from the stream (nodes publish to "
                 "nats-server's MQTT listener): remove the mqtt [[sources]]"
             )
+        if self.cluster is not None:
+            own = self.publisher.topic_prefix or f"tesla/{self.gateway_id}"
+            if shares_levels(own, self.cluster.calibrated_topic_prefix):
+                raise ValueError(
+                    OWN_PREFIX_PROBLEM.format(own, self.cluster.calibrated_topic_prefix)
+                )
         return self
 
     @field_validator("models")

@@ -25,7 +25,7 @@ import structlog
 from tesla_gateway import __version__
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.daemon.clock_steps import ClockSteps
-from tesla_gateway.daemon.cluster_mode import ingest_queue, make_member, publisher_config
+from tesla_gateway.daemon.cluster_mode import ingest_queue, make_member, make_publisher
 from tesla_gateway.daemon.config import GatewayConfig
 from tesla_gateway.daemon.instance_lock import AlreadyRunningError, InstanceLock, read_pid_file
 from tesla_gateway.daemon.memory import release_free_heap
@@ -192,12 +192,7 @@ class GatewayService:
             with signal_handlers(loop, stop=self.request_stop, reload=self.request_reload):
                 await self._start_models()
                 self.windows.replay_ingest_log(self._ingest)
-                self.publisher = Publisher(
-                    publisher_config(self.config),
-                    gateway_id=self.config.gateway_id,
-                    state_dir=self.config.state_dir,
-                    set_aside=self.set_aside,
-                )
+                self.publisher = make_publisher(self.config, self.set_aside)
                 self.reporter.publisher = self.publisher
                 self._evicted(self._evicted_early)
                 self.publisher.adopt_sensors(self.admission.idle_seconds())

@@ -11,6 +11,14 @@ available only while both the gateway and the sensor are (``availability_mode: a
 sensor's own availability topic goes ``offline`` when it stops reporting
 (:mod:`tesla_gateway.publish.availability`).
 
+In cluster mode (``cluster=True``) a sensor's entities are the cluster's, not a gateway's: their
+unique ids and config topics take the node of the shared prefix (``tesla/cluster`` gives
+``tesla_cluster``), so every gateway announces the same entities and a sensor that moves to
+another gateway keeps them; they name no ``via_device``, and their availability is the sensor's
+own topic only, which its current owner publishes: one gateway's death (its will on its own
+status topic) leaves them available while another gateway calibrates them. Each gateway still
+has its own device and status entity.
+
 A config is retained on ``<discovery_prefix>/<component>/tesla_<gateway>/<object>/config``; an
 empty retained payload on the same topic removes the entity (:meth:`Discovery.removals`).
 """
@@ -86,6 +94,7 @@ class Discovery:
         topics: TopicScheme,
         sensor_availability: bool,
         support_url: str | None = None,
+        cluster: bool = False,
     ) -> None:
         self._prefix = discovery_prefix
         self._gateway_id = gateway_id
@@ -95,6 +104,9 @@ class Discovery:
         # changing it would give every entity of a gateway named with a '.' a new unique_id.
         self._node = "tesla_" + _UNSAFE_TOPIC.sub("_", gateway_id)
         self._gateway_device_id = self._node
+        self._cluster = cluster
+        # the node of the sensors' entities: the gateway's, or in a cluster the shared prefix's
+        self._sensor_node = _UNSAFE_TOPIC.sub("_", topics.prefix) if cluster else self._node
         origin: dict[str, object] = {"name": _ORIGIN_NAME, "sw_version": __version__}
         if support_url is not None:
             origin["support_url"] = support_url
@@ -102,8 +114,10 @@ class Discovery:
 
     # -- topics ----------------------------------------------------------------------------
 
-    def _config_topic(self, component: Component, object_id: str) -> str:
-        return f"{self._prefix}/{component}/{self._node}/{object_id}/config"
+    def _config_topic(
+        self, component: Component, object_id: str, *, node: str | None = None
+    ) -> str:
+        return f"{self._prefix}/{component}/{node or self._sensor_node}/{object_id}/config"
 
     def _entities(self, sensor_id: str, feature: str) -> list[tuple[Component, str]]:
         base = f"{_id_part(sensor_id)}_{feature}"
@@ -130,7 +144,7 @@ class Discovery:
             "device": self._gateway_device(),
             "origin": self._origin,
         }
-        topic = self._config_topic("binary_sensor", "gateway_status")
+        topic = self._config_topic("binary_sensor", "gateway_status", node=self._node)
         return DiscoveryMessage(topic, _encode(config))
 
     def sensor(self, sensor_id: str, feature: str) -> list[DiscoveryMessage]:
@@ -200,7 +214,7 @@ class Discovery:
     # -- shared parts ----------------------------------------------------------------------
 
     def _unique_id(self, object_id: str) -> str:
-        return f"{self._node}_{object_id}"
+        return f"{self._sensor_node}_{object_id}"
 
     def _gateway_device(self) -> dict[str, object]:
         return {
@@ -213,22 +227,25 @@ class Discovery:
 
     def _shared(self, sensor_id: str) -> dict[str, object]:
         """Device, origin and availability of every entity of one sensor."""
-        availability: list[dict[str, object]] = [{"topic": self._topics.status}]
+        availability: list[dict[str, object]] = []
+        if not self._cluster:  # in a cluster no one gateway's status speaks for a sensor
+            availability.append({"topic": self._topics.status})
         if self._sensor_availability:
             availability.append({"topic": self._topics.availability(sensor_id)})
-        return {
-            "device": {
-                "identifiers": [f"{self._node}_{_id_part(sensor_id)}"],
-                "name": f"Sensor {sensor_id}",
-                "manufacturer": _MANUFACTURER,
-                "model": "Low-cost PM sensor, TESLA-calibrated",
-                "sw_version": __version__,
-                "via_device": self._gateway_device_id,
-            },
-            "origin": self._origin,
-            "availability": [
+        device: dict[str, object] = {
+            "identifiers": [f"{self._sensor_node}_{_id_part(sensor_id)}"],
+            "name": f"Sensor {sensor_id}",
+            "manufacturer": _MANUFACTURER,
+            "model": "Low-cost PM sensor, TESLA-calibrated",
+            "sw_version": __version__,
+        }
+        if not self._cluster:  # in a cluster it moves between gateways: linked to none
+            device["via_device"] = self._gateway_device_id
+        shared: dict[str, object] = {"device": device, "origin": self._origin}
+        if availability:
+            shared["availability"] = [
                 {**entry, "payload_available": "online", "payload_not_available": "offline"}
                 for entry in availability
-            ],
-            "availability_mode": "all",
-        }
+            ]
+            shared["availability_mode"] = "all"
+        return shared

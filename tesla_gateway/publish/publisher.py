@@ -37,7 +37,7 @@ from tesla_gateway.publish.outbox import Outbox
 from tesla_gateway.publish.outbox_messages import OutboxMessage
 from tesla_gateway.publish.payloads import batch_payloads, document_payload, reading_message
 from tesla_gateway.publish.stats_topic import StatsTopic
-from tesla_gateway.publish.topics import TopicScheme
+from tesla_gateway.publish.topics import OWN_PREFIX_PROBLEM, TopicScheme, shares_levels
 from tesla_gateway.set_aside import SetAsideLog
 from tesla_gateway.task_group import run_task_group
 
@@ -67,15 +67,22 @@ class Publisher:
         gateway_id: str,
         state_dir: Path,
         set_aside: SetAsideLog | None = None,
+        cluster_prefix: str | None = None,
     ) -> None:
+        """``cluster_prefix`` (cluster mode): the sensors' topics go under it, the same on every
+        gateway, and the gateway's own (status, stats) stay under ``topic_prefix``."""
         if not SENSOR_ID_PATTERN.fullmatch(gateway_id):
             raise PublisherError(
                 f"gateway id {gateway_id!r} must match {SENSOR_ID_PATTERN.pattern}"
             )
         self._config = config
         self._gateway_id = gateway_id
-        self.topic_prefix = config.topic_prefix or f"tesla/{gateway_id}"
-        self.topics = TopicScheme(self.topic_prefix)
+        own_prefix = config.topic_prefix or f"tesla/{gateway_id}"
+        if cluster_prefix is not None and shares_levels(own_prefix, cluster_prefix):
+            raise PublisherError(OWN_PREFIX_PROBLEM.format(own_prefix, cluster_prefix))
+        self._cluster = cluster_prefix is not None
+        self.topic_prefix = cluster_prefix or own_prefix
+        self.topics = TopicScheme(self.topic_prefix, own_prefix=own_prefix)
         self._client_id = config.client_id or f"tesla-gateway-{gateway_id}-out"
         self._outbox = Outbox.open(  # a disk that refuses it: in memory, reported in stats
             state_dir / OUTBOX_FILENAME,
@@ -98,6 +105,7 @@ class Publisher:
             topics=self.topics,
             sensor_availability=config.sensor_offline_after_s is not None,
             support_url=config.discovery_support_url,
+            cluster=self._cluster,
         )
         self._announcer = DiscoveryAnnouncer(discovery, enabled=config.discovery)
         self._availability = (
@@ -152,8 +160,10 @@ class Publisher:
 
     def adopt_sensors(self, idle_s: Mapping[str, float]) -> None:
         """Sensors with restored windows, by seconds since their last reading: each gets its
-        true availability now (the previous run's retained state may be stale)."""
-        if self._availability is None or self._closed_counts is not None:
+        true availability now (the previous run's retained state may be stale). Not in a
+        cluster: a sensor's availability is its current owner's, which says ``online`` when it
+        takes the sensor, and this gateway may own it no more."""
+        if self._availability is None or self._closed_counts is not None or self._cluster:
             return
         online, offline = self._availability.adopt(idle_s)
         self._enqueue(
@@ -171,6 +181,12 @@ class Publisher:
             self._enqueue([self._retained(self.topics.availability(s), b"offline") for s in quiet])
             self._log.info("sensors_offline", count=len(quiet), sensors=quiet[:20])
         return quiet
+
+    def hand_off_sensors(self, sensor_ids: Sequence[str]) -> None:
+        """Another gateway of the cluster publishes these sensors now: no longer tracked, and
+        nothing said (their topics, availability and discovery configs are the cluster's)."""
+        if self._availability is not None:
+            self._availability.forget(sensor_ids)
 
     def forget_sensors(self, sensor_ids: Sequence[str]) -> None:
         """Evicted sensors: their discovery configs and availability are removed (empty
