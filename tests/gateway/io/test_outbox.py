@@ -770,11 +770,16 @@ def test_a_corrupt_file_that_cannot_be_made_again_moves_the_queue_to_memory(
     tmp_path: Path,
 ) -> None:
     """Damage met at a read, and the fresh file refused by the disk (a real EFBIG from the
-    process's file-size limit): the queue goes on, empty, in memory."""
+    process's file-size limit): the queue goes on, empty, in memory, with nothing to take over
+    (no false alarm about the file); what it drops there reaches the file when the disk is
+    back."""
     path = tmp_path / "o.sqlite3"
+    now = [0.0]
     with Outbox.open(path, max_messages=100) as earlier:
         earlier.append([message(n) for n in range(50)])
-    with Outbox.open(path, max_messages=100, memory_fallback=True, mirror_capacity=0) as outbox:
+    with Outbox.open(
+        path, max_messages=100, memory_fallback=True, mirror_capacity=0, clock=lambda: now[0]
+    ) as outbox:
         handed_out = outbox.peek(5)
         damage_the_queue_page(path)
         previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -791,9 +796,16 @@ def test_a_corrupt_file_that_cannot_be_made_again_moves_the_queue_to_memory(
         assert str(moved["error"]).startswith(f"cannot open outbox {path}")
         assert outbox.stats()["storage"] == "memory" and outbox.stats()["memory_periods"] == 1
         assert outbox.resets == 1
+        assert not [e for e in logs if e["event"] == "outbox_file_unreadable"]
         outbox.append([message(99)])
         (new,) = outbox.peek(10)
         assert new.payload == b"99" and new.id > handed_out[-1].id
+        outbox.append([message(n) for n in range(101)])  # over the bound: 2 dropped
+        outbox.remove([m.id for m in outbox.peek(100)])
+        now[0] = 5.0
+        assert outbox.back_to_disk() and outbox.dropped_total == 2
+    with Outbox.open(path, max_messages=100) as reopened:
+        assert reopened.peek(10) == [] and reopened.dropped_total == 2
 
 
 def test_every_period_in_memory_is_counted_with_what_it_took_over(tmp_path: Path) -> None:
