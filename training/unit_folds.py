@@ -43,6 +43,7 @@ __all__ = [
 
 DEFAULT_FOLDS = 4
 TIMING_FILE = "fold_timing.json"  # beside the run: what the fold cost when it was trained
+EXTRA_SEEDS = 2  # further seeds a fold tries when every asked seed diverged
 DIVERGED_FILE = "diverged.json"  # a seed whose training diverged (skipped, not retried)
 FloatArray = npt.NDArray[np.float64]
 
@@ -103,27 +104,20 @@ def train_folds(
     default only ``config.seed``), and keep the seed best on the validation sensor."""
     runs = []
     for group in fold_groups(train_sensors, folds):
-        candidates = []
-        diverged = []
-        for seed in seeds or (config.seed,):
-            fold_config = config.model_copy(update={"left_out_sensors": group, "seed": seed})
+        candidates: list[Path] = []
+        diverged: list[int] = []
+        tried = list(seeds or (config.seed,))
+        # a fold whose every seed diverges tries the next seeds, up to EXTRA_SEEDS more
+        while tried:
+            seed = tried.pop(0)
             run_dir = folds_dir / f"without-{'-'.join(group)}-seed{seed}"
-            if _diverged(run_dir, fold_config):
+            fold_config = config.model_copy(update={"left_out_sensors": group, "seed": seed})
+            if _train_once(run_dir, fold_config, verbose):
+                candidates.append(run_dir)
+            else:
                 diverged.append(seed)
-                continue
-            if not _finished(run_dir, fold_config):
-                started = time.monotonic()
-                try:
-                    train(fold_config, run_dir, verbose=verbose)
-                except DivergedTrainingError as exc:  # never the better seed: the others decide
-                    _record_divergence(run_dir, fold_config, exc)
-                    diverged.append(seed)
-                    continue
-                (run_dir / TIMING_FILE).write_text(
-                    json.dumps({"train_seconds": round(time.monotonic() - started, 1)}) + "\n",
-                    encoding="utf-8",
-                )
-            candidates.append(run_dir)
+            if not tried and not candidates and len(diverged) < len(seeds or (0,)) + EXTRA_SEEDS:
+                tried.append(max(diverged) + 1)
         if not candidates:
             raise DataError(
                 f"every seed of the fold without {list(group)} diverged (see {folds_dir}/*/"
@@ -139,6 +133,24 @@ def train_folds(
             )
         )
     return runs
+
+
+def _train_once(run_dir: Path, config: TrainConfig, verbose: int | str) -> bool:
+    """Train (or reuse) one fold run; False when this config diverged (now or before)."""
+    if _diverged(run_dir, config):
+        return False
+    if not _finished(run_dir, config):
+        started = time.monotonic()
+        try:
+            train(config, run_dir, verbose=verbose)
+        except DivergedTrainingError as exc:  # never the better seed: the others decide
+            _record_divergence(run_dir, config, exc)
+            return False
+        (run_dir / TIMING_FILE).write_text(
+            json.dumps({"train_seconds": round(time.monotonic() - started, 1)}) + "\n",
+            encoding="utf-8",
+        )
+    return True
 
 
 def _diverged(run_dir: Path, config: TrainConfig) -> bool:
