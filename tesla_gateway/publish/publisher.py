@@ -215,13 +215,15 @@ class Publisher:
 
     def submit_documents(self, documents: Sequence[SensorDocument]) -> None:
         """Queue the monitor's retained documents (health, drift: docs/mqtt.md) behind the
-        readings, each on ``<prefix>/<sensor>/<feature>/<kind>``."""
+        readings, each on ``<prefix>/<sensor>/<feature>/<kind>``. In a cluster each names
+        the gateway that judged it (the sensor's owner then), as its topic no longer does."""
         if self._closed_counts is not None:
             raise PublisherError("the publisher is closed; documents can no longer be queued")
+        judge = {"gateway": self._gateway_id} if self._cluster else {}
         messages = [
             OutboxMessage(
                 topic=self.topics.sensor(d.sensor_id, d.feature, d.kind),
-                payload=document_payload(d.document),
+                payload=document_payload({**d.document, **judge}),
                 qos=self._config.qos,
                 retain=True,
             )
