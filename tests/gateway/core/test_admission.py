@@ -270,6 +270,23 @@ def test_a_claim_ends_with_the_eviction_and_a_restored_window_is_claimed_by_its_
     assert rejects.count(RejectReason.SENSOR_ID_CONFLICT) == 2
 
 
+def test_a_forgotten_sensor_is_no_longer_admitted_nor_evicted_and_its_id_is_free() -> None:
+    """Cluster mode hands sensors to another gateway: forget drops them here (an id never
+    admitted here is no error), they are not evicted later, and their claim ends."""
+    store = store_with([], range(0))
+    mono = Clock(1_000.0)
+    admission, rejects = make(store, Clock(T0), mono, evict_idle_s=600)
+    with capture_logs():
+        assert admission.admit(reading("moved", 0, source="tasmota"))
+        assert admission.admit(reading("stays", 0, source="mqtt"))
+        admission.forget(["moved", "never-seen"])
+        assert admission.sensors == 1 and set(admission.idle_seconds()) == {"stays"}
+        mono.now += 601
+        assert admission.evict_idle() == ["stays"]
+        assert admission.admit(reading("moved", 20, source="mqtt"))  # no claim left
+    assert rejects.count(RejectReason.SENSOR_ID_CONFLICT) == 0
+
+
 def test_a_refusal_for_a_full_gateway_names_the_sensor_and_the_limits() -> None:
     store = store_with(["a"], range(1))
     admission, rejects = make(store, Clock(T0 + P), Clock(1_000.0), max_sensors=1)
