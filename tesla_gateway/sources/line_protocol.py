@@ -116,8 +116,8 @@ def encode_line(line_type: str, fields: Sequence[str]) -> bytes:
     if len(line_type) != 1 or not "A" <= line_type <= "Z":
         raise LineProtocolError(f"line type must be one upper-case letter, got {line_type!r}")
     for value in fields:
-        raw = value.encode("ascii", errors="replace")
-        if not _FIELD.fullmatch(raw) or b"," in raw or b"*" in raw:
+        raw = value.encode()  # (outside ASCII: refused by isascii, not as a '?' it became)
+        if not value.isascii() or not _FIELD.fullmatch(raw) or b"," in raw or b"*" in raw:
             raise LineProtocolError(
                 f"field {value!r} must be printable ASCII without space, ',' or '*'"
             )

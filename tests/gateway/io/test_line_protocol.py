@@ -288,3 +288,13 @@ def test_a_field_holding_a_star_or_a_comma_cannot_be_encoded() -> None:
     for field in ("a*b", "a,b", "a b"):
         with pytest.raises(LineProtocolError):
             encode_line("O", [field])
+
+
+def test_a_field_with_a_character_outside_ascii_is_refused_as_a_protocol_error() -> None:
+    """(Was UnicodeEncodeError: the check read it as '?', a printable character.)"""
+    for field in ("caf\u00e9", "\u00b5g", "a?b\u2014"):
+        with pytest.raises(LineProtocolError, match="printable ASCII"):
+            encode_line("O", [field])
+    with pytest.raises(LineProtocolError):
+        encode_hello("n\u00f6de", "1.0")
+    assert encode_line("O", ["a?b"]).startswith(b"O,a?b*")  # a real '?' is printable ASCII
