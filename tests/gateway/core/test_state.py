@@ -117,6 +117,42 @@ def test_periods_waiting_for_a_tick_survive_a_snapshot(tmp_path: Path) -> None:
         np.testing.assert_array_equal(ready.raw, expected.raw)
 
 
+def _rewrite_backlog_snapshot(
+    saver: StateStore, meta_update: dict[str, object], **arrays: object
+) -> None:
+    """Save the backlog's snapshot, then rewrite it with some meta keys and arrays replaced."""
+    store = WindowStore()
+    store.install("pm10", _backlog())
+    assert saver.save_all(store)
+    path = saver.path_for("pm10")
+    with np.load(path, allow_pickle=False) as data:
+        saved = {name: data[name] for name in data.files}
+    meta = json.loads(str(saved.pop("meta")))
+    meta.update(meta_update)
+    saved.update(arrays)  # type: ignore[arg-type]
+    np.savez(path, meta=np.array(json.dumps(meta)), **saved)
+
+
+@pytest.mark.parametrize(
+    ("meta_update", "arrays"),
+    [
+        ({"waiting_sensor_ids": "ababab"}, {}),  # a string as long as the list, not a list
+        ({"waiting_sensor_ids": ["a", "a", "a", "b", "b", "bad/id"]}, {}),
+        ({}, {"waiting_period": np.zeros(6, dtype=np.float64)}),  # right shape, not integers
+        ({}, {"waiting_window": np.zeros((6, 1, 5), dtype=np.float32)}),  # N + 1 long
+    ],
+    ids=["ids-a-string", "a-bad-id", "periods-as-floats", "windows-too-long"],
+)
+def test_a_snapshot_whose_waiting_periods_do_not_fit_is_set_aside(
+    tmp_path: Path, meta_update: dict[str, object], arrays: dict[str, object]
+) -> None:
+    saver = StateStore(tmp_path)
+    _rewrite_backlog_snapshot(saver, meta_update, **arrays)
+    with structlog.testing.capture_logs():
+        assert saver.restore("pm10", GEOMETRY) is None
+    assert saver.stats.corrupt == 1 and saver.stats.restored == 0
+
+
 def test_a_snapshot_written_before_waiting_periods_were_kept_still_loads(tmp_path: Path) -> None:
     saver = StateStore(tmp_path)
     store = filled_store()
