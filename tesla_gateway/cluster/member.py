@@ -57,6 +57,8 @@ class WindowOwner(Protocol):
 
     def remove_sensors(self, sensor_ids: Iterable[str]) -> int: ...
 
+    def last_seen(self) -> dict[str, float]: ...
+
 
 @dataclass(slots=True)
 class _Owned:
@@ -95,6 +97,7 @@ class ClusterMember:
         ingest: Callable[[Reading], None],
         on_dropped: Callable[[list[str]], None],
         rejects: RejectCounter,
+        on_taken: Callable[[dict[str, float]], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
@@ -103,6 +106,7 @@ class ClusterMember:
         self._tick_lock = tick_lock
         self._ingest = ingest
         self._on_dropped = on_dropped
+        self._on_taken = on_taken
         self._clock = clock
         self._owned: dict[int, _Owned] = {}
         self._members: list[str] = []
@@ -270,6 +274,9 @@ class ClusterMember:
             self.counters.replayed += len(batch)
             self._handle(partition, batch)
         owned.ready = True
+        if self._on_taken is not None:  # its sensors are this gateway's to speak for now
+            ends, now = self._ticker.last_seen(), self._clock()
+            self._on_taken({s: max(0.0, now - ends[s]) for s in owned.sensors if s in ends})
         self.counters.acquired += 1
         if snapshot is None:
             self.counters.cold += 1

@@ -72,6 +72,12 @@ def make_member(
         if service.publisher is not None:
             service.publisher.hand_off_sensors(sensor_ids)
 
+    def taken(idle_s: dict[str, float]) -> None:
+        """Sensors of a partition just taken, by seconds since their last reading: their
+        availability is said by this gateway now, also for those quiet since the snapshot."""
+        if service.publisher is not None:
+            service.publisher.take_over_sensors(idle_s)
+
     return ClusterMember(
         config.cluster,
         gateway_id=config.gateway_id,
@@ -79,6 +85,7 @@ def make_member(
         tick_lock=service._tick_lock,  # the service's own lock, lent
         ingest=service._ingest,  # the service's one ingest path
         on_dropped=moved_away,
+        on_taken=taken,
         rejects=service.rejects,
         clock=clock,
     )

@@ -163,13 +163,8 @@ class Publisher:
         true availability now (the previous run's retained state may be stale). Not in a
         cluster: a sensor's availability is its current owner's, which says ``online`` when it
         takes the sensor, and this gateway may own it no more."""
-        if self._availability is None or self._closed_counts is not None or self._cluster:
-            return
-        online, offline = self._availability.adopt(idle_s)
-        self._enqueue(
-            [self._retained(self.topics.availability(s), b"online") for s in online]
-            + [self._retained(self.topics.availability(s), b"offline") for s in offline]
-        )
+        if not self._cluster:
+            self.take_over_sensors(idle_s)
 
     def expire_quiet_sensors(self) -> list[str]:
         """Sensors quiet for ``sensor_offline_after_s`` go ``offline``; the ids (also run by the
@@ -181,6 +176,18 @@ class Publisher:
             self._enqueue([self._retained(self.topics.availability(s), b"offline") for s in quiet])
             self._log.info("sensors_offline", count=len(quiet), sensors=quiet[:20])
         return quiet
+
+    def take_over_sensors(self, idle_s: Mapping[str, float]) -> None:
+        """This gateway of the cluster took these sensors over (seconds since their last
+        reading): those not seen since go ``online`` or, quiet too long, ``offline``, so a
+        sensor that went quiet as its owner died does not stay ``online``."""
+        if self._availability is None or self._closed_counts is not None:
+            return
+        online, offline = self._availability.adopt(idle_s)
+        self._enqueue(
+            [self._retained(self.topics.availability(s), b"online") for s in online]
+            + [self._retained(self.topics.availability(s), b"offline") for s in offline]
+        )
 
     def hand_off_sensors(self, sensor_ids: Sequence[str]) -> None:
         """Another gateway of the cluster publishes these sensors now: no longer tracked, and
