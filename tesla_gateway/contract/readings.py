@@ -101,7 +101,7 @@ class Reading:
 
     Every reading is built once per arrival, so ``__init__`` is written out: a frozen
     dataclass's generated one sets each field through ``object.__setattr__``, which looks the
-    name up again per field; the slots' own setters (``_SET_FIELDS``) take about 40 % less time
+    name up again per field; the slots' own setters (``_SET_FIELDS``) take about a third less time
     (docs/performance.md). Fields, defaults, equality, hashing and immutability are the
     dataclass's.
     """
