@@ -159,6 +159,12 @@ def _add_release_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     push.add_argument("--username")
     push.add_argument("--password-file", type=Path, help="file whose first line is the password")
     push.add_argument("--ca-file", type=Path, help="CA bundle: connect with TLS")
+    push.add_argument(
+        "--protocol",
+        choices=["5", "3.1.1"],
+        default="5",
+        help="MQTT version: 3.1.1 for nats-server's MQTT listener (cluster mode)",
+    )
     constants = sub.add_parser(
         "firmware-constants", help="generate firmware/src/model_constants.h from a manifest"
     )
@@ -204,7 +210,11 @@ def _push(args: argparse.Namespace) -> int:
 
     configure_logging(level="warning")  # the connection's log lines to stderr, stdout is JSON
     broker = broker_from_flags(
-        args.broker, username=args.username, password_file=args.password_file, ca_file=args.ca_file
+        args.broker,
+        username=args.username,
+        password_file=args.password_file,
+        ca_file=args.ca_file,
+        protocol=args.protocol,
     )
     topic = push_release(args.release, broker, topic_prefix=args.topic_prefix)
     print(json.dumps({"topic": topic}))

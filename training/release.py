@@ -23,6 +23,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from nacl.signing import SigningKey
@@ -257,8 +258,10 @@ def broker_from_flags(
     username: str | None = None,
     password_file: Path | None = None,
     ca_file: Path | None = None,
+    protocol: Literal["5", "3.1.1"] = "5",
 ) -> MqttBrokerConfig:
-    """The gateway's broker config from the push flags (``--broker HOST:PORT`` and friends)."""
+    """The gateway's broker config from the push flags (``--broker HOST:PORT`` and friends;
+    ``--protocol 3.1.1`` for a broker that refuses MQTT 5, e.g. nats-server's MQTT listener)."""
     host, _, port_text = broker.rpartition(":")
     if not host or not port_text.isdigit():
         raise ReleaseError(f"--broker must be HOST:PORT, got {broker!r}")
@@ -269,6 +272,7 @@ def broker_from_flags(
             username=username,
             password_file=password_file,
             tls=MqttTlsConfig(ca_file=ca_file) if ca_file is not None else None,
+            protocol=protocol,
         )
     except ValidationError as exc:
         problems = "; ".join(str(error["msg"]) for error in exc.errors())

@@ -16,6 +16,8 @@ board or regulatory monitor exists here); everything else is real.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,13 +30,13 @@ from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from devkit.nats_servers import NatsCluster
-from tesla_gateway.mqtt.config import MqttBrokerConfig
 from tesla_gateway.ota.install import install_release
 from tesla_gateway.ota.release import verify_release
 from tesla_gateway.publish.discovery import Discovery
 from tesla_gateway.publish.topics import TopicScheme
 from tests.cluster.harness import (
     PERIOD_S,
+    WAIT_S,
     WINDOW,
     ClusterGateway,
     Feeder,
@@ -48,7 +50,6 @@ from tests.cluster.harness import (
 )
 from tests.support.models import ModelFactory
 from tests.support.releases import ReleaseKit
-from training.release import push_release
 
 pytest.importorskip("nats")
 pytestmark = pytest.mark.reliability  # fault injection (short form: part of make test)
@@ -247,9 +248,21 @@ def test_ota_health_and_drift_follow_the_partitions(
 
         # -- one signed push: every member installs it and serves it ------------------------
         pushed_at, pushed = time.time(), time.monotonic()
-        push_release(
-            kit.release(new, "gateway"),
-            MqttBrokerConfig(port=nats_cluster.mqtt_ports[2], protocol="3.1.1"),
+        subprocess.run(  # the documented command; nats-server's MQTT listener refuses MQTT 5
+            [
+                sys.executable,
+                "-m",
+                "training",
+                "push",
+                "--release",
+                str(kit.release(new, "gateway")),
+                "--broker",
+                f"127.0.0.1:{nats_cluster.mqtt_ports[2]}",
+                "--protocol",
+                "3.1.1",
+            ],
+            check=True,
+            timeout=WAIT_S,
         )
         for gateway in gateways:
             wait_for(
