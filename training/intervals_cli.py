@@ -11,9 +11,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from training.errors import DataError
-from training.train import TrainConfig
+
+if TYPE_CHECKING:  # training.train loads TensorFlow: not for every `python -m training` call
+    from training.train import TrainConfig
 
 __all__ = [
     "add_export_arguments",
@@ -61,6 +64,7 @@ def model_config(
     seeds its training tried."""
     from tesla_gateway.contract.manifest import load_manifest
     from training.defaults import DEFAULT_MODELS
+    from training.train import TrainConfig
 
     if run_dir is not None:
         config = TrainConfig.model_validate_json(

@@ -1,0 +1,19 @@
+"""The training CLI answers a refusal or --help without loading TensorFlow (15 s on a Pi-class
+machine): subcommands import what trains only when they train."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_the_cli_module_loads_without_tensorflow() -> None:
+    probe = (
+        "import sys, training.cli; "
+        "heavy = sorted(m for m in ('tensorflow', 'keras') if m in sys.modules); "
+        "print(','.join(heavy))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert completed.stdout.strip() == ""
