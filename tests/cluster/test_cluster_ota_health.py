@@ -402,3 +402,28 @@ def test_cluster_discovery_names_no_gateway_in_a_sensors_entities() -> None:
     ).gateway()
     assert gateway.topic == "homeassistant/binary_sensor/tesla_g0/gateway_status/config"
     assert json.loads(gateway.payload)["state_topic"] == "tesla/g0/status"
+
+
+@pytest.mark.parametrize("prefix", ["tesla/cluster", "tesla/cluster/g1"])
+def test_a_gateway_prefix_in_the_shared_one_is_refused_at_load(tmp_path: Path, prefix: str) -> None:
+    """Its status would be another gateway's, or a sensor's topic."""
+    from tesla_gateway.daemon.config import load_config
+    from tesla_gateway.errors import ConfigError
+
+    path = tmp_path / "gateway.toml"
+    body = f"""
+gateway_id = "g1"
+state_dir = "{tmp_path / "state"}"
+[[models]]
+feature = "pm10"
+model_dir = "{tmp_path / "model"}"
+[publisher]
+topic_prefix = "{{prefix}}"
+[cluster]
+servers = ["nats://127.0.0.1:4222"]
+"""
+    path.write_text(body.replace("{prefix}", "tesla/g1"), encoding="utf-8")
+    assert load_config(path).cluster is not None
+    path.write_text(body.replace("{prefix}", prefix), encoding="utf-8")
+    with pytest.raises(ConfigError, match="status and stats need a prefix of their own"):
+        load_config(path)
