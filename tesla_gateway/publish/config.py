@@ -42,6 +42,15 @@ class PublisherConfig(BaseModel):
         pattern=r"^https?://\S+$",
         description="Optional 'support_url' of the discovery origin block (an http(s) URL).",
     )
+    discovery_expire_after_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Home Assistant's 'expire_after' of the calibrated and raw entities: unavailable "
+            "without a value for this long (above the longest period). Null: never; cluster "
+            "mode: set it, so sensors go unavailable if every gateway is gone."
+        ),
+    )
     sensor_offline_after_s: float | None = Field(
         default=600.0,
         gt=0,

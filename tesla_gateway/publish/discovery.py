@@ -26,6 +26,7 @@ empty retained payload on the same topic removes the entity (:meth:`Discovery.re
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -95,6 +96,7 @@ class Discovery:
         sensor_availability: bool,
         support_url: str | None = None,
         cluster: bool = False,
+        expire_after_s: float | None = None,
     ) -> None:
         self._prefix = discovery_prefix
         self._gateway_id = gateway_id
@@ -105,6 +107,7 @@ class Discovery:
         self._node = "tesla_" + _UNSAFE_TOPIC.sub("_", gateway_id)
         self._gateway_device_id = self._node
         self._cluster = cluster
+        self._expire_after = None if expire_after_s is None else math.ceil(expire_after_s)
         # the node of the sensors' entities: the gateway's, or in a cluster the shared prefix's
         self._sensor_node = _UNSAFE_TOPIC.sub("_", topics.prefix) if cluster else self._node
         origin: dict[str, object] = {"name": _ORIGIN_NAME, "sw_version": __version__}
@@ -162,6 +165,8 @@ class Discovery:
         device_class = DEVICE_CLASSES.get(feature)
         if device_class is not None:
             shared["device_class"] = device_class
+        if self._expire_after is not None:  # stale values unavailable, whoever published them
+            shared["expire_after"] = self._expire_after
         calibrated = {
             **shared,
             "name": f"{label} calibrated",

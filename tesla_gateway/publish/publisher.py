@@ -106,6 +106,7 @@ class Publisher:
             sensor_availability=config.sensor_offline_after_s is not None,
             support_url=config.discovery_support_url,
             cluster=self._cluster,
+            expire_after_s=config.discovery_expire_after_s,
         )
         self._announcer = DiscoveryAnnouncer(discovery, enabled=config.discovery)
         self._availability = (

@@ -180,7 +180,8 @@ def _gateway(
         sources=_extra(kit.keys.public_path).replace("{port}", str(port)),
     )
     text = config.read_text(encoding="utf-8").replace(
-        "[publisher]\n", "[publisher]\ndiscovery = true\nsensor_offline_after_s = 8\n"
+        "[publisher]\n",
+        "[publisher]\ndiscovery = true\nsensor_offline_after_s = 8\ndiscovery_expire_after_s = 6\n",
     )
     config.write_text(text, encoding="utf-8")
     gateway = ClusterGateway(tmp_path / name, name, config)
@@ -364,6 +365,7 @@ def test_ota_health_and_drift_follow_the_partitions(
     )
     assert [a["topic"] for a in config["availability"]] == [f"{PREFIX}/{CO_LOCATED}/availability"]
     assert "via_device" not in config["device"]
+    assert config["expire_after"] == 6  # all gateways gone: unavailable all the same
 
 
 def test_cluster_discovery_names_no_gateway_in_a_sensors_entities() -> None:
@@ -382,11 +384,15 @@ def test_cluster_discovery_names_no_gateway_in_a_sensors_entities() -> None:
             topics=topics,
             sensor_availability=True,
             cluster=cluster,
+            expire_after_s=180.5 if cluster else None,
         )
         messages = [*discovery.sensor("s1", "pm10"), discovery.document("s1", "pm10", "health")]
         return [(m.topic, m.payload) for m in messages]
 
     assert configs("g0", cluster=True) == configs("g1", cluster=True)
+    calibrated, raw, health = (json.loads(p) for _, p in configs("g0", cluster=True))
+    assert calibrated["expire_after"] == raw["expire_after"] == 181
+    assert "expire_after" not in health  # a document: published on change only
     alone = json.loads(configs("g0", cluster=False)[0][1])
     assert [a["topic"] for a in alone["availability"]] == [
         "tesla/g0/status",
