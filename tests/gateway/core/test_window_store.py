@@ -639,6 +639,30 @@ def test_a_clock_step_moves_the_stamped_sensors_timeline_in_whole_periods() -> N
     }
 
 
+def test_a_clock_step_counts_a_moved_pending_period_once() -> None:
+    windows = ModelWindows(geometry(n=4))
+    windows.add(stamped("a", 0, 1, pm10=10.0), float(T0 + 1))
+    windows.add(stamped("a", 1, 1, pm10=20.0), float(T0 + P + 1))  # period 0 closes: pending
+    assert windows.clock_stepped(2 * P) == 1
+    assert windows.pending_count == 1  # the one closed period, waiting with its own time
+    assert [int(period) - BASE for period in windows.ready_windows().periods] == [0]
+    assert windows.pending_count == 0
+
+
+def test_a_short_gap_after_a_clock_step_is_still_interpolated() -> None:
+    """The last observation moves with the step, so the gap after it is the gap the sensor
+    left (one period here: filled), not one stretched by the step."""
+    windows = ModelWindows(geometry(n=4, max_gap=1))
+    windows.add(stamped("a", 0, 1, pm10=10.0), float(T0 + 1))
+    windows.ready_windows(closed_through_period=BASE)  # period 0 closed and read
+    assert windows.clock_stepped(2 * P) == 1  # period 0 is period 2 now
+    windows.add(stamped("a", 4, 1, pm10=30.0), 0.0)  # period 3 missed
+    ready = windows.ready_windows(closed_through_period=BASE + 4)
+    assert [int(period) - BASE for period in ready.periods] == [4]
+    (window,) = ready.windows.reshape(1, -1).tolist()  # one channel, N values
+    assert math.isnan(window[0]) and window[1:] == [10.0, 20.0, 30.0]
+
+
 def test_a_clock_step_moves_every_arrival_and_so_the_idle_deadlines() -> None:
     windows = ModelWindows(geometry(n=2))
     windows.add(reading("a", 0, 0, pm10=1.0), arrival=float(T0 + 100))
