@@ -88,6 +88,9 @@ def main(argv: list[str]) -> int:
                     print(f"{target.name}: no recorded run to take survivors from", file=sys.stderr)
                     return 2
                 only = _survivors_of(earlier, commit) if earlier is not None else ()
+                if earlier is not None and not only:  # (mutmut would run every mutant)
+                    print(f"{target.name}: no survivor to rerun; its record is kept", flush=True)
+                    continue
                 result = run_target(
                     tree,
                     target,
