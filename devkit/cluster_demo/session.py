@@ -31,9 +31,9 @@ from devkit.cluster_demo.tally import (
 from devkit.demo.nodes import MqttNode, ReplayClock
 from devkit.demo.replay_slice import DemoSlice, SliceRow, load_slice
 from devkit.errors import DevkitError
+from devkit.log_capture import logging_to
 from devkit.nats_servers import NatsCluster
 from tesla_gateway.contract.manifest import load_manifest
-from tesla_gateway.daemon.logging import configure_logging
 from tesla_gateway.mqtt.config import MqttBrokerConfig
 
 __all__ = ["ClusterDemoOptions", "ClusterDemoOutcome", "run_cluster_demo", "shift_slice"]
@@ -113,7 +113,7 @@ def run_cluster_demo(options: ClusterDemoOptions, out: TextIO) -> ClusterDemoOut
             work = options.keep
             work.mkdir(parents=True, exist_ok=True)
         log_stream = stack.enter_context((work / "demo.log").open("w", encoding="utf-8"))
-        configure_logging("json", "warning", stream=log_stream)  # the nodes' MQTT clients
+        stack.enter_context(logging_to(log_stream))  # the nodes' MQTT clients
         _say(out, "starting 3 nats-servers ...")
         cluster = stack.enter_context(NatsCluster(work / "nats"))
         configs = member_configs(

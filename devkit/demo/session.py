@@ -26,9 +26,9 @@ from devkit.demo.report import summary_table, write_plot, write_traces
 from devkit.demo.scoreboard import Scoreboard
 from devkit.demo.view import LiveView, format_time
 from devkit.errors import DevkitError
+from devkit.log_capture import logging_to
 from devkit.pty import PtySerial
 from tesla_gateway.contract.manifest import Manifest, load_manifest
-from tesla_gateway.daemon.logging import configure_logging
 from tesla_gateway.errors import GatewayError
 from tesla_gateway.mqtt.config import MqttBrokerConfig
 from tesla_gateway.mqtt.connection import MqttConnection
@@ -111,7 +111,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoOutcome:
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tesla-demo-")))
         log_stream = stack.enter_context((options.out_dir / "demo.log").open("w", encoding="utf-8"))
-        configure_logging("json", "warning", stream=log_stream)
+        stack.enter_context(logging_to(log_stream))
         out.write(f"{header}\nstarting a private mosquitto ...\n")
         out.flush()
         broker = stack.enter_context(

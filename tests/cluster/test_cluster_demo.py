@@ -9,6 +9,8 @@ import io
 from pathlib import Path
 
 import pytest
+import structlog
+import structlog.testing
 
 from devkit.cluster_demo.session import ClusterDemoOptions, run_cluster_demo, shift_slice
 from devkit.cluster_demo.tally import (
@@ -78,3 +80,8 @@ def test_cluster_demo_short_run_moves_partitions_without_gaps(tmp_path: Path) ->
     assert outcome.failover_s is not None
     assert outcome.exit_codes == dict.fromkeys(survivors, 0)
     assert "KILLED" in text and "verdict: PASS" in text
+    # The demo ran in this process: its log file is closed, and logging works as before it.
+    with structlog.testing.capture_logs() as logs:
+        structlog.get_logger("after").warning("after_the_demo")
+    assert [entry["event"] for entry in logs] == ["after_the_demo"]
+    structlog.get_logger("after").warning("after_the_demo")  # raised on a closed file before
