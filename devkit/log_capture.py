@@ -27,6 +27,9 @@ def logging_to(stream: TextIO) -> Iterator[None]:
     root = logging.getLogger()
     handlers, root_level = list(root.handlers), root.level
     configure_logging("json", "warning", stream=stream)
+    # A logger first used inside the block must not keep this set-up for good (the daemon
+    # caches each logger's first configuration; here that would outlive the block).
+    structlog.configure(cache_logger_on_first_use=False)
     try:
         yield
     finally:
