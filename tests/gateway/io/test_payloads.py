@@ -496,3 +496,17 @@ def test_the_limits_are_inclusive() -> None:
 def test_epoch_numbers_from_the_threshold_on_are_milliseconds() -> None:
     assert epoch_seconds(MILLISECONDS_THRESHOLD) == MILLISECONDS_THRESHOLD / 1000.0
     assert epoch_seconds(MILLISECONDS_THRESHOLD - 1) == MILLISECONDS_THRESHOLD - 1
+
+
+def test_a_seq_out_of_range_is_refused_and_a_plain_reading_drops_nothing() -> None:
+    for seq in (-1, 2**32):
+        decoded = decode(f'{{"sensor": "s1", "seq": {seq}, "pm10": 1}}')
+        assert decoded.readings == () and len(decoded.rejects) == 1
+    (plain,) = decode('{"sensor": "s1", "seq": 7, "pm10": 1}').readings
+    assert plain.seq == 7 and plain.dropped == ()  # (consumers iterate it: never None)
+
+
+def test_pm1_is_kept_when_the_model_reads_the_element() -> None:
+    # The bad rh sends the element through ReadingPayload (not the plain path).
+    (reading,) = decode('{"sensor": "s1", "pm1": 1, "pm10": 2, "rh": "55"}').readings
+    assert dict(reading.values) == {"pm1": 1.0, "pm10": 2.0}
