@@ -42,7 +42,7 @@ __all__ = ["ClusterMember"]
 _log = structlog.get_logger(__name__)
 _RETRY_S = 1.0
 _DRAIN_POLL_S = 0.05
-_SNAPSHOT_WAIT_S = 5.0  # then this round is skipped
+_SNAPSHOT_WAIT_S = 5.0  # then the snapshot holds the periods still waiting
 _INSTALL_WAIT_S = 30.0  # then the windows are rebuilt anyway (logged)
 
 
@@ -253,9 +253,7 @@ class ClusterMember:
         assert self._engine is not None and self._snapshots is not None
         started = time.monotonic()
         snapshot = await self._load(partition)
-        async with self._drained(_INSTALL_WAIT_S) as drained:  # the windows are rebuilt
-            if not drained:
-                _log.warning("cluster_windows_rebuilt_while_periods_wait", partition=partition)
+        async with self._drained(_INSTALL_WAIT_S):  # the windows are rebuilt
             self._drop_windows(owned.sensors | self._sensors_of(snapshot))
             if snapshot is not None:
                 self._install(snapshot)
@@ -369,9 +367,7 @@ class ClusterMember:
         if not partitions:
             return
         assert self._snapshots is not None
-        async with self._drained(_SNAPSHOT_WAIT_S) as drained:
-            if not drained:  # periods keep closing: the last snapshot stays (it is consistent)
-                return
+        async with self._drained(_SNAPSHOT_WAIT_S):  # after the wait, with what waits
             states = self._ticker.snapshot()
             covered = {p: (owned.covered, set(owned.sensors)) for p, owned in partitions.items()}
         for partition, (sequence, sensors) in covered.items():
@@ -386,9 +382,10 @@ class ClusterMember:
         """Hold the tick lock at a moment no closed period waits for the tick (True), or, after
         ``wait_s``, whatever waits (False).
 
-        A window's export keeps one closed period per sensor at most, and a period is out of
-        the windows only once the tick has published it, under this lock: so a snapshot, or a
-        rebuild of the windows, taken while nothing waits loses no period.
+        A window's export keeps every closed period still waiting (WindowState.waiting), so
+        no moment loses one; taken while nothing waits, a snapshot also holds no period this
+        owner calibrates after it, which a new owner would calibrate again (a duplicate the
+        calibrated stream refuses by its message id).
         """
         deadline = time.monotonic() + wait_s
         while True:
