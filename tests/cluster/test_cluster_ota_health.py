@@ -266,17 +266,16 @@ def test_ota_health_and_drift_follow_the_partitions(
             timeout=WAIT_S,
         )
         for gateway in gateways:
-            wait_for(
-                lambda g=gateway: (
-                    g.status().get("models", {}).get("pm10", {}).get("version") == new
-                ),
-                f"{gateway.gateway_id} serving version {new}",
-            )
             topic = f"tesla/{gateway.gateway_id}/ota/gateway"
-            wait_for(
-                lambda t=topic: any(json.loads(p)["status"] == "installed" for p in heard.on(t)),
-                f"{gateway.gateway_id}'s 'installed' on its own OTA status topic",
-            )
+
+            def serving(member: ClusterGateway = gateway) -> bool:
+                return bool(member.status().get("models", {}).get("pm10", {}).get("version") == new)
+
+            def installed(status_topic: str = topic) -> bool:
+                return any(json.loads(p)["status"] == "installed" for p in heard.on(status_topic))
+
+            wait_for(serving, f"{gateway.gateway_id} serving version {new}")
+            wait_for(installed, f"{gateway.gateway_id}'s 'installed' on its own OTA status topic")
         print(f"version {new} served by all 3 {time.monotonic() - pushed:.1f} s after the push")
         wait_for(
             lambda: _version_everywhere(nats_cluster.urls, new, pushed_at),

@@ -129,7 +129,7 @@ def _rewrite_backlog_snapshot(
         saved = {name: data[name] for name in data.files}
     meta = json.loads(str(saved.pop("meta")))
     meta.update(meta_update)
-    saved.update(arrays)  # type: ignore[arg-type]
+    saved.update(arrays)
     np.savez(path, meta=np.array(json.dumps(meta)), **saved)
 
 
