@@ -146,18 +146,29 @@ class Leases:
         return True
 
     async def renew(self) -> list[int]:
-        """Renew every lease by compare-and-set; the partitions whose lease was lost."""
+        """Renew every lease by compare-and-set; the partitions whose lease was lost.
+
+        A partition's own task may release its lease while a renewal is on the wire (it lost
+        its pin): the renewal is then refused (the release came first) or lands after it, and
+        the lease it made is given back at once. Neither counts as lost: it was let go.
+        """
         lost: list[int] = []
         for partition, revision in list(self._revisions.items()):
+            if self._revisions.get(partition) != revision:
+                continue  # released, or taken anew, since this round began
             try:
-                self._revisions[partition] = await self._publish(
-                    f"lease.{partition}", self.me.encode(), revision
-                )
+                renewed = await self._publish(f"lease.{partition}", self.me.encode(), revision)
             except transient() as exc:
                 if getattr(exc, "err_code", None) not in (10071, 10164):
                     raise
-                del self._revisions[partition]
-                lost.append(partition)
+                if self._revisions.get(partition) == revision:
+                    del self._revisions[partition]
+                    lost.append(partition)
+                continue
+            if self._revisions.get(partition) == revision:
+                self._revisions[partition] = renewed
+            elif partition not in self._revisions:  # released meanwhile: give this one back
+                await self._delete_lease(partition, renewed)
         return lost
 
     async def release(self, partition: int) -> None:
@@ -165,6 +176,10 @@ class Leases:
         revision = self._revisions.pop(partition, None)
         if revision is None:
             return
+        await self._delete_lease(partition, revision)
+
+    async def _delete_lease(self, partition: int, revision: int) -> None:
+        """Delete the lease if ``revision`` is still its last (a refusal: it is not ours)."""
         try:
             await self._engine.kv.delete(f"lease.{partition}", last=revision)
         except transient() as exc:
