@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -57,9 +57,15 @@ class PredictionIntervals(_Strict):
 
     method: IntervalMethod = "split_conformal_binned"
     level: float = Field(gt=0, lt=1, description="Nominal coverage, e.g. 0.9.")
-    edges: list[float] = Field(description="Ascending calibrated values between bins.")
+    # bounds far above what training writes (<= 4 edges, 9 levels): a manifest that arrives
+    # with a table of millions is refused, not held per model and searched per reading
+    edges: list[float] = Field(
+        max_length=255, description="Ascending calibrated values between bins."
+    )
     half_widths: list[float] = Field(min_length=1, description="Per bin, in the feature's unit.")
-    counts: list[int] = Field(min_length=1, description="Calibration pairs per bin.")
+    counts: list[Annotated[int, Field(ge=0)]] = Field(
+        min_length=1, description="Calibration pairs per bin."
+    )
     calibration_sensor: str = Field(description="Sensor whose residuals set the widths.")
     calibration_sensors: list[str] = Field(
         default_factory=list,
@@ -70,6 +76,7 @@ class PredictionIntervals(_Strict):
     )
     quantile_levels: list[float] = Field(
         default_factory=list,
+        max_length=99,
         description=(
             "Levels of quantile_half_widths, ascending: what a sensor beside a reference adapts "
             "its interval along (adaptive conformal inference, tesla_gateway/monitor/coverage.py)."
@@ -113,11 +120,11 @@ class PredictionIntervals(_Strict):
             )
         if any(not 0 < q < 1 for q in levels) or any(b <= a for a, b in itertools.pairwise(levels)):
             raise ValueError(f"quantile_levels must ascend within (0, 1), got {levels}")
-        for lower, upper in itertools.pairwise(table):
-            if any(
-                not math.isfinite(w) or w < 0 or w > v for w, v in zip(lower, upper, strict=True)
-            ):
-                raise ValueError("quantile_half_widths must be finite, >= 0 and grow with level")
+        # every row, the first and last included (a single row has no pair to compare)
+        finite = all(math.isfinite(w) and w >= 0 for row in table for w in row)
+        pairs = (zip(lower, upper, strict=True) for lower, upper in itertools.pairwise(table))
+        if not finite or any(w > v for pair in pairs for w, v in pair):
+            raise ValueError("quantile_half_widths must be finite, >= 0 and grow with level")
 
     def half_width_at(self, value: float, level: float) -> float | None:
         """The half-width for ``value`` at another coverage ``level``, interpolated linearly

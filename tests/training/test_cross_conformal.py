@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tesla_gateway.contract.manifest import load_manifest
+from tesla_gateway.errors import ManifestError
 from training.cli import main
 from training.cross_conformal import (
     UnitResiduals,
@@ -152,3 +153,42 @@ def test_replaying_a_units_pairs_through_the_gateways_aci_brings_it_to_the_level
     adapted = replay_adaptive(fitted, wider, gamma=0.005)
     assert adapted.coverage == pytest.approx(0.9, abs=0.01)
     assert adapted.mean_width > unit_scores(fitted, wider).mean_width
+
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+
+
+def _absurd_manifests() -> dict[str, dict[str, object]]:
+    """Interval documents a tampered or broken export could carry, each beside the committed
+    default's own intervals (which load)."""
+    levels, table = [0.5, 0.9], [[1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 3.0, 4.0, 5.0, 6.0]]
+    return {
+        "a single negative row": {"quantile_levels": [0.9], "quantile_half_widths": [[-1.0] * 5]},
+        "a negative last row": {"quantile_levels": levels, "quantile_half_widths": [
+            table[0], [-1.0] * 5]},
+        "an infinite last row": {"quantile_levels": levels, "quantile_half_widths": [
+            table[0], [1e400] * 5]},
+        "unsorted levels": {"quantile_levels": [0.9, 0.5], "quantile_half_widths": table},
+        "levels outside (0, 1)": {"quantile_levels": [0.5, 1.5], "quantile_half_widths": table},
+        "widths shrinking with level": {"quantile_levels": levels,
+                                         "quantile_half_widths": table[::-1]},
+        "a negative half-width": {"half_widths": [-1.0, 1.0, 1.0, 1.0, 1.0]},
+        "a negative count": {"counts": [-5, 5, 5, 5, 5]},
+        "a huge table": {"edges": [float(e) for e in range(1, 100_000)],
+                         "half_widths": [1.0] * 100_000, "counts": [1] * 100_000,
+                         "quantile_levels": [], "quantile_half_widths": []},
+        "too many levels": {"quantile_levels": [i / 1001 for i in range(1, 1001)],
+                            "quantile_half_widths": [[1.0] * 5] * 1000},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(_absurd_manifests()))
+def test_a_manifest_with_absurd_intervals_is_refused(case: str, tmp_path: Path) -> None:
+    manifest = json.loads((MODELS / "pm2_5-antwerp-1h" / "manifest.json").read_text())
+    assert len(manifest["intervals"]["edges"]) == 4  # five bins, as the cases assume
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert load_manifest(tmp_path).intervals is not None
+    manifest["intervals"].update(_absurd_manifests()[case])
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest).replace("Infinity", "1e400"))
+    with pytest.raises(ManifestError, match=r"intervals"):
+        load_manifest(tmp_path)
