@@ -14,6 +14,15 @@ Window::Window(float* storage, uint32_t length, uint32_t channels, uint32_t max_
   for (uint32_t i = 0; i < length_ * channels_; ++i) values_[i] = NAN;
 }
 
+// period - from for from <= period, exact over the whole int64 range (no signed overflow).
+static uint64_t distance(int64_t from, int64_t period) {
+  return uint64_t(period) - uint64_t(from);
+}
+
+int64_t Window::oldest_kept(int64_t from, int64_t period) const {
+  return distance(from, period) < length_ ? from : period - int64_t(length_ - 1);
+}
+
 float& Window::at(int64_t period, uint32_t channel) const {
   int64_t index = period % int64_t(length_);
   if (index < 0) index += length_;
@@ -23,16 +32,15 @@ float& Window::at(int64_t period, uint32_t channel) const {
 void Window::fill_gap(uint32_t channel, int64_t period, float value) const {
   const ChannelState& s = state_[channel];
   if (s.gap_from == INT64_MIN) return;
-  const int64_t missing = period - s.gap_from - 1;
-  const int64_t oldest_kept = period - int64_t(length_) + 1;
-  for (int64_t p = s.gap_from + 1 > oldest_kept ? s.gap_from + 1 : oldest_kept; p < period; ++p) {
-    float k = float(p - s.gap_from);
-    at(p, channel) = s.gap_value + (value - s.gap_value) * k / float(missing + 1);
+  const float steps = float(period - s.gap_from);  // at most max_interpolated + 1
+  for (int64_t p = oldest_kept(s.gap_from + 1, period); p < period; ++p) {
+    at(p, channel) = s.gap_value + (value - s.gap_value) * float(p - s.gap_from) / steps;
   }
 }
 
 void Window::add(int64_t period, uint32_t channel, float value) {
-  if (channel >= channels_) return;
+  // INT64_MIN marks "never observed"; a non-finite value is no reading (the gateway drops it).
+  if (channel >= channels_ || period == INT64_MIN || !isfinite(value)) return;
   ChannelState& s = state_[channel];
   if (period < s.last_observed) return;  // late reading: ignored, as the gateway's window does
   if (channel == 0 && first_period_ == INT64_MIN) first_period_ = period;
@@ -45,18 +53,19 @@ void Window::add(int64_t period, uint32_t channel, float value) {
     return;
   }
   // Clear the periods skipped since this channel's last reading (they scrolled in as missing).
-  const int64_t oldest_kept = period - int64_t(length_) + 1;
   if (s.last_observed != INT64_MIN) {
-    int64_t start = s.last_observed + 1 > oldest_kept ? s.last_observed + 1 : oldest_kept;
-    for (int64_t p = start; p < period; ++p) at(p, channel) = NAN;
+    for (int64_t p = oldest_kept(s.last_observed + 1, period); p < period; ++p) {
+      at(p, channel) = NAN;
+    }
   } else {
     for (uint32_t i = 0; i < length_; ++i) values_[i * channels_ + channel] = NAN;
   }
   // A short gap between this channel's last observed value and this period is filled linearly
   // (only the part still inside the window: the ring holds N periods), again with every
   // further reading of this period.
-  const int64_t missing = s.last_observed == INT64_MIN ? 0 : period - s.last_observed - 1;
-  const bool fill = missing > 0 && missing <= int64_t(max_interpolated_);
+  const uint64_t missing =
+      s.last_observed == INT64_MIN ? 0 : distance(s.last_observed, period) - 1;
+  const bool fill = missing > 0 && missing <= max_interpolated_;
   s.gap_from = fill ? s.last_observed : INT64_MIN;
   s.gap_value = s.last_value;
   s.last_observed = period;
@@ -78,8 +87,8 @@ int64_t Window::newest_period() const {
 uint32_t Window::history() const {
   const int64_t newest = newest_period();
   if (first_period_ == INT64_MIN || newest < first_period_) return 0;
-  const int64_t since = newest - first_period_ + 1;
-  return since >= int64_t(length_) ? length_ : uint32_t(since);
+  const uint64_t before = distance(first_period_, newest);  // periods before the newest
+  return before >= length_ - 1 ? length_ : uint32_t(before) + 1;
 }
 
 bool Window::valid() const {
@@ -92,9 +101,9 @@ bool Window::valid() const {
   const uint32_t real = history();
   if (real < min_history_) return false;
   // Only the real periods count: the older ones are padded from the first (checked here too).
-  for (int64_t p = newest - int64_t(real) + 1; p <= newest; ++p) {
+  for (uint32_t age = 0; age < real; ++age) {  // counted down: newest may be INT64_MAX
     for (uint32_t c = 0; c < channels_; ++c) {
-      if (isnan(at(p, c))) return false;
+      if (isnan(at(newest - int64_t(age), c))) return false;
     }
   }
   return true;
@@ -103,10 +112,10 @@ bool Window::valid() const {
 bool Window::copy(float* out) const {
   if (!valid()) return false;
   const int64_t newest = newest_period();
-  const int64_t start = newest - int64_t(length_) + 1;
-  const int64_t oldest_real = newest - int64_t(history()) + 1;
+  const uint32_t real = history();
   for (uint32_t i = 0; i < length_; ++i) {
-    const int64_t p = start + i < oldest_real ? oldest_real : start + i;
+    const uint32_t age = length_ - 1 - i;  // periods before the newest
+    const int64_t p = newest - int64_t(age < real ? age : real - 1);  // older: padded
     for (uint32_t c = 0; c < channels_; ++c) out[i * channels_ + c] = at(p, c);
   }
   return true;

@@ -27,7 +27,8 @@ class Window {
          uint32_t min_history);
 
   // Adds a reading of `channel` for `period` (non-decreasing per channel; an older period is
-  // ignored, as the gateway ignores late readings). Readings of the same period are averaged.
+  // ignored, as the gateway ignores late readings). Readings of the same period are averaged; a
+  // non-finite value is no reading (the gateway drops it at its edge).
   void add(int64_t period, uint32_t channel, float value);
   // For the window ending at the newest period with a reading of any channel.
   bool valid() const;
@@ -49,6 +50,8 @@ class Window {
     float sum = 0;
     uint32_t count = 0;
   };
+  // The later of `from` and the oldest period the ring keeps when `period` is the newest.
+  int64_t oldest_kept(int64_t from, int64_t period) const;
   float& at(int64_t period, uint32_t channel) const;
   void fill_gap(uint32_t channel, int64_t period, float value) const;
   float* values_;

@@ -486,6 +486,41 @@ void test_window_edges() {
   }
 }
 
+// Periods and values the emulated node's #A line (or a broken sensor) can hand the window:
+// periods at the ends of int64 (no signed overflow: a wrapped history made valid() loop for
+// billions of periods), INT64_MIN (the "never observed" mark) and non-finite values, which the
+// gateway drops at its edge (contract/readings.py) and the window ignores the same way.
+void test_window_hostile_input() {
+  float storage[4];
+  tesla::Window far(storage, 4, 1, 0, 1);
+  far.add(-INT64_MAX + 5, 0, 1.0f);
+  far.add(INT64_MAX - 5, 0, 2.0f);
+  CHECK(far.history() == 4, "a period 2^64 later: history %u", unsigned(far.history()));
+  if (far.history() > 4) return;  // the old window would loop ~4e9 periods in valid()
+  float out[4];
+  CHECK(!far.valid() && !far.copy(out), "the far period has no history before it");
+  far.add(INT64_MAX, 0, 3.0f);
+  CHECK(!far.valid() && far.newest_period() == INT64_MAX, "newest at INT64_MAX");
+
+  tesla::Window edge(storage, 4, 1, 1, 1);
+  edge.add(INT64_MIN, 0, 9.0f);  // the "never observed" mark: ignored
+  CHECK(edge.history() == 0 && !edge.valid(), "INT64_MIN is no period");
+  edge.add(INT64_MIN + 1, 0, 4.0f);
+  CHECK(edge.copy(out) && edge.history() == 1 && out[0] == 4.0f && out[3] == 4.0f,
+        "the oldest period, padded");
+  edge.add(INT64_MIN + 3, 0, 6.0f);  // a gap of one, filled
+  CHECK(edge.copy(out) && out[0] == 4.0f && out[1] == 4.0f && out[2] == 5.0f && out[3] == 6.0f,
+        "gap filled at the bottom of int64");
+
+  tesla::Window finite(storage, 4, 1, 0, 1);
+  finite.add(10, 0, 5.0f);
+  finite.add(10, 0, NAN);
+  finite.add(10, 0, INFINITY);
+  CHECK(finite.copy(out) && out[3] == 5.0f, "non-finite readings of a period ignored");
+  finite.add(11, 0, -INFINITY);
+  CHECK(finite.valid() && finite.newest_period() == 10, "a non-finite reading is no reading");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -514,6 +549,7 @@ int main(int argc, char** argv) {
   test_pms5003();
   test_window_vectors(window_vectors);
   test_window_edges();
+  test_window_hostile_input();
   std::printf("%d checks, %d failures\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;
 }
