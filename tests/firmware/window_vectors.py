@@ -21,7 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from tesla_gateway.contract.series import GapPolicy, interpolate_short_gaps, pad_history
+from tesla_gateway.contract.series import (
+    GapPolicy,
+    interpolate_short_gaps,
+    pad_history,
+    window_is_valid,
+)
 
 VECTORS_PATH = Path(__file__).resolve().parents[1] / "vectors" / "window_gap_policy.json"
 FIRST_PERIOD = 29_612_160  # a real minute index (2026), beyond 32 bits of seconds / 60 tricks
@@ -55,7 +60,7 @@ def _expected(
         window = np.concatenate([before, filled[:, max(period - length + 1, 0) :]], axis=1)
         if history < length:
             window = pad_history(window[None], history)[0] if history >= min_history else window
-        valid = not np.isnan(window).any()  # the newest PM is observed: only holes invalidate
+        valid = window_is_valid(window, newest_observed=True)  # PM observed: holes invalidate
         steps.append((history, [round(float(v), 6) for v in window.T.ravel()] if valid else None))
     return steps
 
