@@ -265,10 +265,7 @@ class ModelWindows:
 
     def _shift(self, row: int, shift: int) -> None:
         """Move one sensor's periods ``shift`` periods on (ring columns included)."""
-        if self._pending[row]:
-            self._overflow.append(self._snapshot(row))
-            self._pending[row] = False
-            self._pending_rows -= 1
+        self._set_pending_aside(row)
         self._ring[row] = np.roll(self._ring[row], shift % self._n, axis=1)  # t % N -> (t + k)
         for periods in (self._open_period, self._last_closed, self._first_period):
             if periods.item(row) != NO_PERIOD:
@@ -307,8 +304,7 @@ class ModelWindows:
 
     def _close(self, row: int) -> None:
         period = int(self._open_period[row])
-        if self._pending[row]:
-            self._overflow.append(self._snapshot(row))
+        self._set_pending_aside(row)
         counts = self._open_count[row]
         first_mean = math.nan
         for channel in range(self._channels):
@@ -319,8 +315,7 @@ class ModelWindows:
                 first_mean = mean
         self._last_closed[row] = period
         if counts[0] > 0:
-            if not self._pending[row]:
-                self._pending_rows += 1
+            self._pending_rows += 1
             self._pending[row] = True
             self._pending_period[row] = period
             self._pending_raw[row] = first_mean
@@ -359,6 +354,14 @@ class ModelWindows:
         positions = np.arange(period + 1, period + 1 + self._n) % self._n
         window: Float32Array = self._ring[row][:, positions]
         return window
+
+    def _set_pending_aside(self, row: int) -> None:
+        """Copy the row's pending period out (a :class:`WaitingPeriod`) before its ring moves
+        on; the row no longer pends (a newer period that observed no PM does not pend)."""
+        if self._pending[row]:
+            self._overflow.append(self._snapshot(row))
+            self._pending[row] = False
+            self._pending_rows -= 1
 
     def _snapshot(self, row: int) -> WaitingPeriod:
         period = int(self._pending_period[row])

@@ -669,3 +669,20 @@ def test_a_clock_step_moves_every_arrival_and_so_the_idle_deadlines() -> None:
     windows.clock_stepped(1000.0)
     assert windows.close_idle(now=T0 + 1100 + 4.9, grace_s=5.0) == 0
     assert windows.close_idle(now=T0 + 1100 + 5.0, grace_s=5.0) == 1
+
+
+def test_a_period_without_the_first_channel_closing_after_a_pending_one_keeps_it_once() -> None:
+    """A backlog (a replay, a node catching up) where a sensor's next period lacks the PM
+    channel: the pending period is copied out before the ring moves on and is handed to the
+    ticker once, with the window it closed with (it was handed twice, the second time with the
+    newer period's column in the place of its oldest)."""
+    windows = ModelWindows(geometry(n=4, channels=("pm10", "rh")))
+    windows.add(reading("a", 0, 0, pm10=10.0, rh=50.0), 0.0)
+    windows.add(reading("a", 1, 0, rh=51.0), 0.0)  # closes period 0: pending
+    windows.add(reading("a", 2, 0, pm10=12.0, rh=52.0), 0.0)  # closes 1: no PM, no window
+    assert windows.pending_count == 1
+    ready = windows.ready_windows()
+    assert ready.sensor_ids == ("a",)
+    assert (ready.periods - BASE).tolist() == [0]
+    np.testing.assert_array_equal(ready.windows[0], [[math.nan, math.nan]] * 3 + [[10.0, 50.0]])
+    assert windows.pending_count == 0
