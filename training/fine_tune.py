@@ -191,6 +191,14 @@ def init_weights(model_dir: Path, init_run: Path | None, manifest: Manifest) -> 
             f"--init-run with the run directory that produced it (`make models` writes "
             f"runs/{manifest.name}-seed{seed}), or re-export that run into {model_dir}"
         )
+    channels = len(manifest.channel_names)
+    expected = (manifest.window_length,) if channels == 1 else (manifest.window_length, channels)
+    if tuple(model.input_shape[1:]) != expected:  # else LiteRT fails deep inside the comparison
+        raise InitFromError(
+            f"{source} reads windows of shape {tuple(model.input_shape[1:])}, "
+            f"{manifest.name}'s manifest {expected}: it is not the model this default was "
+            "exported from"
+        )
     if int(model.count_params()) != manifest.parameter_count:
         raise InitFromError(
             f"{source} has {model.count_params()} parameters, {manifest.name}'s manifest "

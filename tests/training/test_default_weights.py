@@ -4,6 +4,7 @@ has no run directories), and they are exactly the weights of the committed FlatB
 from __future__ import annotations
 
 import fnmatch
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from tesla_gateway.contract.manifest import load_manifest
 from training.export import FLOAT_TOLERANCE
-from training.fine_tune import KERAS_FILENAME, init_weights, weights_error
+from training.fine_tune import KERAS_FILENAME, InitFromError, init_weights, weights_error
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
@@ -38,6 +39,41 @@ def test_keras_weights_are_the_committed_flatbuffers(name: str) -> None:
     # Keras against LiteRT on the committed model.tflite, within the export's own tolerance
     assert weights_error(model, model_dir, manifest) <= FLOAT_TOLERANCE
     assert init_weights(model_dir, None, manifest) is not None  # what --init-from loads
+
+
+def _wrong_keras_files(window: int, parameters: int) -> dict[str, tuple[bytes | keras.Model, str]]:
+    """Files a damaged copy or an attacker could leave as ``model.keras``, each with what its
+    refusal must say."""
+    code_input = keras.Input((window,))
+    inputs = keras.Input((parameters - 1,))  # as many parameters as the default, wider input
+    return {
+        "garbage": (b"PK\x03\x04 not a zip", "does not load"),
+        "empty": (b"", "does not load"),
+        # safe mode: a Lambda's Python code is never deserialised (unsafe, it would load and
+        # then be refused for its parameter count, another message)
+        "code": (
+            keras.Model(code_input, keras.layers.Lambda(lambda x: x[:, -1:] * 2.0)(code_input)),
+            "does not load .*Lambda",
+        ),
+        "another shape": (keras.Model(inputs, keras.layers.Dense(1)(inputs)), "windows of shape"),
+    }
+
+
+@pytest.mark.parametrize("case", ["garbage", "empty", "code", "another shape"])
+def test_a_wrong_keras_file_is_refused_before_anything_is_trained(
+    case: str, tmp_path: Path
+) -> None:
+    default = tmp_path / "default"
+    shutil.copytree(MODELS / "pm2_5-antwerp-1h", default)
+    manifest = load_manifest(default)
+    wrong = _wrong_keras_files(manifest.window_length, manifest.parameter_count)
+    content, refusal = wrong[case]
+    if isinstance(content, bytes):
+        (default / KERAS_FILENAME).write_bytes(content)
+    else:
+        content.save(default / KERAS_FILENAME)
+    with pytest.raises(InitFromError, match=refusal):
+        init_weights(default, None, manifest)
 
 
 def test_the_wheel_does_not_carry_the_keras_weights() -> None:
