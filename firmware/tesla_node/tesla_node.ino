@@ -19,6 +19,7 @@
 #include "src/ota_receiver.h"
 #include "src/pms5003.h"
 #include "src/slots.h"
+#include "src/uptime.h"
 #include "src/window.h"
 #if __has_include("src/release_key.h")
 #include "src/release_key.h"  // kReleasePublicKey, generated from the operator's .pub file
@@ -65,6 +66,7 @@ tesla::Window window(window_storage, tesla::model::kWindowLength, kChannels,
 float input_window[kInputValues];  // [N, C], oldest period first: the model's input order
 tesla::LineReader gateway_lines;
 tesla::Pms5003Parser pms;
+tesla::Uptime uptime;  // millis() wraps after 49.7 days; periods must not step back
 char out[tesla::kMaxLineBytes + 1];
 uint32_t seq = 0;
 int64_t period = -1;
@@ -226,13 +228,14 @@ void setup() {
 }
 
 void loop() {
+  const uint64_t uptime_ms = uptime.update(millis());
   int byte;
   while ((byte = gateway.read()) >= 0) {
     if (gateway_lines.feed(uint8_t(byte))) on_gateway_line();
   }
   while ((byte = sensor_uart.read()) >= 0) {
     if (pms.feed(uint8_t(byte)) != tesla::Pms5003Parser::Result::kFrame) continue;
-    int64_t now = int64_t(millis() / 1000u / tesla::model::kPeriodSeconds);
+    int64_t now = int64_t(uptime_ms / 1000u / tesla::model::kPeriodSeconds);
     if (now != period) {
       report_period();  // the period just closed
       period = now;

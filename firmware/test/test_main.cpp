@@ -20,6 +20,7 @@
 #include "../src/pms5003.h"
 #include "../src/sha256.h"
 #include "../src/slots.h"
+#include "../src/uptime.h"
 #include "../src/window.h"
 #include "host_support.h"
 #include "json_lite.h"
@@ -521,6 +522,19 @@ void test_window_hostile_input() {
   CHECK(finite.valid() && finite.newest_period() == 10, "a non-finite reading is no reading");
 }
 
+// The sketch's periods come from Uptime: across millis()'s wrap at 2^32 ms (49.7 days) they go on
+// rising, so the window keeps taking readings.
+void test_uptime_across_the_millis_wrap() {
+  tesla::Uptime uptime;
+  CHECK(uptime.update(1000u) == 1000u, "from boot");
+  CHECK(uptime.update(0xFFFFFF00u) == 0xFFFFFF00u, "before the wrap");
+  const uint64_t after = uptime.update(0x100u);
+  CHECK(after == 0x100000100ull, "after the wrap: %llu", (unsigned long long)after);
+  CHECK(uptime.update(0x100u) == after, "no time passed");
+  uptime.update(0xFFFFFFFFu);
+  CHECK(uptime.update(5u) == 0x200000005ull, "second wrap");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -550,6 +564,7 @@ int main(int argc, char** argv) {
   test_window_vectors(window_vectors);
   test_window_edges();
   test_window_hostile_input();
+  test_uptime_across_the_millis_wrap();
   std::printf("%d checks, %d failures\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;
 }
