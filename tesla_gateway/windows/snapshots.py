@@ -17,7 +17,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -31,6 +31,7 @@ from tesla_gateway.errors import GatewayError
 from tesla_gateway.set_aside import SetAsideLog
 from tesla_gateway.windows.ring import ModelWindows
 from tesla_gateway.windows.state import (
+    STATE_ARRAYS,
     WAITING_ARRAYS,
     WindowState,
     WindowStoreError,
@@ -39,26 +40,22 @@ from tesla_gateway.windows.state import (
 )
 from tesla_gateway.windows.store import WindowStore
 
-__all__ = ["FORMAT_VERSION", "StateStats", "StateStore"]
+__all__ = [
+    "FORMAT_VERSION",
+    "CorruptSnapshotError",
+    "StateStats",
+    "StateStore",
+    "state_arrays",
+    "window_state",
+]
 
 FORMAT_VERSION = 1
-_ARRAYS = (
-    "ring",
-    "last_closed",
-    "first_period",
-    "last_obs_period",
-    "last_obs_value",
-    "open_period",
-    "open_sum",
-    "open_count",
-    "pending_period",
-)
 
 _log = structlog.get_logger(__name__)
 
 
-class _CorruptStateError(GatewayError):
-    """A snapshot file exists but cannot be decoded."""
+class CorruptSnapshotError(GatewayError):
+    """A snapshot of the windows (a file, or a cluster partition's) cannot be decoded."""
 
 
 @dataclass(slots=True)
@@ -134,7 +131,7 @@ class StateStore:
             "open_seen": state.open_seen,
             "saved_at": self._clock(),
         }
-        arrays = {name: getattr(state, name) for name in _ARRAYS}
+        arrays = {name: getattr(state, name) for name in STATE_ARRAYS}
         meta["waiting_sensor_ids"], waiting = waiting_as_arrays(state.waiting, geometry)
         arrays |= waiting
         target = self.path_for(feature)
@@ -180,9 +177,9 @@ class StateStore:
                 self.stats.incompatible += 1
                 _log.warning("state_incompatible", feature=feature, path=str(path), reason=mismatch)
                 return None
-            state = _window_state(meta, arrays, geometry)
+            state = window_state(meta, arrays, geometry)
             windows = ModelWindows.from_state(state)
-        except (_CorruptStateError, WindowStoreError) as exc:
+        except (CorruptSnapshotError, WindowStoreError) as exc:
             self._set_aside(path, feature, exc)
             return None
         except OSError as exc:
@@ -206,11 +203,10 @@ class StateStore:
 
 _ZIP_MAGIC = b"PK\x03\x04"
 _META_KEYS = {"format_version", "feature", "window_length", "period_seconds", "channels"}
-_FLOAT_ARRAYS = frozenset({"ring", "last_obs_value", "open_sum"})  # the rest hold integers
 
 
 def _read(path: Path) -> tuple[dict[str, object], dict[str, np.ndarray]]:
-    """The snapshot's meta and arrays; :class:`_CorruptStateError` for anything undecodable.
+    """The snapshot's meta and arrays; :class:`CorruptSnapshotError` for anything undecodable.
 
     An OSError opening the file (permissions, a directory in its place) passes through: that is
     not the file's fault. Once open, any failure to read it (EIO included) means its bytes
@@ -219,10 +215,10 @@ def _read(path: Path) -> tuple[dict[str, object], dict[str, np.ndarray]]:
     with path.open("rb") as handle:
         try:
             if handle.read(len(_ZIP_MAGIC)) != _ZIP_MAGIC:
-                raise _CorruptStateError("not a snapshot: no .npz (zip) header")
+                raise CorruptSnapshotError("not a snapshot: no .npz (zip) header")
             handle.seek(0)
             meta_text, arrays = _parse_npz(handle)
-        except _CorruptStateError:
+        except CorruptSnapshotError:
             raise
         # zipfile and numpy's .npy header parser raise on damaged bytes whatever their code
         # meets: BadZipFile, NotImplementedError (a compression method flipped),
@@ -232,59 +228,73 @@ def _read(path: Path) -> tuple[dict[str, object], dict[str, np.ndarray]]:
         # The bytes are damaged whichever it is, so each becomes one corrupt-snapshot error,
         # named by type, that sets the file aside.
         except Exception as exc:  # see above; reported, counted, set aside
-            raise _CorruptStateError(f"undecodable snapshot: {type(exc).__name__}: {exc}") from exc
+            raise CorruptSnapshotError(
+                f"undecodable snapshot: {type(exc).__name__}: {exc}"
+            ) from exc
     try:
         meta = json.loads(meta_text)
     except (json.JSONDecodeError, RecursionError) as exc:
-        raise _CorruptStateError(f"snapshot meta is not JSON: {exc}") from exc
+        raise CorruptSnapshotError(f"snapshot meta is not JSON: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
-        raise _CorruptStateError("unknown snapshot format")
+        raise CorruptSnapshotError("unknown snapshot format")
     if not meta.keys() >= _META_KEYS:
-        raise _CorruptStateError(f"snapshot meta lacks {sorted(_META_KEYS - meta.keys())}")
+        raise CorruptSnapshotError(f"snapshot meta lacks {sorted(_META_KEYS - meta.keys())}")
     return meta, arrays
 
 
 def _parse_npz(handle: BinaryIO) -> tuple[str, dict[str, np.ndarray]]:
     """Decode the archive strictly: no pickles, the expected members, dtypes and ranks."""
     with np.load(handle, allow_pickle=False) as data:
-        missing = {"meta", *_ARRAYS} - set(data.files)
-        if missing:
-            raise _CorruptStateError(f"snapshot lacks arrays {sorted(missing)}")
+        if "meta" not in data.files:
+            raise CorruptSnapshotError("snapshot lacks arrays ['meta']")
         meta = data["meta"]
         if meta.dtype.kind != "U" or meta.ndim != 0:
-            raise _CorruptStateError(f"snapshot meta has dtype {meta.dtype}, shape {meta.shape}")
-        arrays: dict[str, np.ndarray] = {}
-        for name in _ARRAYS:
-            array = np.asarray(data[name])
-            wanted = "f" if name in _FLOAT_ARRAYS else "i"
-            if array.dtype.kind != wanted:
-                raise _CorruptStateError(f"snapshot array {name} has dtype {array.dtype}")
-            arrays[name] = array
-        # Periods waiting for a tick: absent from snapshots written before they were kept.
-        arrays |= {name: np.asarray(data[name]) for name in WAITING_ARRAYS if name in data.files}
-        return str(meta), arrays
+            raise CorruptSnapshotError(f"snapshot meta has dtype {meta.dtype}, shape {meta.shape}")
+        return str(meta), state_arrays(data)
 
 
-def _window_state(
-    meta: dict[str, object], arrays: dict[str, np.ndarray], geometry: WindowGeometry
+def state_arrays(data: Mapping[str, np.ndarray], prefix: str = "") -> dict[str, np.ndarray]:
+    """A state's arrays stored as ``<prefix><name>``, checked for presence and dtype kind
+    (:class:`CorruptSnapshotError`); the waiting periods' arrays where present (snapshots
+    written before they were kept have none)."""
+    missing = [name for name in STATE_ARRAYS if prefix + name not in data]
+    if missing:
+        raise CorruptSnapshotError(f"snapshot lacks arrays {missing}")
+    arrays: dict[str, np.ndarray] = {}
+    for name, kind in STATE_ARRAYS.items():
+        array = np.asarray(data[prefix + name])
+        if array.dtype.kind != kind:
+            raise CorruptSnapshotError(f"snapshot array {name} has dtype {array.dtype}")
+        arrays[name] = array
+    arrays |= {
+        name: np.asarray(data[prefix + name]) for name in WAITING_ARRAYS if prefix + name in data
+    }
+    return arrays
+
+
+def window_state(
+    meta: Mapping[str, object], arrays: Mapping[str, np.ndarray], geometry: WindowGeometry
 ) -> WindowState:
+    """A state from a snapshot's meta (sensor ids, open periods' timestamps, waiting periods'
+    sensors) and :func:`state_arrays`; :class:`CorruptSnapshotError` for what no gateway
+    wrote (an invalid sensor id, a timestamp that is not a number)."""
     sensor_ids = meta.get("sensor_ids")
     open_seen = meta.get("open_seen")
     if not isinstance(sensor_ids, list) or not all(
         isinstance(s, str) and SENSOR_ID_PATTERN.fullmatch(s) for s in sensor_ids
     ):
-        raise _CorruptStateError("snapshot sensor_ids must be a list of valid sensor ids")
+        raise CorruptSnapshotError("snapshot sensor_ids must be a list of valid sensor ids")
     if not isinstance(open_seen, list) or not all(
         isinstance(seen, list) and all(_is_number(t) for t in seen) for seen in open_seen
     ):
-        raise _CorruptStateError("snapshot open_seen must be lists of timestamps")
+        raise CorruptSnapshotError("snapshot open_seen must be lists of timestamps")
     waiting_ids = meta.get("waiting_sensor_ids", [])
     if not isinstance(waiting_ids, list) or not all(
         isinstance(s, str) and SENSOR_ID_PATTERN.fullmatch(s) for s in waiting_ids
     ):
-        raise _CorruptStateError("snapshot waiting_sensor_ids must be a list of valid sensor ids")
+        raise CorruptSnapshotError("snapshot waiting_sensor_ids must be a list of valid sensor ids")
     if waiting_ids and not all(name in arrays for name in WAITING_ARRAYS):
-        raise _CorruptStateError("snapshot names waiting periods but lacks their arrays")
+        raise CorruptSnapshotError("snapshot names waiting periods but lacks their arrays")
     return WindowState(
         geometry=geometry,
         sensor_ids=list(sensor_ids),

@@ -6,8 +6,10 @@ the file format that keeps the state is :mod:`tesla_gateway.windows.snapshots`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,7 @@ from tesla_gateway.errors import GatewayError
 
 __all__ = [
     "NO_PERIOD",
+    "STATE_ARRAYS",
     "WAITING_ARRAYS",
     "BoolArray",
     "Float32Array",
@@ -34,6 +37,7 @@ __all__ = [
 ]
 
 NO_PERIOD = np.iinfo(np.int64).min  # sentinel: "no period yet" in the int64 period arrays
+_LAST_UNIX_S = 253_402_300_799  # 9999-12-31T23:59:59Z: the last time ISO 8601 formats
 
 FloatArray = npt.NDArray[np.float64]
 Float32Array = npt.NDArray[np.float32]
@@ -101,6 +105,22 @@ class WaitingPeriod:
     first_period: int
     raw: float
 
+
+# A WindowState's per-sensor arrays, each with the kind of its dtype ('f' float, 'i' integer):
+# the arrays every snapshot of the windows carries (windows/snapshots.py, cluster/window_parts.py).
+STATE_ARRAYS: Mapping[str, str] = MappingProxyType(
+    {
+        "ring": "f",
+        "last_closed": "i",
+        "first_period": "i",
+        "last_obs_period": "i",
+        "last_obs_value": "f",
+        "open_period": "i",
+        "open_sum": "f",
+        "open_count": "i",
+        "pending_period": "i",
+    }
+)
 
 # How waiting periods are kept in a snapshot's arrays (their sensor ids go with the meta).
 WAITING_ARRAYS = ("waiting_period", "waiting_window", "waiting_first_period", "waiting_raw")
@@ -197,3 +217,35 @@ class WindowState:
             raise WindowStoreError("state sensor list is inconsistent")
         if any(np.shape(item.window) != (c, n) for item in self.waiting):
             raise WindowStoreError(f"a waiting period's window is not of shape {(c, n)}")
+        self._check_periods()
+
+    def _check_periods(self) -> None:
+        """Every period a time (or :data:`NO_PERIOD`), every waiting period one of a sensor with
+        a window: a period no timestamp can name fails each tick's ISO-8601 formatting."""
+        last = _LAST_UNIX_S // self.geometry.period_seconds
+        periods = {
+            name: np.asarray(getattr(self, name))
+            for name in (
+                "last_closed",
+                "first_period",
+                "last_obs_period",
+                "open_period",
+                "pending_period",
+            )
+        }
+        periods["waiting period"] = np.array([w.period for w in self.waiting], dtype=np.int64)
+        periods["waiting first_period"] = np.array(
+            [w.first_period for w in self.waiting], dtype=np.int64
+        )
+        for name, values in periods.items():
+            if ((values != NO_PERIOD) & ((values < 0) | (values > last))).any():
+                raise WindowStoreError(f"state field {name} holds a period of no time in 1970-9999")
+        known = set(self.sensor_ids)
+        for item in self.waiting:
+            if item.sensor_id not in known:
+                raise WindowStoreError(f"a waiting period's sensor {item.sensor_id} has no window")
+            if not item.first_period <= item.period or not math.isfinite(item.raw):
+                raise WindowStoreError(
+                    f"waiting period {item.period} of {item.sensor_id} has first period "
+                    f"{item.first_period} and raw mean {item.raw}"
+                )
