@@ -35,7 +35,9 @@ __all__ = [
     "MAX_BINS",
     "MIN_PER_BIN",
     "IntervalScores",
+    "bin_pairs",
     "conformal_rank",
+    "finite_pairs",
     "fit_intervals",
     "score_intervals",
 ]
@@ -44,6 +46,7 @@ DEFAULT_LEVEL = 0.9
 MAX_BINS = 5
 MIN_PER_BIN = 100
 Array = npt.NDArray[np.floating]
+Float64 = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)
@@ -64,29 +67,38 @@ def conformal_rank(n: int, level: float) -> int:
     return math.ceil((n + 1) * level)
 
 
-def _finite_pairs(predicted: Array, reference: Array) -> tuple[Array, Array]:
+def finite_pairs(predicted: Array, reference: Array) -> tuple[Float64, Float64]:
+    """The pairs whose prediction and reference are both finite, flattened to float64."""
     predicted = np.asarray(predicted, dtype=np.float64).reshape(-1)
     reference = np.asarray(reference, dtype=np.float64).reshape(-1)
     keep = np.isfinite(predicted) & np.isfinite(reference)
     return predicted[keep], reference[keep]
 
 
-def fit_intervals(
-    predicted: Array, reference: Array, *, sensor: str, level: float = DEFAULT_LEVEL
-) -> PredictionIntervals:
-    """Binned split conformal intervals from one held-out sensor's predictions."""
-    predicted, reference = _finite_pairs(predicted, reference)
+def bin_pairs(predicted: Array) -> tuple[Array, npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``(edges, bin of every pair, pairs per bin)``: equal-count bins of the predictions, as
+    many as keep :data:`MIN_PER_BIN` pairs in each (at most :data:`MAX_BINS`, at least one)."""
     n = len(predicted)
-    if conformal_rank(n, level) > n or n < MIN_PER_BIN:
-        raise DataError(
-            f"{n} validation pairs cannot set a {level:.0%} interval: need at least {MIN_PER_BIN}"
-        )
     for bins in range(max(1, min(MAX_BINS, n // MIN_PER_BIN)), 0, -1):
         edges = np.unique(np.quantile(predicted, np.arange(1, bins) / bins))
         which = np.searchsorted(edges, predicted, side="right")
         counts = np.bincount(which, minlength=len(edges) + 1)
         if counts.min() >= MIN_PER_BIN:  # ties in the predictions can starve a bin: fewer bins
             break
+    return edges, which, counts
+
+
+def fit_intervals(
+    predicted: Array, reference: Array, *, sensor: str, level: float = DEFAULT_LEVEL
+) -> PredictionIntervals:
+    """Binned split conformal intervals from one held-out sensor's predictions."""
+    predicted, reference = finite_pairs(predicted, reference)
+    n = len(predicted)
+    if conformal_rank(n, level) > n or n < MIN_PER_BIN:
+        raise DataError(
+            f"{n} validation pairs cannot set a {level:.0%} interval: need at least {MIN_PER_BIN}"
+        )
+    edges, which, counts = bin_pairs(predicted)
     residuals = np.abs(reference - predicted)
     widths = [
         float(np.sort(residuals[which == index])[conformal_rank(int(count), level) - 1])
@@ -105,7 +117,7 @@ def score_intervals(
     intervals: PredictionIntervals, predicted: Array, reference: Array
 ) -> IntervalScores:
     """Share of references inside their interval, and the intervals' mean width."""
-    predicted, reference = _finite_pairs(predicted, reference)
+    predicted, reference = finite_pairs(predicted, reference)
     if len(predicted) == 0:
         return IntervalScores(level=intervals.level, coverage=math.nan, mean_width=math.nan, n=0)
     width = np.asarray(intervals.half_widths)[

@@ -41,8 +41,9 @@ from tesla_gateway.contract.manifest import PredictionIntervals, UnitCoverage
 from tesla_gateway.monitor.coverage import AdaptiveInterval
 from training.conformal import (
     DEFAULT_LEVEL,
-    MAX_BINS,
     MIN_PER_BIN,
+    bin_pairs,
+    finite_pairs,
     score_intervals,
 )
 from training.errors import DataError
@@ -70,20 +71,7 @@ class UnitResiduals:
     reference: FloatArray
 
     def finite(self) -> UnitResiduals:
-        predicted = np.asarray(self.predicted, dtype=np.float64).reshape(-1)
-        reference = np.asarray(self.reference, dtype=np.float64).reshape(-1)
-        keep = np.isfinite(predicted) & np.isfinite(reference)
-        return UnitResiduals(self.sensor, self.role, predicted[keep], reference[keep])
-
-
-def _bins(predicted: FloatArray) -> tuple[FloatArray, npt.NDArray[np.int64]]:
-    n = len(predicted)
-    for bins in range(max(1, min(MAX_BINS, n // MIN_PER_BIN)), 0, -1):
-        edges = np.unique(np.quantile(predicted, np.arange(1, bins) / bins))
-        which = np.searchsorted(edges, predicted, side="right")
-        if np.bincount(which, minlength=len(edges) + 1).min() >= MIN_PER_BIN:
-            return edges, which
-    raise AssertionError("one bin always holds every pair")  # pragma: no cover
+        return UnitResiduals(self.sensor, self.role, *finite_pairs(self.predicted, self.reference))
 
 
 def _weighted_quantile(scores: FloatArray, weights: FloatArray, share: float) -> float:
@@ -118,8 +106,7 @@ def fit_cross_unit(
         raise DataError(
             f"{len(predicted)} pairs cannot set a {level:.0%} interval: need {MIN_PER_BIN}"
         )
-    edges, which = _bins(predicted)
-    counts = np.bincount(which, minlength=len(edges) + 1)
+    edges, which, counts = bin_pairs(predicted)
     levels = sorted({*quantile_levels, level}) if quantile_levels else [level]
 
     def widths(at: float) -> list[float]:
