@@ -153,6 +153,41 @@ def test_a_snapshot_whose_waiting_periods_do_not_fit_is_set_aside(
     assert saver.stats.corrupt == 1 and saver.stats.restored == 0
 
 
+_HUGE = np.int64(2**62)  # a period whose time is past year 9999: no ISO 8601 for it
+
+
+@pytest.mark.parametrize(
+    ("meta_update", "arrays"),
+    [
+        ({"waiting_sensor_ids": ["a", "a", "a", "b", "b", "ghost"]}, {}),  # no window of its own
+        ({}, {"waiting_period": np.array([4, 5, 6, 4, 5, -1], dtype=np.int64)}),
+        ({}, {"waiting_period": np.full(6, _HUGE, dtype=np.int64)}),
+        ({}, {"waiting_first_period": np.full(6, _HUGE, dtype=np.int64)}),  # after its period
+        ({}, {"waiting_raw": np.full(6, np.nan)}),
+        ({}, {"pending_period": np.full(2, _HUGE, dtype=np.int64)}),  # the format before, too
+    ],
+    ids=[
+        "a-ghost-sensor",
+        "a-negative-period",
+        "a-period-past-9999",
+        "first-after-period",
+        "raw-nan",
+        "pending-past-9999",
+    ],
+)
+def test_a_snapshot_whose_periods_are_no_times_is_set_aside(
+    tmp_path: Path, meta_update: dict[str, object], arrays: dict[str, object]
+) -> None:
+    """Restored, such a period was handed to the next tick, where formatting its time as
+    ISO 8601 raises OverflowError (a ghost's window was calibrated though no sensor of that id
+    has one). Checked by WindowState._check_periods, so partition snapshots get it too."""
+    saver = StateStore(tmp_path)
+    _rewrite_backlog_snapshot(saver, meta_update, **arrays)
+    with structlog.testing.capture_logs():
+        assert saver.restore("pm10", GEOMETRY) is None
+    assert saver.stats.corrupt == 1 and saver.stats.restored == 0
+
+
 def test_a_snapshot_written_before_waiting_periods_were_kept_still_loads(tmp_path: Path) -> None:
     saver = StateStore(tmp_path)
     store = filled_store()
