@@ -45,55 +45,52 @@ SYNTHETIC: dict[str, int | float | str] = {
 }
 
 
-@pytest.fixture(scope="module")
-def champion(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def train_champion(root: Path, **config: object) -> tuple[Path, Path]:
     """(model directory, run directory) of a tiny TESLA, exported as version 3."""
-    root = tmp_path_factory.mktemp("champion")
-    config = TrainConfig(
-        dataset="synthetic",
-        dataset_options=SYNTHETIC,
-        window_length=32,
-        max_interpolated_periods=5,
-        model=TeslaConfig(d_model=8, heads=2),
-        epochs=4,
-        batch_size=64,
-        learning_rate=3e-3,
+    train(
+        TrainConfig.model_validate(
+            {
+                "dataset": "synthetic",
+                "dataset_options": SYNTHETIC,
+                "window_length": 32,
+                "max_interpolated_periods": 5,
+                "model": TeslaConfig(d_model=8, heads=2),
+                "batch_size": 64,
+                "learning_rate": 3e-3,
+                **config,
+            }
+        ),
+        root / "run",
+        verbose=0,
     )
-    train(config, root / "run", verbose=0)
     export_run(
         root / "run", root / "model", name="pm2_5-test", version=CHAMPION_VERSION, force=True
     )
     return root / "model", root / "run"
+
+
+@pytest.fixture(scope="module")
+def champion(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return train_champion(tmp_path_factory.mktemp("champion"), epochs=4)
 
 
 @pytest.fixture(scope="module")
 def young_champion(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A champion trained for short histories too, whose manifest calibrates young sensors."""
-    root = tmp_path_factory.mktemp("young")
-    config = TrainConfig(
-        dataset="synthetic",
-        dataset_options=SYNTHETIC,
-        window_length=32,
-        max_interpolated_periods=5,
-        model=TeslaConfig(d_model=8, heads=2),
+    model_dir, run_dir = train_champion(
+        tmp_path_factory.mktemp("young"),
         epochs=3,
-        batch_size=64,
-        learning_rate=3e-3,
         partial_history_fraction=0.5,
         partial_history_epochs=1,
     )
-    train(config, root / "run", verbose=0)
-    export_run(
-        root / "run", root / "model", name="pm2_5-test", version=CHAMPION_VERSION, force=True
-    )
     # Too tiny to beat the line on a few periods, it would calibrate from a full window only: its
     # manifest is made to claim one period (the curve stays its own), as a default's does.
-    path = root / "model" / "manifest.json"
+    path = model_dir / "manifest.json"
     document = json.loads(path.read_text())
     assert document["history_curve"]
     document["min_history_periods"] = 1
     path.write_text(json.dumps(document))
-    return root / "model", root / "run"
+    return model_dir, run_dir
 
 
 def write_pairs(
