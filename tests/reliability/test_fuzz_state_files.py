@@ -9,6 +9,9 @@ A few hundred seeded mutations each in ``make test``; thousands with ``--reliabi
 
 from __future__ import annotations
 
+import io
+import json
+import math
 import os
 import random
 import shutil
@@ -18,17 +21,21 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.manifest import load_manifest
 from tesla_gateway.contract.readings import Reading
+from tesla_gateway.contract.timefmt import iso8601
 from tesla_gateway.monitor.pairs import PairRow, PairsWriter
 from tesla_gateway.publish.outbox import Outbox
 from tesla_gateway.publish.outbox_messages import OutboxMessage
 from tesla_gateway.set_aside import SetAsideLog
+from tesla_gateway.windows.ring import ModelWindows
 from tesla_gateway.windows.snapshots import StateStore
+from tesla_gateway.windows.state import NO_PERIOD, WAITING_ARRAYS
 from tesla_gateway.windows.store import WindowStore
 from tests.reliability.harness import DEFAULT_MODEL, report
 
@@ -128,12 +135,115 @@ def snapshot_trial(directory: Path, geometry: WindowGeometry) -> Callable[[bytes
             assert not path.exists()
             assert list(path.parent.glob("pm10.npz.corrupt-*"))
             return "set_aside"
-        # restored: the windows must work (a reading in, windows out)
-        restored.add(Reading("node-0", T0 + 40 * geometry.period_seconds, {"pm10": 1.0}), 0.0)
-        restored.ready_windows()
+        # restored: the windows must work (a reading in, windows out, published, saved)
+        windows_work(restored, geometry, directory / "again")
         return "restored"
 
     return trial
+
+
+def windows_work(restored: ModelWindows, geometry: WindowGeometry, directory: Path) -> None:
+    """What the daemon does with restored windows: a reading in, a tick out whose periods are
+    published as ISO-8601 times, a snapshot written and read back."""
+    restored.add(Reading("node-0", T0 + 40 * geometry.period_seconds, {"pm10": 1.0}), 0.0)
+    ready = restored.ready_windows()
+    for period in ready.periods.tolist():
+        iso8601(float(period * geometry.period_seconds))  # the message's period_start and ts
+        iso8601(float((period + 1) * geometry.period_seconds))
+    store = WindowStore()
+    store.install("pm10", restored)
+    saver = StateStore(directory)
+    assert saver.save_all(store)
+    assert saver.restore("pm10", geometry) is not None
+
+
+def _odd_value(rng: random.Random, array: np.ndarray) -> np.ndarray:
+    """``array`` with an odd dtype, shape or values: what a tampered or half-written file holds."""
+    kind = rng.choice(["dtype", "shape", "values"])
+    if kind == "dtype":
+        dtype = rng.choice(["int8", "uint64", "float16", "float64", "complex64", "bool", "U3"])
+        with np.errstate(all="ignore"):  # int8 wraps: odd values are the point
+            return array.astype(dtype)
+    if kind == "shape":
+        return rng.choice(
+            [
+                array[:-1],
+                np.concatenate([array, array[:1]]),
+                array.reshape(-1),
+                array[np.newaxis],
+                np.asarray(array.ravel()[0]),
+                np.empty((0,), dtype=array.dtype),
+            ]
+        )
+    odd = array.copy()
+    flat = odd.reshape(-1)
+    position = rng.randrange(flat.size)
+    if odd.dtype.kind == "f":
+        flat[position] = rng.choice([math.nan, math.inf, -math.inf, -1.0, 1e38, 0.0])
+    else:
+        flat[position] = rng.choice(
+            [NO_PERIOD, -1, 0, 2**62, np.iinfo(np.int64).max, int(flat[0]), int(flat[0]) + 10**6]
+        )
+    return odd
+
+
+def _odd_ids(rng: random.Random, ids: list[str], all_ids: list[str]) -> object:
+    return rng.choice(
+        [
+            [*ids[:-1], "ghost"],  # no window of its own
+            [all_ids[0]] * len(ids),  # another sensor's periods
+            ids[:-1],  # one short of the arrays
+            [*ids, ids[-1]],  # one more than the arrays
+            [],  # none, though the arrays hold some
+            "x" * len(ids),  # a string, not a list
+            [None] * len(ids),
+            list(reversed(ids)),
+        ]
+    )
+
+
+def test_window_snapshots_with_odd_waiting_periods_never_escape(
+    tmp_path: Path, long_form: bool
+) -> None:
+    """The waiting periods' arrays rewritten inside a sound archive (a tampered or
+    half-converted file the zip checksums pass): each restores into working windows or is set
+    aside; no exception escapes, and no period reaches a tick that cannot be published."""
+    geometry = real_geometry()
+    data = real_snapshot(tmp_path / "origin", geometry)
+    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    meta = json.loads(str(arrays.pop("meta")))
+    assert meta["waiting_sensor_ids"], "the real snapshot holds no waiting period to attack"
+    saver = StateStore(tmp_path / "fuzz")
+    path = saver.path_for("pm10")
+    rng = random.Random(21)
+    outcomes: Counter[str] = Counter()
+    uncaught: list[str] = []
+    for index in range((LONG if long_form else SHORT) // 3):
+        odd_meta, odd_arrays = dict(meta), dict(arrays)
+        for _ in range(rng.randint(1, 2)):
+            name = rng.choice([*WAITING_ARRAYS, "waiting_sensor_ids", "pending_period"])
+            if name == "waiting_sensor_ids":
+                odd_meta[name] = _odd_ids(rng, meta[name], meta["sensor_ids"])
+            else:
+                odd_arrays[name] = _odd_value(rng, arrays[name])
+        shutil.rmtree(tmp_path / "fuzz", ignore_errors=True)
+        path.parent.mkdir(parents=True)
+        np.savez(path, meta=np.array(json.dumps(odd_meta)), **odd_arrays)
+        try:
+            with capture_logs():
+                restored = saver.restore("pm10", geometry)
+                if restored is None:
+                    assert not path.exists(), "unrestorable snapshot not set aside"
+                    outcomes["set_aside"] += 1
+                    continue
+                windows_work(restored, geometry, tmp_path / f"again-{index}")
+            outcomes["restored"] += 1
+        except Exception as exc:  # noqa: BLE001  # the finding: collect, then fail below
+            uncaught.append(f"#{index}: {type(exc).__name__}: {exc}")
+    report("fuzz_window_snapshot_waiting", {**outcomes, "uncaught": len(uncaught)})
+    assert not uncaught, uncaught[:5]
+    assert outcomes["set_aside"] and outcomes["restored"]  # both ends were reached
 
 
 def test_corrupt_window_snapshots_are_always_set_aside(tmp_path: Path, long_form: bool) -> None:
