@@ -123,11 +123,14 @@ class ModelWindows:
         return row
 
     def remove(self, sensor_id: str) -> bool:
-        """Forget a sensor's window (evicted); the last row moves into its place."""
+        """Forget a sensor's window (evicted, or handed to another gateway) and its periods
+        waiting for a tick; the last row moves into its place."""
         self._partial.pop(sensor_id, None)
         row = self._index.pop(sensor_id, None)
         if row is None:
             return False
+        if self._overflow:
+            self._overflow = [item for item in self._overflow if item.sensor_id != sensor_id]
         if self._pending[row]:
             self._pending_rows -= 1
         last = len(self._ids) - 1

@@ -686,3 +686,20 @@ def test_a_period_without_the_first_channel_closing_after_a_pending_one_keeps_it
     assert (ready.periods - BASE).tolist() == [0]
     np.testing.assert_array_equal(ready.windows[0], [[math.nan, math.nan]] * 3 + [[10.0, 50.0]])
     assert windows.pending_count == 0
+
+
+def test_removing_a_sensor_drops_its_periods_waiting_for_a_tick() -> None:
+    """A removed sensor (evicted, or handed to another gateway with its waiting periods) has
+    nothing left here: none of its periods reaches a tick, and the state saved afterwards
+    restores (a waiting period of a sensor without a window is refused as corrupt)."""
+    windows = ModelWindows(geometry(n=2, max_gap=0))
+    feed(windows, "a", {0: [1.0], 1: [2.0], 2: [3.0], 3: [4.0]})  # 0 and 1 wait, 2 pends
+    feed(windows, "b", {0: [5.0], 1: [6.0], 2: [7.0]})  # 0 waits, 1 pends
+    assert windows.pending_count == 5
+    assert windows.remove("a") is True
+    assert windows.pending_count == 2
+    restored = ModelWindows.from_state(windows.export_state())
+    for each in (windows, restored):
+        ready = each.ready_windows()
+        assert ready.sensor_ids == ("b", "b")
+        assert (ready.periods - BASE).tolist() == [0, 1]
