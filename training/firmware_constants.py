@@ -141,6 +141,7 @@ enum class Channel : uint8_t {{ kPm1, kPm2_5, kPm10, kRh, kTempC }};
 constexpr uint32_t kChannelCount = {len(channels)}u;
 constexpr Channel kInputChannels[kChannelCount] = {{{channel_list}}};
 constexpr float kSelfTestLevels[kChannelCount] = {{{levels}}};  // the self-test's flat window
+constexpr uint32_t kInputValues = kWindowLength * kChannelCount;  // the input's N * C values
 constexpr uint32_t kPeriodSeconds = {manifest.period_seconds}u;
 constexpr uint32_t kMaxInterpolatedPeriods = {manifest.gap_policy.max_interpolated_periods}u;
 constexpr uint32_t kArenaBytes = {device.tflm_arena_bytes}u;  // measured under TFLite Micro

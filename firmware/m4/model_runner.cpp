@@ -20,13 +20,13 @@ bool ModelRunner::load(const uint8_t* image, tflite::MicroProfilerInterface* pro
                                                          nullptr, profiler);
   if (interpreter_->AllocateTensors() != kTfLiteOk) return false;
   TfLiteTensor* input = interpreter_->input(0);
-  return input->type == kTfLiteInt16 && input->bytes == 2 * kInputValues;
+  return input->type == kTfLiteInt16 && input->bytes == 2 * model::kInputValues;
 }
 
 float ModelRunner::invoke(const float* values, int16_t* raw_output, int32_t* quantised_sum) {
   TfLiteTensor* input = interpreter_->input(0);
   int32_t sum = 0;
-  for (uint32_t i = 0; i < kInputValues; ++i) {
+  for (uint32_t i = 0; i < model::kInputValues; ++i) {
     float q = roundf(values[i] / model::kInputScale) + model::kInputZeroPoint;
     input->data.i16[i] = int16_t(q < -32768.f ? -32768.f : (q > 32767.f ? 32767.f : q));
     sum += input->data.i16[i];

@@ -12,9 +12,6 @@
 
 namespace tesla {
 
-// The model's input: N periods of C channels ([1, N, C], oldest period first).
-constexpr uint32_t kInputValues = model::kWindowLength * model::kChannelCount;
-
 class ModelRunner {
  public:
   ModelRunner(uint8_t* arena, size_t arena_bytes);
@@ -22,7 +19,7 @@ class ModelRunner {
   // false if the schema, the allocation or the input's type and size do not fit this firmware
   // (a model of other channels than the firmware was built for fails here).
   bool load(const uint8_t* image, tflite::MicroProfilerInterface* profiler = nullptr);
-  // Quantises values[kInputValues], invokes, dequantises; NaN if the interpreter fails.
+  // Quantises values[model::kInputValues], invokes, dequantises; NaN if the interpreter fails.
   // `raw_output` receives the output tensor's int16 and `quantised_sum` the sum of the inputs.
   float invoke(const float* values, int16_t* raw_output = nullptr,
                int32_t* quantised_sum = nullptr);

@@ -72,8 +72,8 @@ alignas(16) uint8_t arena[tesla::model::kArenaBytes];
 tesla::ModelRunner runner(arena, sizeof(arena));
 tesla::ImageDescriptor active;
 
-float input_window[tesla::kInputValues];
-float window_storage[tesla::kInputValues];
+float input_window[tesla::model::kInputValues];
+float window_storage[tesla::model::kInputValues];
 tesla::Window window(window_storage, tesla::model::kWindowLength, tesla::model::kChannelCount,
                      tesla::model::kMaxInterpolatedPeriods, tesla::model::kMinHistoryPeriods);
 tesla::LineReader gateway_lines;
@@ -136,7 +136,7 @@ void send_status(tesla::OtaStatus code) {
 bool load_and_test(int slot) {
   if (!slots.descriptor(slot, &active)) return false;
   if (!runner.load(slots.image(slot))) return false;
-  for (uint32_t i = 0; i < tesla::kInputValues; ++i) {
+  for (uint32_t i = 0; i < tesla::model::kInputValues; ++i) {
     input_window[i] = tesla::model::kSelfTestLevels[i % tesla::model::kChannelCount];
   }
   float value = runner.invoke(input_window);
@@ -204,7 +204,7 @@ void on_test_line(char* line) {
   if (count == 0) return;
   if (strcmp(fields[0], "#V") == 0 && count >= 2) {
     uint32_t offset = uint32_t(strtoul(fields[1], nullptr, 10));
-    for (size_t i = 2; i < count && offset < tesla::kInputValues; ++i, ++offset) {
+    for (size_t i = 2; i < count && offset < tesla::model::kInputValues; ++i, ++offset) {
       input_window[offset] = strtof(fields[i], nullptr);
     }
   } else if (strcmp(fields[0], "#I") == 0) {

@@ -20,6 +20,7 @@ enum class Channel : uint8_t { kPm1, kPm2_5, kPm10, kRh, kTempC };
 constexpr uint32_t kChannelCount = 1u;
 constexpr Channel kInputChannels[kChannelCount] = {Channel::kPm10};
 constexpr float kSelfTestLevels[kChannelCount] = {20.0f};  // the self-test's flat window
+constexpr uint32_t kInputValues = kWindowLength * kChannelCount;  // the input's N * C values
 constexpr uint32_t kPeriodSeconds = 60u;
 constexpr uint32_t kMaxInterpolatedPeriods = 30u;
 constexpr uint32_t kArenaBytes = 17744u;  // measured under TFLite Micro

@@ -40,7 +40,7 @@ constexpr uint32_t kSlotBase = tesla::model::kSlotRegionBase;
 constexpr uint32_t kSlotBytes = tesla::model::kSlotBytes;
 using tesla::model::Channel;
 constexpr uint32_t kChannels = tesla::model::kChannelCount;  // PM first, then rh / temp_c
-constexpr uint32_t kInputValues = tesla::model::kWindowLength * kChannels;
+using tesla::model::kInputValues;  // N * C
 static_assert(kChannels <= tesla::Window::kMaxChannels, "more channels than the window holds");
 
 tesla::ArduinoFlash flash;

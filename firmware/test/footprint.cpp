@@ -33,7 +33,7 @@ tesla::SlotManager slots(flash, 0x80000, 0x10000);
 tesla::OtaReceiver receiver(kProfile, verifier, slots, tesla::model::kModelVersion);
 tesla::LineReader gateway_line;
 tesla::Pms5003Parser sensor;
-float window_storage[tesla::model::kWindowLength * tesla::model::kChannelCount];
+float window_storage[tesla::model::kInputValues];
 tesla::Window window(window_storage, tesla::model::kWindowLength, tesla::model::kChannelCount,
                      tesla::model::kMaxInterpolatedPeriods, tesla::model::kMinHistoryPeriods);
 char out_line[tesla::kMaxLineBytes + 1];
