@@ -50,21 +50,11 @@ def enclosed(windows: Array, warming: float) -> Array:
 
 
 def predict(model_dir: Path, windows: Array) -> npt.NDArray[np.float64]:
-    from ai_edge_litert.interpreter import Interpreter
+    """The model's float graph on the windows, run as the gateway runs it."""
+    from training.export import litert_predict
 
-    manifest = load_manifest(model_dir)
-    interpreter = Interpreter(model_path=str(model_dir / manifest.files["float32"].path))
-    (given,) = interpreter.get_input_details()
-    (output,) = interpreter.get_output_details()
-    results = []
-    for start in range(0, len(windows), 2048):
-        chunk = windows[start : start + 2048]
-        interpreter.resize_tensor_input(given["index"], list(chunk.shape))
-        interpreter.allocate_tensors()
-        interpreter.set_tensor(given["index"], chunk)
-        interpreter.invoke()
-        results.append(interpreter.get_tensor(output["index"]).reshape(-1))
-    return np.concatenate(results).astype(np.float64)
+    graph = (model_dir / load_manifest(model_dir).files["float32"].path).read_bytes()
+    return np.asarray(litert_predict(graph, windows), dtype=np.float64).reshape(-1)
 
 
 def test_windows(manifest: Manifest) -> tuple[Array, npt.NDArray[np.float64]]:
