@@ -10,11 +10,12 @@ are plain ``$JS.API`` requests). The calibrated stream deduplicates by ``Nats-Ms
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tesla_gateway.cluster.config import ClusterConfig
-from tesla_gateway.cluster.errors import ClusterError, ServerTooOldError
+from tesla_gateway.cluster.errors import ClusterError, PartitionsMismatchError, ServerTooOldError
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GROUP",
     "MIN_API_LEVEL",
+    "WRONG_LAST_SEQUENCE",
     "Engine",
     "Subjects",
     "check_api_level",
@@ -34,6 +36,7 @@ __all__ = [
 
 MIN_API_LEVEL = 1  # nats-server 2.11: priority groups, per-message TTL
 GROUP = "owners"  # the priority group every partition consumer has
+WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream's refusal of a compare-and-set
 _REQUEST_S = 10.0
 _NS = 1_000_000_000
 
@@ -178,8 +181,24 @@ async def _streams(engine: Engine, config: ClusterConfig) -> None:
         "duplicate_window": int(config.dedup_window_s * _NS),
         "discard": "old",
     }
-    for body in (readings, calibrated):
-        await _create_or_match(engine, "STREAM", str(body["name"]), body)
+    if not await _create_or_match(engine, "STREAM", config.readings_stream, readings):
+        await _check_partitions(engine, config)
+    await _create_or_match(engine, "STREAM", config.calibrated_stream, calibrated)
+
+
+async def _check_partitions(engine: Engine, config: ClusterConfig) -> None:
+    """Refuse a readings stream made with another partition count: the gateways would split
+    partitions that are not all there (some never pulled) instead of the stream's."""
+    info = await engine.request(f"$JS.API.STREAM.INFO.{config.readings_stream}", {})
+    transform = (info.get("config") or {}).get("subject_transform") or {}
+    found = re.search(r"partition\((\d+),", str(transform.get("dest", "")))
+    existing = int(found.group(1)) if found else None
+    if existing != config.partitions:
+        raise PartitionsMismatchError(
+            f"the stream {config.readings_stream} on the servers has {existing} partitions, "
+            f"this gateway's [cluster] partitions = {config.partitions}: every gateway of a "
+            "cluster needs the stream's partition count (fixed for the stream's life)"
+        )
 
 
 async def _partition_consumer(engine: Engine, config: ClusterConfig, partition: int) -> None:
@@ -202,8 +221,9 @@ async def _partition_consumer(engine: Engine, config: ClusterConfig, partition: 
     await _create_or_match(engine, "CONSUMER", f"{config.readings_stream}.{name}", body)
 
 
-async def _create_or_match(engine: Engine, kind: str, name: str, body: dict[str, Any]) -> None:
-    """Create; when another gateway made it first with the same settings, that is success."""
+async def _create_or_match(engine: Engine, kind: str, name: str, body: dict[str, Any]) -> bool:
+    """Create (True), or find it made before (False): the server says "already in use" also
+    when its settings differ, so what must match is checked by the caller."""
     try:
         await engine.request(f"$JS.API.{kind}.CREATE.{name}", body)
     except ClusterError as exc:
@@ -212,3 +232,5 @@ async def _create_or_match(engine: Engine, kind: str, name: str, body: dict[str,
                 f"cannot create the {kind.lower()} {name}: {exc} (a different one of that "
                 "name exists? [cluster] partitions and names are fixed for a stream's life)"
             ) from exc
+        return False
+    return True

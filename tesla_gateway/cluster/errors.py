@@ -4,12 +4,30 @@ from __future__ import annotations
 
 from tesla_gateway.errors import GatewayError
 
-__all__ = ["ClusterError", "ServerTooOldError"]
+__all__ = [
+    "ClusterError",
+    "ClusterRefusedError",
+    "DuplicateGatewayError",
+    "PartitionsMismatchError",
+    "ServerTooOldError",
+]
 
 
 class ClusterError(GatewayError):
     """A JetStream request of cluster mode failed; the message says which and why."""
 
 
-class ServerTooOldError(ClusterError):
+class ClusterRefusedError(GatewayError):
+    """Cluster mode cannot run as configured: asking again will not help (never transient)."""
+
+
+class ServerTooOldError(ClusterRefusedError):
     """The NATS server predates JetStream API level 1 (2.11): no pinned consumers, no key TTL."""
+
+
+class PartitionsMismatchError(ClusterRefusedError):
+    """The readings stream on the servers has another partition count than ``[cluster]``."""
+
+
+class DuplicateGatewayError(ClusterRefusedError):
+    """Another live gateway of the cluster has this gateway's id."""

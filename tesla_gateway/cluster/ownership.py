@@ -9,11 +9,14 @@ so a gateway over its share releases the extra and one under it takes free ones.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from tesla_gateway.cluster.engine import Engine, transient
+from tesla_gateway.cluster.engine import WRONG_LAST_SEQUENCE, Engine, transient
+from tesla_gateway.cluster.errors import DuplicateGatewayError
 
 __all__ = ["Leases", "Plan", "plan"]
 
@@ -86,6 +89,32 @@ class Leases:
         """Say this member is alive (its key expires ``ttl`` after the last heartbeat)."""
         await self._publish(f"member.{self.me}", self.me.encode(), None)
 
+    async def refuse_a_twin(self) -> None:
+        """Before the first heartbeat: :class:`DuplicateGatewayError` if a live gateway has this
+        id (its member key is renewed within a TTL), as both would count its partitions as
+        theirs and one would sit idle, saying nothing. A key left by this gateway's own
+        previous run (a crash, a quick restart) is not renewed, and is no twin."""
+        from nats.js.errors import KeyNotFoundError
+
+        key = f"member.{self.me}"
+        seen: int | None = None
+        deadline = time.monotonic() + self._ttl_s
+        while time.monotonic() < deadline:
+            try:
+                entry = await self._engine.kv.get(key)
+            except KeyNotFoundError:
+                return
+            if not entry.value:
+                return
+            if seen is not None and entry.revision != seen:
+                raise DuplicateGatewayError(
+                    f"another gateway with gateway_id {self.me!r} is alive in the cluster (its "
+                    f"key {key} in bucket {self._engine.subjects.config.bucket} is being "
+                    "renewed): give each gateway its own gateway_id"
+                )
+            seen = entry.revision
+            await asyncio.sleep(self._ttl_s / 10)
+
     async def members(self) -> list[str]:
         """The members whose key is alive (the bucket's subjects, then each key's value: a
         member that left has a delete marker)."""
@@ -140,7 +169,7 @@ class Leases:
         except KeyWrongLastSequenceError:
             return False
         except transient() as exc:  # the CAS refusal arrives as an APIError (code 10071)
-            if getattr(exc, "err_code", None) in (10071, 10164):
+            if getattr(exc, "err_code", None) in WRONG_LAST_SEQUENCE:
                 return False
             raise
         return True
@@ -159,7 +188,7 @@ class Leases:
             try:
                 renewed = await self._publish(f"lease.{partition}", self.me.encode(), revision)
             except transient() as exc:
-                if getattr(exc, "err_code", None) not in (10071, 10164):
+                if getattr(exc, "err_code", None) not in WRONG_LAST_SEQUENCE:
                     raise
                 if self._revisions.get(partition) == revision:
                     del self._revisions[partition]
@@ -183,7 +212,7 @@ class Leases:
         try:
             await self._engine.kv.delete(f"lease.{partition}", last=revision)
         except transient() as exc:
-            if getattr(exc, "err_code", None) not in (10071, 10164):
+            if getattr(exc, "err_code", None) not in WRONG_LAST_SEQUENCE:
                 raise
 
     async def leave(self) -> None:
