@@ -110,6 +110,14 @@ class ClusterConfig(BaseModel):
         ge=1024,
         description="Snapshots larger than this go to the object store (the KV value limit).",
     )
+    max_snapshot_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=64 * 1024,
+        description=(
+            "The largest partition snapshot a gateway writes or reads (inflated size): a "
+            "larger one is not written, and one read is refused as corrupt (a cold start)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _usable(self) -> Self:

@@ -24,16 +24,15 @@ import structlog
 from tesla_gateway.cluster import window_parts
 from tesla_gateway.cluster.config import ClusterConfig
 from tesla_gateway.cluster.engine import Engine, connect, transient
-from tesla_gateway.cluster.errors import ServerTooOldError
 from tesla_gateway.cluster.ownership import Leases, plan
 from tesla_gateway.cluster.puller import PartitionPuller, PinLostError, StreamMessage
 from tesla_gateway.cluster.traffic import Traffic
 from tesla_gateway.cluster.warm import SnapshotStore, replay
 from tesla_gateway.contract.calibrated import CalibratedReading
 from tesla_gateway.contract.readings import Reading
-from tesla_gateway.errors import GatewayError
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.windows.ring import ModelWindows
+from tesla_gateway.windows.snapshots import CorruptSnapshotError
 from tesla_gateway.windows.state import WindowState
 from tesla_gateway.windows.store import WindowStore
 
@@ -80,6 +79,7 @@ class _Counters:
     released: int = 0
     replayed: int = 0
     snapshots: int = 0
+    corrupt_snapshots: int = 0  # unreadable ones found in the bucket (deleted, started cold)
     last_takeover_s: float = 0.0
     errors: int = 0
 
@@ -154,6 +154,7 @@ class ClusterMember:
             "released": counters.released,
             "replayed": counters.replayed,
             "snapshots": counters.snapshots,
+            "corrupt_snapshots": counters.corrupt_snapshots,
             "snapshot_bytes": 0 if self._snapshots is None else self._snapshots.saved_bytes,
             "snapshots_in_object_store": (
                 0 if self._snapshots is None else self._snapshots.in_object_store
@@ -166,10 +167,9 @@ class ClusterMember:
     # -- the run ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        engine = await self._connect()
-        self._engine = engine
+        engine = self._engine = await self._connect()
         self._leases = Leases(engine, self.gateway_id, self.config.pin_ttl_s)
-        self._snapshots = SnapshotStore(engine)
+        self._snapshots = SnapshotStore(engine, self.gateway_id)
         self._drop_all_windows()  # windows restored from local files belong to nobody here
         self.connected.set()
         try:
@@ -182,14 +182,23 @@ class ClusterMember:
             await asyncio.shield(self._leave(engine))
 
     async def _connect(self) -> Engine:
+        """Connect, and refuse to join if a live gateway has this id (before the first
+        heartbeat, which would renew its key); what may pass is asked again."""
         while True:
+            engine: Engine | None = None
             try:
-                return await connect(self.config, f"tesla-gateway-{self.gateway_id}")
-            except ServerTooOldError:
-                raise
-            except transient() as exc:  # unreachable servers, a stream electing a leader
+                engine = await connect(self.config, f"tesla-gateway-{self.gateway_id}")
+                await Leases(engine, self.gateway_id, self.config.pin_ttl_s).refuse_a_twin()
+                return engine
+            except BaseException as exc:
+                if engine is not None:
+                    with contextlib.suppress(*transient()):
+                        await engine.close()
+                if not isinstance(exc, transient()):  # ClusterRefusedError is not
+                    raise
+                # unreachable servers, a stream electing a leader
                 _log.warning("cluster_connect_failed", error=str(exc) or type(exc).__name__)
-                await asyncio.sleep(_RETRY_S)
+            await asyncio.sleep(_RETRY_S)
 
     async def _leave(self, engine: Engine) -> None:
         """A clean shutdown: every partition handed back with a fresh snapshot."""
@@ -306,15 +315,30 @@ class ClusterMember:
             owned.covered = max(owned.covered, message.sequence)
 
     async def _load(self, partition: int) -> window_parts.PartitionSnapshot | None:
+        """The partition's snapshot, or None for a cold start (none, unreachable, or corrupt:
+        a corrupt one is deleted, so no later owner stumbles on it again)."""
         assert self._snapshots is not None
-        unreadable: tuple[type[Exception], ...] = (*transient(), ValueError, KeyError, GatewayError)
+        snapshots = self._snapshots
         try:
-            blob = await self._snapshots.load(partition)
+            blob = await snapshots.load(partition)
             if blob is None:
                 return None
             geometries = {slot: windows.geometry for slot, windows in self._ticker.store.items()}
-            return await asyncio.to_thread(window_parts.decode, blob, geometries)
-        except unreadable as exc:  # a cold start, never the partition lost
+            return await asyncio.to_thread(
+                window_parts.decode, blob, geometries, max_bytes=snapshots.max_bytes
+            )
+        except CorruptSnapshotError as exc:
+            self.counters.corrupt_snapshots += 1
+            _log.error(
+                "cluster_snapshot_corrupt",
+                partition=partition,
+                error=str(exc),
+                action="deleted from the bucket; the partition starts cold (fallback replay)",
+            )
+            with contextlib.suppress(*transient()):  # then the next owner finds it corrupt too
+                await snapshots.discard(partition)
+            return None
+        except transient() as exc:  # a cold start, never the partition lost
             self.counters.errors += 1
             _log.warning("cluster_snapshot_unreadable", partition=partition, error=str(exc))
             return None
@@ -339,14 +363,14 @@ class ClusterMember:
         if owned is None:
             return
         await _cancel(owned.task)
-        if owned.ready:
-            await self._save({partition: owned})
+        superseded = owned.ready and partition in await self._save({partition: owned})
         self._owned.pop(partition, None)
         async with self._tick_lock:
             self._drop_windows(owned.sensors)
         assert self._engine is not None and self._leases is not None
-        with contextlib.suppress(*transient()):  # unpinned by the TTL anyway
-            await self._engine.unpin(partition)
+        if not superseded:  # else the pin is the new owner's
+            with contextlib.suppress(*transient()):  # unpinned by the TTL anyway
+                await self._engine.unpin(partition)
         await self._leases.release(partition)
         self.counters.released += 1
         _log.info("cluster_partition_released", partition=partition, covered=owned.covered)
@@ -358,14 +382,21 @@ class ClusterMember:
             await asyncio.sleep(self.config.snapshot_interval_s)
             ready = {p: owned for p, owned in self._owned.items() if owned.ready}
             try:
-                await self._save(ready)
+                superseded = await self._save(ready)
             except transient() as exc:  # the next one may work; takeovers replay further
                 self.counters.errors += 1
                 _log.warning("cluster_snapshot_failed", error=str(exc) or type(exc).__name__)
+                continue
+            for partition in superseded:
+                if self._owned.get(partition) is ready[partition]:
+                    await self._lose(partition, "another gateway saved a later snapshot")
 
-    async def _save(self, partitions: dict[int, _Owned]) -> None:
+    async def _save(self, partitions: dict[int, _Owned]) -> list[int]:
+        """Snapshot these partitions; those whose stored snapshot covers a later sequence
+        (another gateway owns them now) are returned, not overwritten."""
+        superseded: list[int] = []
         if not partitions:
-            return
+            return superseded
         assert self._snapshots is not None
         async with self._drained(_SNAPSHOT_WAIT_S):  # after the wait, with what waits
             states = self._ticker.snapshot()
@@ -374,8 +405,20 @@ class ClusterMember:
             parts = {slot: window_parts.subset(state, sensors) for slot, state in states}
             snapshot = window_parts.PartitionSnapshot(sequence=sequence, states=parts)
             blob = await asyncio.to_thread(window_parts.encode, snapshot)
-            await self._snapshots.save(partition, blob)
-            self.counters.snapshots += 1
+            if len(blob) > self._snapshots.max_bytes:  # no gateway would load it
+                self.counters.errors += 1
+                _log.error(
+                    "cluster_snapshot_too_large",
+                    partition=partition,
+                    bytes=len(blob),
+                    max_snapshot_bytes=self._snapshots.max_bytes,
+                )
+                continue
+            if await self._snapshots.save(partition, blob, sequence):
+                self.counters.snapshots += 1
+            else:
+                superseded.append(partition)
+        return superseded
 
     @contextlib.asynccontextmanager
     async def _drained(self, wait_s: float) -> AsyncIterator[bool]:

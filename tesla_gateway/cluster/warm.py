@@ -2,7 +2,8 @@
 after them, so a new owner starts where the old one was instead of re-warming for hours.
 
 A snapshot up to ``max_kv_value_bytes`` is the value of ``snap.<p>``; a larger one goes to the
-object store and ``snap.<p>`` points at it. The readings after it are read from the stream by
+object store and ``snap.<p>`` points at it (with the sequence it covers). A snapshot replaces
+only one covering an earlier stream sequence. The readings after it are read from the stream by
 an ephemeral consumer starting at the snapshot's sequence + 1, or, without a snapshot, at
 ``N x period`` ago.
 """
@@ -15,54 +16,160 @@ from collections.abc import AsyncIterator
 
 import structlog
 
-from tesla_gateway.cluster.engine import Engine
+from tesla_gateway.cluster import window_parts
+from tesla_gateway.cluster.engine import WRONG_LAST_SEQUENCE, Engine
+from tesla_gateway.cluster.errors import ClusterError
 from tesla_gateway.cluster.puller import StreamMessage
+from tesla_gateway.windows.snapshots import CorruptSnapshotError
 
 __all__ = ["SnapshotStore", "replay"]
 
 _log = structlog.get_logger(__name__)
 _FETCH = 1_000
+_CAS_ATTEMPTS = 4
 
 
 class SnapshotStore:
-    """``snap.<p>`` in the cluster bucket, spilling to the object store when too large."""
+    """``snap.<p>`` in the cluster bucket, spilling to the object store when too large.
 
-    def __init__(self, engine: Engine) -> None:
+    A save never puts an older snapshot over a newer one: it is a compare-and-set on the
+    key's revision as this gateway last read or wrote it, and when another gateway wrote the
+    key since, the stream sequence the stored snapshot covers decides. A gateway paused past
+    its pin TTL thus learns it lost the partition instead of overwriting the new owner's
+    snapshot with its older windows.
+    """
+
+    def __init__(self, engine: Engine, gateway_id: str) -> None:
         self._engine = engine
-        self._limit = engine.subjects.config.max_kv_value_bytes
+        config = engine.subjects.config
+        self._limit = config.max_kv_value_bytes
+        self.max_bytes = config.max_snapshot_bytes
+        self._me = gateway_id
+        self._revisions: dict[int, int] = {}  # partition -> revision of snap.<p> we know
         self.saved = 0
         self.saved_bytes = 0
         self.in_object_store = 0
+        self.discarded = 0
 
-    async def save(self, partition: int, blob: bytes) -> None:
-        key = f"snap.{partition}"
-        if len(blob) <= self._limit:
-            await self._engine.kv.put(key, blob)
-        else:
-            name = f"part-{partition}"
+    async def save(self, partition: int, blob: bytes, sequence: int) -> bool:
+        """Store the partition's snapshot covering ``sequence``; False when the stored one
+        covers a later sequence (another gateway owns the partition now)."""
+        value = blob
+        if len(blob) > self._limit:  # an object per writer: a refused save spoils no other's
+            name = f"part-{partition}-{self._me}"
             await self._engine.objects.put(name, blob)
-            await self._engine.kv.put(key, json.dumps({"object": name}).encode())
+            value = json.dumps({"object": name, "sequence": sequence}).encode()
+        for _ in range(_CAS_ATTEMPTS):
+            last = self._revisions.get(partition)
+            if last is not None and await self._update(partition, value, last):
+                break
+            last, stored = await self._head(partition)
+            if stored is not None and stored > sequence:
+                _log.warning(
+                    "cluster_snapshot_superseded",
+                    partition=partition,
+                    ours=sequence,
+                    stored=stored,
+                )
+                return False
+            if await self._update(partition, value, last):
+                break
+        else:
+            raise ClusterError(
+                f"snap.{partition}: the key kept changing under {_CAS_ATTEMPTS} saves"
+            )
+        if value is not blob:
             self.in_object_store += 1
         self.saved += 1
         self.saved_bytes = len(blob)
+        return True
+
+    async def _update(self, partition: int, value: bytes, last: int) -> bool:
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        try:  # kv.update turns the server's "wrong last sequence" into this error
+            self._revisions[partition] = await self._engine.kv.update(
+                f"snap.{partition}", value, last=last
+            )
+        except KeyWrongLastSequenceError:
+            self._revisions.pop(partition, None)
+            return False
+        return True
+
+    async def _head(self, partition: int) -> tuple[int, int | None]:
+        """The key's revision now (0: never written) and the sequence its snapshot covers
+        (None: none, or undecodable, which any snapshot may replace)."""
+        from nats.js.errors import KeyNotFoundError
+
+        try:
+            entry = await self._engine.kv.get(f"snap.{partition}")
+        except KeyNotFoundError as absent:  # never written, or deleted (a marker)
+            return (0 if absent.entry is None else int(absent.entry.revision or 0)), None
+        revision = int(entry.revision or 0)
+        value = entry.value or b""
+        try:
+            if value.startswith(b"{"):
+                return revision, _pointer(value, partition)[1]
+            return revision, window_parts.sequence_of(value, max_bytes=self.max_bytes)
+        except CorruptSnapshotError:
+            return revision, None
 
     async def load(self, partition: int) -> bytes | None:
+        """The stored snapshot's bytes (None: none); :class:`CorruptSnapshotError` when the key
+        holds what no gateway wrote or a snapshot over ``max_snapshot_bytes``."""
         from nats.js.errors import KeyNotFoundError, NotFoundError
 
+        self._revisions.pop(partition, None)
         try:
             entry = await self._engine.kv.get(f"snap.{partition}")
         except KeyNotFoundError:
             return None
+        self._revisions[partition] = int(entry.revision or 0)
         value = entry.value or b""
         if not value.startswith(b"{"):
             return value
-        name = json.loads(value)["object"]
+        name, _ = _pointer(value, partition)
         try:
-            result = await self._engine.objects.get(str(name))
+            info = await self._engine.objects.get_info(name)
+            if int(info.size or 0) > self.max_bytes:
+                raise CorruptSnapshotError(
+                    f"object {name} of {info.size} bytes, over the {self.max_bytes} limit"
+                )
+            result = await self._engine.objects.get(name)
         except NotFoundError:
             _log.warning("cluster_snapshot_object_missing", partition=partition, name=name)
             return None
         return bytes(result.data or b"")
+
+    async def discard(self, partition: int) -> None:
+        """Delete an unreadable snapshot (unless another gateway replaced it meanwhile), so the
+        next owner starts cold at once instead of reading it again."""
+        from nats.js.errors import APIError
+
+        revision = self._revisions.pop(partition, None)
+        try:
+            await self._engine.kv.delete(f"snap.{partition}", last=revision)
+        except APIError as exc:
+            if exc.err_code not in WRONG_LAST_SEQUENCE:
+                raise
+            return
+        self.discarded += 1
+
+
+def _pointer(value: bytes, partition: int) -> tuple[str, int | None]:
+    """``snap.<p>``'s pointer to an object: (name, sequence it covers if said)."""
+    try:
+        document = json.loads(value)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptSnapshotError(f"snap.{partition} pointer is not JSON: {exc}") from exc
+    name = document.get("object") if isinstance(document, dict) else None
+    own = f"part-{partition}"
+    if not isinstance(name, str) or not (name == own or name.startswith(own + "-")):
+        raise CorruptSnapshotError(f"snap.{partition} points at {name!r}, not a {own} object")
+    sequence = document.get("sequence")
+    if isinstance(sequence, bool) or not isinstance(sequence, int | None):
+        raise CorruptSnapshotError(f"snap.{partition} pointer's sequence {sequence!r}")
+    return name, sequence
 
 
 async def replay(

@@ -10,32 +10,28 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from tesla_gateway.contract.geometry import WindowGeometry
-from tesla_gateway.windows.state import (
-    WAITING_ARRAYS,
-    WindowState,
-    waiting_as_arrays,
-    waiting_from_arrays,
-)
+from tesla_gateway.windows.snapshots import CorruptSnapshotError, state_arrays, window_state
+from tesla_gateway.windows.state import STATE_ARRAYS, WindowState, waiting_as_arrays
 
-__all__ = ["PartitionSnapshot", "decode", "encode", "merge", "remove", "subset"]
+__all__ = [
+    "CorruptSnapshotError",
+    "PartitionSnapshot",
+    "decode",
+    "encode",
+    "merge",
+    "remove",
+    "sequence_of",
+    "subset",
+]
 
-_ARRAYS = (
-    "ring",
-    "last_closed",
-    "first_period",
-    "last_obs_period",
-    "last_obs_value",
-    "open_period",
-    "open_sum",
-    "open_count",
-    "pending_period",
-)
 FORMAT = 1
 
 
@@ -68,7 +64,7 @@ def merge(base: WindowState, extra: WindowState) -> WindowState:
         sensor_ids=[*kept.sensor_ids, *extra.sensor_ids],
         **{
             name: np.concatenate([getattr(kept, name), getattr(extra, name)])
-            for name in _ARRAYS
+            for name in STATE_ARRAYS
             if name != "pending_period"
         },
         open_seen=[*kept.open_seen, *extra.open_seen],
@@ -84,7 +80,7 @@ def _rows(state: WindowState, rows: list[int]) -> WindowState:
     return WindowState(
         geometry=state.geometry,
         sensor_ids=sensor_ids,
-        **{name: np.asarray(getattr(state, name))[index].copy() for name in _ARRAYS},
+        **{name: np.asarray(getattr(state, name))[index].copy() for name in STATE_ARRAYS},
         open_seen=[list(state.open_seen[row]) for row in rows] if state.open_seen else [],
         waiting=[item for item in state.waiting if item.sensor_id in chosen],
     )
@@ -106,7 +102,7 @@ def encode(snapshot: PartitionSnapshot) -> bytes:
             "channels": list(geometry.channels),
             "open_seen": state.open_seen,
         }
-        for name in _ARRAYS:
+        for name in STATE_ARRAYS:
             arrays[f"s{index}_{name}"] = np.asarray(getattr(state, name))
         for name, array in waiting.items():
             arrays[f"s{index}_{name}"] = array
@@ -117,36 +113,97 @@ def encode(snapshot: PartitionSnapshot) -> bytes:
     return buffer.getvalue()
 
 
-def decode(blob: bytes, geometries: Mapping[str, WindowGeometry]) -> PartitionSnapshot:
-    """A snapshot's states for the slots whose geometry still matches ``geometries``; raises
-    ValueError (or KeyError) on bytes that are not a snapshot of this format."""
-    with np.load(io.BytesIO(blob), allow_pickle=False) as archive:
-        meta = json.loads(archive["meta"].tobytes())
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"snapshot format {meta.get('format')!r}, expected {FORMAT}")
+def decode(
+    blob: bytes, geometries: Mapping[str, WindowGeometry], *, max_bytes: int
+) -> PartitionSnapshot:
+    """A snapshot's states for the slots whose geometry still matches ``geometries``.
+
+    Total, like the snapshot files' reading (:mod:`tesla_gateway.windows.snapshots`, whose
+    checks it shares): bytes no gateway wrote raise :class:`CorruptSnapshotError` whatever is
+    wrong with them, and an archive declaring more than ``max_bytes`` is refused before any of
+    it is inflated.
+    """
+    try:
+        return _decode(blob, geometries, max_bytes)
+    except CorruptSnapshotError:
+        raise
+    # zipfile, numpy's .npy reader and json raise whatever the damaged bytes make them meet
+    # (EOFError, BadZipFile, RecursionError, ... tests/cluster/test_snapshot_attacks.py): each
+    # is one undecodable snapshot, named by its type.
+    except Exception as exc:
+        raise CorruptSnapshotError(
+            f"undecodable partition snapshot: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def sequence_of(blob: bytes, *, max_bytes: int) -> int:
+    """The stream sequence a snapshot covers, reading only its meta."""
+    try:
+        with _archive(blob, max_bytes) as archive:
+            return _sequence(_meta(archive))
+    except CorruptSnapshotError:
+        raise
+    except Exception as exc:  # as in decode
+        raise CorruptSnapshotError(
+            f"undecodable partition snapshot: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _archive(blob: bytes, max_bytes: int) -> np.lib.npyio.NpzFile:
+    """The archive, once its size and the sizes its members declare are within bounds (the
+    zip reader inflates no member past its declared size)."""
+    if len(blob) > max_bytes:
+        raise CorruptSnapshotError(f"snapshot of {len(blob)} bytes, over the {max_bytes} limit")
+    with zipfile.ZipFile(io.BytesIO(blob)) as members:
+        declared = sum(info.file_size for info in members.infolist())
+    if declared > max_bytes:
+        raise CorruptSnapshotError(
+            f"snapshot declares {declared} bytes inflated, over the {max_bytes} limit"
+        )
+    npz: np.lib.npyio.NpzFile = np.load(io.BytesIO(blob), allow_pickle=False)
+    return npz
+
+
+def _meta(archive: np.lib.npyio.NpzFile) -> dict[str, Any]:
+    raw = archive["meta"]
+    if raw.dtype != np.uint8 or raw.ndim != 1:
+        raise CorruptSnapshotError(f"snapshot meta has dtype {raw.dtype}, shape {raw.shape}")
+    meta = json.loads(raw.tobytes())
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CorruptSnapshotError(f"not a partition snapshot of format {FORMAT}")
+    if not isinstance(meta.get("slots"), dict):
+        raise CorruptSnapshotError("snapshot slots must be an object")
+    return meta
+
+
+def _sequence(meta: Mapping[str, Any]) -> int:
+    sequence = meta.get("sequence")
+    if isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 0:
+        raise CorruptSnapshotError(f"snapshot sequence {sequence!r} is not a stream sequence")
+    return sequence
+
+
+def _decode(
+    blob: bytes, geometries: Mapping[str, WindowGeometry], max_bytes: int
+) -> PartitionSnapshot:
+    with _archive(blob, max_bytes) as archive:
+        meta = _meta(archive)
+        sequence = _sequence(meta)
         states: dict[str, WindowState] = {}
         for slot, info in meta["slots"].items():
+            if not isinstance(info, dict):
+                raise CorruptSnapshotError(f"snapshot slot {slot!r} is not an object")
             geometry = geometries.get(slot)
             if geometry is None or (
-                geometry.window_length != info["window_length"]
-                or geometry.period_seconds != info["period_seconds"]
-                or list(geometry.channels) != info["channels"]
+                geometry.window_length != info.get("window_length")
+                or geometry.period_seconds != info.get("period_seconds")
+                or list(geometry.channels) != info.get("channels")
             ):
                 continue  # a model that changed since: its windows start anew
-            index = info["index"]
-            state = WindowState(
-                geometry=geometry,
-                sensor_ids=[str(sensor_id) for sensor_id in info["sensor_ids"]],
-                **{name: archive[f"s{index}_{name}"] for name in _ARRAYS},
-                open_seen=[[float(t) for t in row] for row in info["open_seen"]],
-                waiting=waiting_from_arrays(
-                    [str(sensor_id) for sensor_id in info.get("waiting_sensor_ids", [])],
-                    {name: archive[f"s{index}_{name}"] for name in WAITING_ARRAYS},
-                    geometry,
-                )
-                if info.get("waiting_sensor_ids")
-                else [],
-            )
+            index = info.get("index")
+            if isinstance(index, bool) or not isinstance(index, int):
+                raise CorruptSnapshotError(f"snapshot slot {slot!r} has index {index!r}")
+            state = window_state(info, state_arrays(archive, f"s{index}_"), geometry)
             state.check_shapes()
             states[slot] = state
-    return PartitionSnapshot(sequence=int(meta["sequence"]), states=states)
+    return PartitionSnapshot(sequence=sequence, states=states)

@@ -25,9 +25,12 @@ from tesla_gateway.errors import ConfigError
 from tesla_gateway.sources.mqtt_source import MqttSourceConfig
 from tesla_gateway.sources.payloads import decode_payload
 from tesla_gateway.windows.ring import ModelWindows
+from tesla_gateway.windows.snapshots import CorruptSnapshotError
 from tesla_gateway.windows.state import WindowState
 
 pytest.importorskip("nats")
+
+_MAX = 1 << 20  # bytes a snapshot may take
 
 
 def _converge(members: list[str], holders: dict[int, str | None], partitions: int) -> None:
@@ -109,7 +112,7 @@ def test_a_partitions_windows_survive_bytes_and_merge() -> None:
     state = original.export_state()
     part = window_parts.subset(state, {"a", "c"})
     blob = window_parts.encode(window_parts.PartitionSnapshot(41, {"pm10": part}))
-    back = window_parts.decode(blob, {"pm10": original.geometry})
+    back = window_parts.decode(blob, {"pm10": original.geometry}, max_bytes=_MAX)
     assert back.sequence == 41
     assert _rows(back.states["pm10"]) == _rows(part)
 
@@ -136,7 +139,7 @@ def test_a_backlog_waiting_for_a_tick_moves_with_its_partition() -> None:
     blob = window_parts.encode(
         window_parts.PartitionSnapshot(7, {"pm10": window_parts.subset(state, {"a", "c"})})
     )
-    part = window_parts.decode(blob, {"pm10": original.geometry}).states["pm10"]
+    part = window_parts.decode(blob, {"pm10": original.geometry}, max_bytes=_MAX).states["pm10"]
     assert sorted({item.sensor_id for item in part.waiting}) == ["a", "c"]
     merged = ModelWindows.from_state(
         window_parts.merge(window_parts.remove(state, {"a", "c"}), part)
@@ -152,9 +155,9 @@ def test_a_snapshot_of_another_geometry_is_left_out() -> None:
     original = _windows()
     blob = window_parts.encode(window_parts.PartitionSnapshot(1, {"pm10": original.export_state()}))
     longer = WindowGeometry(8, 60, ("pm10",), GapPolicy(max_interpolated_periods=2))
-    assert window_parts.decode(blob, {"pm10": longer}).states == {}
-    with pytest.raises(ValueError, match=r"zip|format|pickle"):
-        window_parts.decode(b"PK not a snapshot", {"pm10": original.geometry})
+    assert window_parts.decode(blob, {"pm10": longer}, max_bytes=_MAX).states == {}
+    with pytest.raises(CorruptSnapshotError, match=r"zip|format|pickle"):
+        window_parts.decode(b"PK not a snapshot", {"pm10": original.geometry}, max_bytes=_MAX)
 
 
 def test_own_reading_goes_out_as_a_nodes_json() -> None:

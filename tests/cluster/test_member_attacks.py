@@ -1,0 +1,253 @@
+"""Cluster members against a real nats-server, under the breaks an attacker found (issue 29).
+
+Before: a corrupt ``snap.<p>`` stopped every gateway taking the partition, restart after
+restart; gateways of different partition counts ran side by side leaving partitions unowned; a
+gateway resumed past its pin TTL wrote its older snapshot over the new owner's; a second gateway
+with a live gateway's id joined and sat idle, saying nothing. The windows' owner here is a real
+:class:`WindowStore` behind the few methods the daemon's ticker lends the member (no models).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pytest
+from nats.js.errors import KeyNotFoundError
+
+from devkit.nats_servers import NatsServer
+from tesla_gateway.cluster import window_parts
+from tesla_gateway.cluster.config import ClusterConfig
+from tesla_gateway.cluster.engine import Engine, connect
+from tesla_gateway.cluster.errors import DuplicateGatewayError, PartitionsMismatchError
+from tesla_gateway.cluster.member import ClusterMember
+from tesla_gateway.cluster.warm import SnapshotStore
+from tesla_gateway.contract.geometry import WindowGeometry
+from tesla_gateway.contract.readings import Reading
+from tesla_gateway.contract.series import GapPolicy
+from tesla_gateway.ingest.rejects import RejectCounter
+from tesla_gateway.windows.ring import ModelWindows
+from tesla_gateway.windows.state import WindowState
+from tesla_gateway.windows.store import WindowStore
+
+_GEOMETRY = WindowGeometry(4, 60, ("pm10",), GapPolicy(max_interpolated_periods=2))
+_WAIT_S = 30.0  # an upper bound on slow CI, never a timing assertion
+
+
+class _Owner:
+    """The part of the daemon's ticker a member works with, over a real window store."""
+
+    def __init__(self) -> None:
+        self.store = WindowStore()
+        self.store.ensure("pm10", _GEOMETRY)
+
+    def snapshot(self) -> list[tuple[str, WindowState]]:
+        return [(slot, windows.export_state()) for slot, windows in self.store.items()]
+
+    def install(self, slot: str, windows: ModelWindows) -> None:
+        self.store.install(slot, windows)
+
+    def remove_sensors(self, sensor_ids: Iterable[str]) -> int:
+        return self.store.remove_sensors(sensor_ids)
+
+    def last_seen(self) -> dict[str, float]:
+        return self.store.last_seen()
+
+
+def _config(url: str, **overrides: Any) -> ClusterConfig:
+    settings: dict[str, Any] = {
+        "servers": [url],
+        "partitions": 1,
+        "replicas": 1,
+        "pin_ttl_s": 1.0,
+        "snapshot_interval_s": 3600.0,  # snapshots only when a test says
+    }
+    return ClusterConfig(**(settings | overrides))
+
+
+def _member(config: ClusterConfig, gateway_id: str = "g0") -> ClusterMember:
+    owner = _Owner()
+
+    def ingest(reading: Reading) -> None:
+        owner.store.add(reading, arrival=time.time())
+
+    return ClusterMember(
+        config,
+        gateway_id=gateway_id,
+        ticker=owner,
+        tick_lock=asyncio.Lock(),
+        ingest=ingest,
+        on_dropped=lambda sensors: None,
+        rejects=RejectCounter(),
+    )
+
+
+async def _until(task: asyncio.Task[None], condition: Any, what: str) -> None:
+    """Wait for ``condition()``; the member's task ending first is the failure it raised."""
+    deadline = time.monotonic() + _WAIT_S
+    while not condition():
+        if task.done():
+            task.result()
+            raise AssertionError(f"the member stopped before {what}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+def _snapshot(sequence: int, sensors: int = 1) -> bytes:
+    windows = ModelWindows(_GEOMETRY)
+    for minute in range(6):
+        for index in range(sensors):
+            reading = Reading(f"s{index}", 6000.0 + minute * 60 + 5, {"pm10": float(minute)})
+            windows.add(reading, arrival=0.0)
+    state = windows.export_state()
+    return window_parts.encode(window_parts.PartitionSnapshot(sequence, {"pm10": state}))
+
+
+def _truncated_npz() -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, meta=np.zeros(4096, dtype=np.uint8))
+    return buffer.getvalue()[:2000]
+
+
+async def _plant(engine: Engine, kind: str) -> None:
+    """A corrupt snapshot of partition 0, as ``kind`` says."""
+    if kind == "empty-value":
+        await engine.kv.put("snap.0", b"")
+    elif kind == "object-truncated":
+        await engine.objects.put("part-0-g9", _truncated_npz())
+        await engine.kv.put("snap.0", json.dumps({"object": "part-0-g9"}).encode())
+    elif kind == "pointer-nested":
+        await engine.kv.put("snap.0", b"{" + b"[" * 100_000)
+    elif kind == "pointer-elsewhere":
+        await engine.objects.put("part-5-g9", _snapshot(3))
+        await engine.kv.put("snap.0", json.dumps({"object": "part-5-g9"}).encode())
+    elif kind == "object-too-large":
+        await engine.objects.put("part-0-g9", _snapshot(3, sensors=400))
+        await engine.kv.put("snap.0", json.dumps({"object": "part-0-g9"}).encode())
+    else:
+        raise AssertionError(kind)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["empty-value", "object-truncated", "pointer-nested", "pointer-elsewhere", "object-too-large"],
+)
+def test_a_corrupt_snapshot_starts_its_partition_cold_and_is_deleted(
+    nats_server: NatsServer, kind: str
+) -> None:
+    config = _config(nats_server.url, max_snapshot_bytes=64 * 1024)
+
+    async def run() -> None:
+        engine = await connect(config, "attacker")
+        try:
+            await _plant(engine, kind)
+            # Taken cold, the value deleted; then, restarted, warm from the snapshot the
+            # first run handed back when it stopped.
+            for attempt, (cold, warm, corrupt) in enumerate([(1, 0, 1), (0, 1, 0)]):
+                member = _member(config)
+                task = asyncio.create_task(member.run())
+                await _until(
+                    task,
+                    lambda m=member: m.stats()["partitions"].get("0", {}).get("ready"),
+                    f"partition 0 taken (run {attempt})",
+                )
+                stats = member.stats()
+                assert (stats["cold_takeovers"], stats["warm_takeovers"]) == (cold, warm)
+                assert stats["corrupt_snapshots"] == corrupt
+                if corrupt:
+                    with pytest.raises(KeyNotFoundError):
+                        await engine.kv.get("snap.0")
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+        finally:
+            await engine.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("kv_limit", [1024, 1 << 20], ids=["object-store", "kv-value"])
+def test_a_snapshot_never_replaces_one_covering_a_later_sequence(
+    nats_server: NatsServer, kv_limit: int
+) -> None:
+    """The SIGSTOP break: the old owner resumes and saves its older windows (sequence 213)
+    after the new owner saved at 405; before, 405 was lost to 213."""
+    config = _config(nats_server.url, max_kv_value_bytes=kv_limit)
+
+    async def stored(engine: Engine) -> int:
+        blob = await SnapshotStore(engine, "reader").load(0)
+        assert blob is not None
+        decoded = window_parts.decode(blob, {"pm10": _GEOMETRY}, max_bytes=1 << 20)
+        return decoded.sequence
+
+    async def run() -> None:
+        engine = await connect(config, "stores")
+        try:
+            old, new = SnapshotStore(engine, "g-old"), SnapshotStore(engine, "g-new")
+            assert await old.load(0) is None
+            assert await old.save(0, _snapshot(200), 200)
+            assert await old.save(0, _snapshot(213), 213)  # then it is paused
+            assert await new.load(0) is not None  # the new owner takes over from 213
+            assert await new.save(0, _snapshot(405), 405)
+            assert not await old.save(0, _snapshot(300), 300)  # resumed: refused
+            assert await stored(engine) == 405
+            assert await new.save(0, _snapshot(406), 406)  # the owner is not disturbed
+            assert await stored(engine) == 406
+
+            # Resumed before the new owner's first save: the old one's windows are still
+            # newer than what the new one loaded, and the new owner's later save wins.
+            await new.load(0)
+            assert await old.save(0, _snapshot(500), 500)
+            assert await new.save(0, _snapshot(610), 610)
+            assert await stored(engine) == 610
+        finally:
+            await engine.close()
+
+    asyncio.run(run())
+
+
+def test_gateways_with_different_partition_counts_are_refused(nats_server: NatsServer) -> None:
+    async def run() -> None:
+        first = await connect(_config(nats_server.url, partitions=4), "first")
+        await first.close()
+        with pytest.raises(PartitionsMismatchError, match=r"has 4 partitions.*partitions = 6"):
+            await connect(_config(nats_server.url, partitions=6), "second")
+        again = await connect(_config(nats_server.url, partitions=4), "same")  # still fine
+        await again.close()
+
+    asyncio.run(run())
+
+
+def test_a_second_gateway_with_a_live_gateways_id_is_refused(nats_server: NatsServer) -> None:
+    config = _config(nats_server.url)
+
+    async def run() -> None:
+        first = _member(config, "twin")
+        task = asyncio.create_task(first.run())
+        await _until(task, lambda: first.stats()["partitions"], "the first gateway's partition")
+        with pytest.raises(DuplicateGatewayError, match=r"'twin' is alive"):
+            await _member(config, "twin").run()
+        assert not task.done()  # the first one is untouched
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+        # A key its own crashed run left (not renewed) is no twin: the restart joins.
+        engine = await connect(config, "crashed")
+        await engine.js.publish(
+            f"$KV.{config.bucket}.member.twin", b"twin", msg_ttl=config.pin_ttl_s
+        )
+        await engine.close()
+        restarted = _member(config, "twin")
+        task = asyncio.create_task(restarted.run())
+        await _until(task, lambda: restarted.stats()["partitions"], "the restart's partition")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
