@@ -1,4 +1,5 @@
-"""The gateway.toml of a gateway in cluster mode, for the cluster demo and the bench.
+"""The gateway.toml of a gateway in cluster mode, for the cluster demo, the bench and the
+cluster tests (tests/cluster/harness.py).
 
 No ``[[sources]]``: in cluster mode a gateway takes its readings from its partitions of the
 readings stream. Calibrated values go to MQTT through a nats-server's MQTT listener (3.1.1).
@@ -30,6 +31,8 @@ class ClusterGatewayConfig:
     grace_s: float = 5.0
     settle_s: float = 0.1
     status_interval_s: float = 0.5
+    max_kv_value_bytes: int = 512 * 1024  # the product's default; smaller: the object store
+    extra: str = ""  # TOML appended as is: [[sources]] and sections of the caller's own
 
     @property
     def state_dir(self) -> Path:
@@ -85,6 +88,8 @@ def write_cluster_config(config: ClusterGatewayConfig) -> Path:
         f"replicas = {config.replicas}",
         f"pin_ttl_s = {config.pin_ttl_s}",
         f"snapshot_interval_s = {config.snapshot_interval_s}",
+        f"max_kv_value_bytes = {config.max_kv_value_bytes}",
+        config.extra,
     ]
     config.path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return config.path

@@ -18,6 +18,8 @@ from typing import Any
 import nats
 import nats.errors
 
+from devkit.cluster_demo.config import ClusterGatewayConfig, write_cluster_config
+from devkit.cluster_demo.streams import read_stream
 from devkit.daemon import GatewayDaemon
 
 PERIOD_S = 2
@@ -49,54 +51,22 @@ def write_config(
     sources: str = "",
     max_kv_value_bytes: int = 512 * 1024,
 ) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "gateway.toml"
-    path.write_text(
-        f"""
-gateway_id = "{gateway_id}"
-state_dir = "{directory / "state"}"
-
-[[models]]
-feature = "pm10"
-model_dir = "{model_dir}"
-
-[tick]
-grace_s = 60
-settle_s = 0.1
-
-[state]
-status_interval_s = 0.2
-save_interval_s = 600
-
-[sensors]
-allow_unknown = true
-
-[logging]
-format = "json"
-level = "info"
-
-[publisher]
-stats_interval_s = 5
-shutdown_flush_s = 2
-
-[publisher.broker]
-port = {mqtt_port}
-protocol = "3.1.1"
-reconnect_initial_s = 0.1
-reconnect_max_s = 1
-
-[cluster]
-servers = {json.dumps(list(servers))}
-partitions = {partitions}
-replicas = {replicas}
-pin_ttl_s = 5
-snapshot_interval_s = 2
-max_kv_value_bytes = {max_kv_value_bytes}
-{sources}
-""",
-        encoding="utf-8",
+    """The demo's gateway.toml, but periods close by event time only (a long grace)."""
+    return write_cluster_config(
+        ClusterGatewayConfig(
+            work_dir=directory,
+            gateway_id=gateway_id,
+            model_dirs=(model_dir,),
+            servers=servers,
+            mqtt_port=mqtt_port,
+            partitions=partitions,
+            replicas=replicas,
+            grace_s=60,
+            status_interval_s=0.2,
+            max_kv_value_bytes=max_kv_value_bytes,
+            extra=sources,
+        )
     )
-    return path
 
 
 class ClusterGateway(GatewayDaemon):
@@ -226,38 +196,12 @@ def expected_periods(sent: Sequence[tuple[str, float, float]]) -> set[str]:
 
 def stream_messages(servers: Sequence[str], stream: str) -> list[tuple[str, dict[str, Any], float]]:
     """Every message of a stream: (Nats-Msg-Id, JSON document, stored at Unix s)."""
-
-    async def run() -> list[tuple[str, dict[str, Any], float]]:
-        client = await nats.connect(servers=list(servers))
-        js = client.jetstream(timeout=10)
-        found: list[tuple[str, dict[str, Any], float]] = []
-        try:
-            info = await js.stream_info(stream)
-            if info.state.messages == 0:
-                return found
-            subscription = await js.pull_subscribe(">", stream=stream)
-            while len(found) < info.state.messages:
-                for message in await subscription.fetch(500, timeout=5):
-                    headers = message.headers or {}
-                    found.append(
-                        (
-                            headers.get("Nats-Msg-Id", ""),
-                            json.loads(message.data),
-                            message.metadata.timestamp.timestamp(),
-                        )
-                    )
-                    await message.ack()
-            await subscription.unsubscribe()
-        finally:
-            await client.close()
-        return found
-
     for _ in range(10):  # a server that just died may still be asked: ask again
         try:
-            return asyncio.run(run())
+            return [(m.msg_id, m.document, m.stored_at) for m in read_stream(servers, stream)]
         except (nats.errors.Error, TimeoutError):
             time.sleep(0.5)
-    return asyncio.run(run())
+    return [(m.msg_id, m.document, m.stored_at) for m in read_stream(servers, stream)]
 
 
 def wait_calibrated(servers: Sequence[str], expected: set[str], what: str) -> None:
@@ -286,22 +230,3 @@ def stream_leader(servers: Sequence[str], stream: str) -> str:
 
 def by_id(messages: Sequence[tuple[str, dict[str, Any], float]]) -> dict[str, dict[str, Any]]:
     return {msg_id: document for msg_id, document, _ in messages}
-
-
-def sensor_partitions(servers: Sequence[str], stream: str = "TESLA_READINGS") -> dict[str, int]:
-    """Which partition the server's transform put each sensor in (from stored subjects)."""
-
-    async def run() -> dict[str, int]:
-        client = await nats.connect(servers=list(servers))
-        js = client.jetstream(timeout=10)
-        found: dict[str, int] = {}
-        try:
-            info = await js.stream_info(stream, subjects_filter=">")
-            for subject in info.state.subjects or {}:
-                head, sensor = subject.rsplit(".", 1)
-                found[sensor] = int(head.rsplit(".", 1)[1])
-        finally:
-            await client.close()
-        return found
-
-    return asyncio.run(run())

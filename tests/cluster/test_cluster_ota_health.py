@@ -29,6 +29,7 @@ import pytest
 from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from devkit.cluster_demo.streams import sensor_partitions
 from devkit.nats_servers import NatsCluster
 from tesla_gateway.ota.install import install_release
 from tesla_gateway.ota.release import verify_release
@@ -42,7 +43,6 @@ from tests.cluster.harness import (
     Feeder,
     balanced,
     placement,
-    sensor_partitions,
     stream_messages,
     value_of,
     wait_for,

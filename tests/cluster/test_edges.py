@@ -14,6 +14,7 @@ import pytest
 from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from devkit.cluster_demo.streams import sensor_partitions
 from devkit.nats_servers import NatsServer
 from devkit.pty import PtySerial
 from tests.cluster.harness import (
@@ -22,7 +23,6 @@ from tests.cluster.harness import (
     ClusterGateway,
     balanced,
     expected_periods,
-    sensor_partitions,
     stream_messages,
     value_of,
     wait_calibrated,

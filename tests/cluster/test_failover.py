@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from devkit.cluster_demo.streams import sensor_partitions
 from devkit.nats_servers import NatsCluster, NatsServer
 from tests.cluster.harness import (
     PARTITIONS,
@@ -26,7 +27,6 @@ from tests.cluster.harness import (
     expected_periods,
     placement,
     replay_into,
-    sensor_partitions,
     stream_leader,
     stream_messages,
     wait_calibrated,
