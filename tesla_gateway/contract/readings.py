@@ -164,11 +164,13 @@ def validate_reading(
     max_age_s: float | None = None,
     seq: int | None = None,
     dropped: Sequence[ReadingRejectedError] = (),
+    stamped_at_gateway: bool | None = None,
 ) -> Reading:
     """Apply the acceptance rules shared by every source; raise :class:`ReadingRejectedError`
     (naming the sensor, so the reject log can say whose reading it was). A ``timestamp`` that
     is ``now`` itself is the source's stamp for a reading without a time of its own
-    (:attr:`Reading.stamped_at_gateway`).
+    (:attr:`Reading.stamped_at_gateway`), unless ``stamped_at_gateway`` says otherwise (a
+    source that stamps with an earlier arrival, as ESPHome's grouping does).
 
     A bad covariate (rh, temp_c) does not cost the reading: it is left out and its reject
     carried on :attr:`Reading.dropped`, with those the decoder found (``dropped``: a covariate
@@ -185,6 +187,9 @@ def validate_reading(
             max_age_s=max_age_s,
             seq=seq,
             dropped=list(dropped),
+            stamped_at_gateway=timestamp == now
+            if stamped_at_gateway is None
+            else stamped_at_gateway,
         )
     except ReadingRejectedError as exc:
         if exc.sensor_id is None and exc.reason is not RejectReason.BAD_SENSOR_ID:
@@ -203,6 +208,7 @@ def _validated(
     max_age_s: float | None,
     seq: int | None,
     dropped: list[ReadingRejectedError],
+    stamped_at_gateway: bool,
 ) -> Reading:
     if not SENSOR_ID_PATTERN.fullmatch(sensor_id):
         raise ReadingRejectedError(
@@ -256,7 +262,7 @@ def _validated(
         source=source,
         seq=seq,
         dropped=tuple(dropped),
-        stamped_at_gateway=timestamp == now,
+        stamped_at_gateway=stamped_at_gateway,
     )
 
 

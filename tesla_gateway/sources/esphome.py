@@ -21,7 +21,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field
@@ -192,12 +192,18 @@ class EsphomeGrouper:
                     f"node {node[:64]!r}: no PM value in a {self._group_s:.0f} s window "
                     f"(only {sorted(values)})",
                 )
-            reading = validated(
-                node, window.last_at, values, limits=self._limits, now=now, source=SOURCE_NAME
-            )
             # The time is the gateway's own (a value's receive time), so a step of the gateway's
             # clock moves it as it moves every reading stamped at arrival.
-            outcome[0].append(replace(reading, stamped_at_gateway=True))
+            reading = validated(
+                node,
+                window.last_at,
+                values,
+                limits=self._limits,
+                now=now,
+                source=SOURCE_NAME,
+                stamped_at_gateway=True,
+            )
+            outcome[0].append(reading)
         except ReadingRejectedError as exc:
             outcome[1].append(exc)
 

@@ -141,9 +141,11 @@ def validated(
     source: str,
     seq: int | None = None,
     dropped: Sequence[ReadingRejectedError] = (),
+    stamped_at_gateway: bool | None = None,
 ) -> Reading:
     """The one acceptance rule, with this source's prefix and time limits (``dropped``: the
-    covariates the decoder could not read, see :func:`covariate_number`)."""
+    covariates the decoder could not read, see :func:`covariate_number`;
+    ``stamped_at_gateway``: see :func:`validate_reading`)."""
     return validate_reading(
         f"{limits.sensor_id_prefix}{sensor_id}",
         timestamp,
@@ -154,6 +156,7 @@ def validated(
         max_age_s=limits.max_age_s,
         seq=seq,
         dropped=dropped,
+        stamped_at_gateway=stamped_at_gateway,
     )
 
 
