@@ -21,6 +21,7 @@ from tesla_gateway.contract.manifest import (
     HistoryIntervals,
     Manifest,
     PredictionIntervals,
+    UnitCoverage,
     load_manifest,
     verify_model_files,
     write_manifest,
@@ -46,8 +47,6 @@ from training.unit_folds import (
     train_folds,
     unit_predictions,
 )
-
-ACI_GAMMA = DriftConfig().interval_gamma  # the gateway's default step, for the replay
 
 __all__ = ["ACI_GAMMA", "IntervalReport", "calibrate_model_dir", "report_table"]
 
@@ -86,10 +85,9 @@ def _cut(unit: UnitPredictions, k: int) -> UnitResiduals:
 
 
 def _row(
-    unit: UnitResiduals, periods: int | None, before: PredictionIntervals | None, after: object
+    unit: UnitResiduals, periods: int | None, before: PredictionIntervals | None, new: UnitCoverage
 ) -> dict[str, Any]:
     old = None if before is None else unit_scores(before, unit)
-    new = after if isinstance(after, dict) else None
     return {
         "sensor": unit.sensor,
         "role": unit.role,
@@ -97,8 +95,8 @@ def _row(
         "n": len(unit.finite().predicted),
         "before_coverage": None if old is None else round(old.coverage, 4),
         "before_width": None if old is None else round(old.mean_width, 3),
-        "after_coverage": None if new is None else round(new["coverage"], 4),
-        "after_width": None if new is None else round(new["mean_width"], 3),
+        "after_coverage": round(new.coverage, 4),
+        "after_width": round(new.mean_width, 3),
     }
 
 
@@ -152,7 +150,7 @@ def calibrate_model_dir(
     held = [unit_scores(i, unit.finite()) for i, unit in zip(fitted, scored, strict=True)]
     intervals = intervals.model_copy(update={"unit_coverage": held})
     rows = [
-        _row(unit.finite(), None, manifest.intervals, score.model_dump())
+        _row(unit.finite(), None, manifest.intervals, score)
         for unit, score in zip(scored, held, strict=True)
     ]
     for row, unit, unit_intervals in zip(rows, scored, fitted, strict=True):
@@ -195,7 +193,7 @@ def _history_intervals(  # noqa: PLR0917 (one private step of calibrate_model_di
             quantile_levels=(),  # the whole-window intervals carry the table ACI reads
         )
         cut_test = _cut(test, k).finite()
-        rows.append(_row(cut_test, k, before[k], unit_scores(fitted, cut_test).model_dump()))
+        rows.append(_row(cut_test, k, before[k], unit_scores(fitted, cut_test)))
         out.append(HistoryIntervals(min_periods=k, intervals=fitted))
     return out
 
