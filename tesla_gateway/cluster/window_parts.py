@@ -58,17 +58,14 @@ def remove(state: WindowState, sensor_ids: Collection[str]) -> WindowState:
 def merge(base: WindowState, extra: WindowState) -> WindowState:
     """``base`` with ``extra``'s rows, which replace base's rows of the same sensors."""
     kept = remove(base, set(extra.sensor_ids))
-    pending = [kept.pending_period, extra.pending_period]
     return WindowState(
         geometry=base.geometry,
         sensor_ids=[*kept.sensor_ids, *extra.sensor_ids],
         **{
             name: np.concatenate([getattr(kept, name), getattr(extra, name)])
             for name in STATE_ARRAYS
-            if name != "pending_period"
         },
         open_seen=[*kept.open_seen, *extra.open_seen],
-        pending_period=np.concatenate(pending).astype(np.int64),
         waiting=[*kept.waiting, *extra.waiting],
     )
 
@@ -81,7 +78,7 @@ def _rows(state: WindowState, rows: list[int]) -> WindowState:
         geometry=state.geometry,
         sensor_ids=sensor_ids,
         **{name: np.asarray(getattr(state, name))[index].copy() for name in STATE_ARRAYS},
-        open_seen=[list(state.open_seen[row]) for row in rows] if state.open_seen else [],
+        open_seen=[list(state.open_seen[row]) for row in rows],
         waiting=[item for item in state.waiting if item.sensor_id in chosen],
     )
 
