@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import structlog
 
@@ -46,7 +47,6 @@ class SnapshotStore:
         self.max_bytes = config.max_snapshot_bytes
         self._me = gateway_id
         self._revisions: dict[int, int] = {}  # partition -> revision of snap.<p> we know
-        self.saved = 0
         self.saved_bytes = 0
         self.in_object_store = 0
         self.discarded = 0
@@ -80,7 +80,6 @@ class SnapshotStore:
             )
         if value is not blob:
             self.in_object_store += 1
-        self.saved += 1
         self.saved_bytes = len(blob)
         return True
 
@@ -186,24 +185,22 @@ async def replay(
 
     config = engine.subjects.config
     if after_sequence is not None:
-        consumer = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=after_sequence + 1,
-            ack_policy=AckPolicy.NONE,
-            inactive_threshold=30.0,
-            mem_storage=True,
-            num_replicas=1,
-        )
+        start: dict[str, Any] = {
+            "deliver_policy": DeliverPolicy.BY_START_SEQUENCE,
+            "opt_start_seq": after_sequence + 1,
+        }
     else:
-        start = datetime.datetime.fromtimestamp(since or 0.0, datetime.UTC)
-        consumer = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_TIME,
-            opt_start_time=start,
-            ack_policy=AckPolicy.NONE,
-            inactive_threshold=30.0,
-            mem_storage=True,
-            num_replicas=1,
-        )
+        start = {
+            "deliver_policy": DeliverPolicy.BY_START_TIME,
+            "opt_start_time": datetime.datetime.fromtimestamp(since or 0.0, datetime.UTC),
+        }
+    consumer = ConsumerConfig(
+        ack_policy=AckPolicy.NONE,
+        inactive_threshold=30.0,
+        mem_storage=True,
+        num_replicas=1,
+        **start,
+    )
     subscription = await engine.js.pull_subscribe(
         engine.subjects.partition_filter(partition),
         stream=config.readings_stream,
