@@ -116,8 +116,14 @@ def encode_line(line_type: str, fields: Sequence[str]) -> bytes:
     if len(line_type) != 1 or not "A" <= line_type <= "Z":
         raise LineProtocolError(f"line type must be one upper-case letter, got {line_type!r}")
     for value in fields:
-        raw = value.encode()  # (outside ASCII: refused by isascii, not as a '?' it became)
-        if not value.isascii() or not _FIELD.fullmatch(raw) or b"," in raw or b"*" in raw:
+        # ASCII first: outside it a field is refused, never encoded (a lone surrogate of a
+        # file name cannot be) nor read as the '?' it would become
+        if (
+            not value.isascii()
+            or not _FIELD.fullmatch(value.encode("ascii"))
+            or "," in value
+            or "*" in value
+        ):
             raise LineProtocolError(
                 f"field {value!r} must be printable ASCII without space, ',' or '*'"
             )
