@@ -251,3 +251,35 @@ def test_a_second_gateway_with_a_live_gateways_id_is_refused(nats_server: NatsSe
             await task
 
     asyncio.run(run())
+
+
+def test_an_owner_finding_a_later_snapshot_gives_its_partition_up(
+    nats_server: NatsServer,
+) -> None:
+    """The member's side of the rule: its snapshot round meets a snapshot of a later sequence
+    (another gateway owned the partition while this one was frozen): it drops the partition
+    instead of writing, and takes it again from that snapshot."""
+    config = _config(nats_server.url, snapshot_interval_s=0.2)
+
+    async def run() -> None:
+        engine = await connect(config, "newer-owner")
+        member = _member(config, "frozen")
+        task = asyncio.create_task(member.run())
+        try:
+            await _until(task, lambda: member.stats()["snapshots"] >= 1, "a first snapshot")
+            newer = SnapshotStore(engine, "newer")
+            await newer.load(0)
+            assert await newer.save(0, _snapshot(10**6), 10**6)
+            await _until(task, lambda: member.stats()["lost"] >= 1, "the partition given up")
+            blob = await SnapshotStore(engine, "reader").load(0)
+            assert blob is not None
+            assert window_parts.sequence_of(blob, max_bytes=1 << 20) == 10**6
+            await _until(task, lambda: member.stats()["warm_takeovers"] >= 1, "taken again")
+            assert member.stats()["partitions"]["0"]["covered"] == 10**6
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await engine.close()
+
+    asyncio.run(run())
