@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from training.export import ExportTargets
+from training.history import YOUNG_SENSOR_FRACTION
 from training.history_report import HistoryTarget
 from training.models import TeslaConfig
 from training.train import TrainConfig
@@ -81,7 +82,7 @@ DEFAULT_MODELS = (
             epochs=20,
             batch_size=32,
             learning_rate=3e-4,
-            partial_history_fraction=0.5,
+            partial_history_fraction=YOUNG_SENSOR_FRACTION,
             partial_history_epochs=6,
             partial_history_learning_rate=3e-5,
         ),
@@ -97,7 +98,7 @@ DEFAULT_MODELS = (
             epochs=20,
             batch_size=32,
             learning_rate=3e-4,
-            partial_history_fraction=0.5,
+            partial_history_fraction=YOUNG_SENSOR_FRACTION,
             partial_history_epochs=6,
             partial_history_learning_rate=3e-5,
             # Antwerp's validation sensor pays for short histories on whole windows (+8 %
@@ -119,7 +120,7 @@ DEFAULT_MODELS = (
             epochs=20,
             batch_size=32,
             learning_rate=3e-4,
-            partial_history_fraction=0.5,
+            partial_history_fraction=YOUNG_SENSOR_FRACTION,
         ),
         targets="both-if-possible",
         history_targets=_COVARIATES_1MIN,

@@ -31,6 +31,7 @@ from tesla_gateway.errors import ManifestError
 from training.errors import TrainingError
 from training.export import FLOAT_TOLERANCE, litert_predict
 from training.harm import compare_on
+from training.history import YOUNG_SENSOR_FRACTION
 from training.metrics import LinearCalibration, error_metrics
 from training.models import TeslaConfig
 from training.train import (
@@ -62,9 +63,6 @@ FINE_TUNED_DIR = "fine-tuned"
 KERAS_FILENAME = "model.keras"
 PROBE_WINDOWS = 32
 Array = npt.NDArray[np.float32]
-# The defaults calibrate from a sensor's first period because half of their training windows
-# were truncated (training/history.py); fine-tuning keeps at least that mix so it stays so.
-PARTIAL_HISTORY_FRACTION = 0.5
 
 
 class InitFromError(TrainingError):
@@ -247,9 +245,8 @@ def fine_tune_run(
         update={
             "model": _tesla_config(manifest),
             "learning_rate": learning_rate,
-            "partial_history_fraction": max(
-                config.partial_history_fraction, PARTIAL_HISTORY_FRACTION
-            ),
+            # at least the defaults' mix, so the fine-tuned model still calibrates from one period
+            "partial_history_fraction": max(config.partial_history_fraction, YOUNG_SENSOR_FRACTION),
             "partial_history_epochs": 0,
         }
     )

@@ -27,7 +27,7 @@ from training.conformal import DEFAULT_LEVEL, fit_intervals
 from training.data import WindowSet
 from training.errors import DataError, RetrainError
 from training.harm import compare_on
-from training.history import history_fields
+from training.history import YOUNG_SENSOR_FRACTION, history_fields
 from training.metrics import LinearCalibration, error_metrics
 from training.model_dir import training_hyperparameters
 from training.models import ModelConfig, build_model
@@ -52,8 +52,6 @@ __all__ = [
 
 
 RUN_MATCH_TOLERANCE = 1e-3  # champion run vs champion FlatBuffer, relative to the output scale
-# The share of truncated windows the committed defaults were trained with (training/defaults.py).
-YOUNG_SENSOR_FRACTION = 0.5
 
 
 _TRAINING_KEYS = frozenset(
