@@ -10,7 +10,6 @@ Chosen with ``client: plain`` in the broker config, or by itself when
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 from paho.mqtt import client as paho
@@ -32,10 +31,7 @@ class PlainClient(paho.Client):
         paho closes them in its finaliser. Left to the garbage collector, a client in a
         reference cycle may have its sockets finalised first ('unclosed socket' warnings) and
         holds two descriptors per dead client until a collection runs. Running paho's own
-        finaliser now closes them without naming paho's private attributes.
+        finaliser now closes them without naming paho's private attributes, in paho's order:
+        the loop's socket callbacks (``loop_io``) are told before the descriptor is closed.
         """
-        sock = self.socket()
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.close()
         paho.Client.__del__(self)
