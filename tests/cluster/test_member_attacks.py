@@ -87,6 +87,10 @@ def _member(config: ClusterConfig, gateway_id: str = "g0") -> ClusterMember:
     )
 
 
+def _stats(member: ClusterMember) -> dict[str, Any]:
+    return member.stats()
+
+
 async def _until(task: asyncio.Task[None], condition: Any, what: str) -> None:
     """Wait for ``condition()``; the member's task ending first is the failure it raised."""
     deadline = time.monotonic() + _WAIT_S
@@ -266,16 +270,16 @@ def test_an_owner_finding_a_later_snapshot_gives_its_partition_up(
         member = _member(config, "frozen")
         task = asyncio.create_task(member.run())
         try:
-            await _until(task, lambda: member.stats()["snapshots"] >= 1, "a first snapshot")
+            await _until(task, lambda: _stats(member)["snapshots"] >= 1, "a first snapshot")
             newer = SnapshotStore(engine, "newer")
             await newer.load(0)
             assert await newer.save(0, _snapshot(10**6), 10**6)
-            await _until(task, lambda: member.stats()["lost"] >= 1, "the partition given up")
+            await _until(task, lambda: _stats(member)["lost"] >= 1, "the partition given up")
             blob = await SnapshotStore(engine, "reader").load(0)
             assert blob is not None
             assert window_parts.sequence_of(blob, max_bytes=1 << 20) == 10**6
-            await _until(task, lambda: member.stats()["warm_takeovers"] >= 1, "taken again")
-            assert member.stats()["partitions"]["0"]["covered"] == 10**6
+            await _until(task, lambda: _stats(member)["warm_takeovers"] >= 1, "taken again")
+            assert _stats(member)["partitions"]["0"]["covered"] == 10**6
         finally:
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
