@@ -488,8 +488,8 @@ void test_window_edges() {
 }
 
 // Periods and values the emulated node's #A line (or a broken sensor) can hand the window:
-// periods at the ends of int64 (no signed overflow: a wrapped history made valid() loop for
-// billions of periods), INT64_MIN (the "never observed" mark) and non-finite values, which the
+// periods at the ends of int64 (no signed overflow: the old window's history wrapped to
+// 4,294,965,681 periods, the bound of valid()'s loop), INT64_MIN (the "never observed" mark) and non-finite values, which the
 // gateway drops at its edge (contract/readings.py) and the window ignores the same way.
 void test_window_hostile_input() {
   float storage[4];
@@ -497,7 +497,7 @@ void test_window_hostile_input() {
   far.add(-INT64_MAX + 5, 0, 1.0f);
   far.add(INT64_MAX - 5, 0, 2.0f);
   CHECK(far.history() == 4, "a period 2^64 later: history %u", unsigned(far.history()));
-  if (far.history() > 4) return;  // the old window would loop ~4e9 periods in valid()
+  if (far.history() > 4) return;  // a wrapped history is valid()'s loop bound: stop here
   float out[4];
   CHECK(!far.valid() && !far.copy(out), "the far period has no history before it");
   far.add(INT64_MAX, 0, 3.0f);

@@ -205,6 +205,37 @@ def test_young_node_calibrates_from_its_first_period_as_litert_does(
     assert difference.max() <= LITERT_TOLERANCE_UG_M3, (histories, on_node, litert)
 
 
+def test_hostile_window_lines_leave_the_emulated_node_answering() -> None:
+    """'#A' lines a broken harness could send to the covariate node: non-finite and missing values,
+    wrong field counts, periods at and beyond the ends of int64 (strtoll saturates there). The
+    node ignores what is no reading and keeps its window sane: a period 2^64 after the first
+    made the old window's history wrap in signed overflow ('#W,4294965681,-'), and a NaN PM
+    reading started the history of a window it then spoiled."""
+    elf = build("pm10-ispra-1min-rh-temp")
+
+    def own_window() -> list[str]:
+        node.send("#W")
+        return node.expect("#W,", timeout=20).split(",")[1:]
+
+    with emulated_node(elf) as node:
+        node.expect("H,")
+        far = -9_223_372_036_854_775_000  # the first period, near the bottom of int64
+        node.send(f"#A,{far},nan,50,20")  # PM not a number: no PM reading, so no history yet
+        assert own_window() == ["0", "-"]
+        node.send(f"#A,{far},12,inf,-inf")  # rh and temp_c not finite: their readings stand
+        young = own_window()
+        assert young[0] == "1" and young[1] != "-", young
+        node.send(f"#A,{far + 1},13,50")  # a channel short: the line is ignored
+        node.send(f"#A,{far + 1},13,50,20,7")  # a channel too many: ignored
+        node.send("#A")
+        assert own_window() == young
+        node.send(f"#A,{-far},1,50,20")  # about 2^64 periods on: a window of holes
+        assert own_window() == ["360", "-"]
+        node.send("#A,99999999999999999999999,1,50,20")  # saturates to INT64_MAX
+        node.send("#A,-99999999999999999999999,1,50,20")  # INT64_MIN: no period
+        assert own_window() == ["360", "-"]
+
+
 def test_dsp_fully_connected_gives_the_reference_kernels_outputs_bit_for_bit(
     model_elf: tuple[str, Path],
 ) -> None:
