@@ -10,6 +10,7 @@ an ephemeral consumer starting at the snapshot's sequence + 1, or, without a sna
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 from collections.abc import AsyncIterator
@@ -18,7 +19,7 @@ from typing import Any
 import structlog
 
 from tesla_gateway.cluster import window_parts
-from tesla_gateway.cluster.engine import WRONG_LAST_SEQUENCE, Engine
+from tesla_gateway.cluster.engine import WRONG_LAST_SEQUENCE, Engine, transient
 from tesla_gateway.cluster.errors import ClusterError
 from tesla_gateway.cluster.puller import StreamMessage
 from tesla_gateway.windows.snapshots import CorruptSnapshotError
@@ -47,6 +48,7 @@ class SnapshotStore:
         self.max_bytes = config.max_snapshot_bytes
         self._me = gateway_id
         self._revisions: dict[int, int] = {}  # partition -> revision of snap.<p> we know
+        self._objects: dict[int, str] = {}  # partition -> the object that revision points at
         self.saved_bytes = 0
         self.in_object_store = 0
         self.discarded = 0
@@ -54,16 +56,17 @@ class SnapshotStore:
     async def save(self, partition: int, blob: bytes, sequence: int) -> bool:
         """Store the partition's snapshot covering ``sequence``; False when the stored one
         covers a later sequence (another gateway owns the partition now)."""
-        value = blob
+        value, name = blob, None
         if len(blob) > self._limit:  # an object per writer: a refused save spoils no other's
             name = f"part-{partition}-{self._me}"
             await self._engine.objects.put(name, blob)
             value = json.dumps({"object": name, "sequence": sequence}).encode()
+        replaced = self._objects.get(partition)
         for _ in range(_CAS_ATTEMPTS):
             last = self._revisions.get(partition)
             if last is not None and await self._update(partition, value, last):
                 break
-            last, stored = await self._head(partition)
+            last, stored, replaced = await self._head(partition)
             if stored is not None and stored > sequence:
                 _log.warning(
                     "cluster_snapshot_superseded",
@@ -71,6 +74,9 @@ class SnapshotStore:
                     ours=sequence,
                     stored=stored,
                 )
+                if name is not None and name != replaced:  # ours, pointed at by nobody
+                    with contextlib.suppress(*transient()):
+                        await self._engine.objects.delete(name)
                 return False
             if await self._update(partition, value, last):
                 break
@@ -78,8 +84,14 @@ class SnapshotStore:
             raise ClusterError(
                 f"snap.{partition}: the key kept changing under {_CAS_ATTEMPTS} saves"
             )
-        if value is not blob:
+        if name is not None:
             self.in_object_store += 1
+            self._objects[partition] = name
+        else:
+            self._objects.pop(partition, None)
+        if replaced is not None and replaced != name:  # the previous writer's, or a spill
+            with contextlib.suppress(*transient()):  # left for the next save to delete
+                await self._engine.objects.delete(replaced)
         self.saved_bytes = len(blob)
         return True
 
@@ -95,23 +107,24 @@ class SnapshotStore:
             return False
         return True
 
-    async def _head(self, partition: int) -> tuple[int, int | None]:
-        """The key's revision now (0: never written) and the sequence its snapshot covers
-        (None: none, or undecodable, which any snapshot may replace)."""
+    async def _head(self, partition: int) -> tuple[int, int | None, str | None]:
+        """The key's revision now (0: never written), the sequence its snapshot covers (None:
+        none, or undecodable, which any snapshot may replace) and the object it points at."""
         from nats.js.errors import KeyNotFoundError
 
         try:
             entry = await self._engine.kv.get(f"snap.{partition}")
         except KeyNotFoundError as absent:  # never written, or deleted (a marker)
-            return (0 if absent.entry is None else int(absent.entry.revision or 0)), None
+            return (0 if absent.entry is None else int(absent.entry.revision or 0)), None, None
         revision = int(entry.revision or 0)
         value = entry.value or b""
         try:
             if value.startswith(b"{"):
-                return revision, _pointer(value, partition)[1]
-            return revision, window_parts.sequence_of(value, max_bytes=self.max_bytes)
+                name, sequence = _pointer(value, partition)
+                return revision, sequence, name
+            return revision, window_parts.sequence_of(value, max_bytes=self.max_bytes), None
         except CorruptSnapshotError:
-            return revision, None
+            return revision, None, None
 
     async def load(self, partition: int) -> bytes | None:
         """The stored snapshot's bytes (None: none); :class:`CorruptSnapshotError` when the key
@@ -119,6 +132,7 @@ class SnapshotStore:
         from nats.js.errors import KeyNotFoundError, NotFoundError
 
         self._revisions.pop(partition, None)
+        self._objects.pop(partition, None)
         try:
             entry = await self._engine.kv.get(f"snap.{partition}")
         except KeyNotFoundError:
@@ -128,6 +142,7 @@ class SnapshotStore:
         if not value.startswith(b"{"):
             return value
         name, _ = _pointer(value, partition)
+        self._objects[partition] = name
         try:
             info = await self._engine.objects.get_info(name)
             if int(info.size or 0) > self.max_bytes:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from nats.js.errors import KeyNotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from devkit.nats_servers import NatsServer
 from tesla_gateway.cluster import window_parts
@@ -118,6 +118,14 @@ def _truncated_npz() -> bytes:
     return buffer.getvalue()[:2000]
 
 
+async def _objects(engine: Engine) -> list[str]:
+    """The objects in the snapshot store (nats-py says NotFoundError for none)."""
+    try:
+        return sorted(info.name for info in await engine.objects.list(ignore_deletes=True))
+    except NotFoundError:
+        return []
+
+
 async def _plant(engine: Engine, kind: str) -> None:
     """A corrupt snapshot of partition 0, as ``kind`` says."""
     if kind == "empty-value":
@@ -182,6 +190,7 @@ def test_a_snapshot_never_replaces_one_covering_a_later_sequence(
     """The SIGSTOP break: the old owner resumes and saves its older windows (sequence 213)
     after the new owner saved at 405; before, 405 was lost to 213."""
     config = _config(nats_server.url, max_kv_value_bytes=kv_limit)
+    spilled = kv_limit < len(_snapshot(1))
 
     async def stored(engine: Engine) -> int:
         blob = await SnapshotStore(engine, "reader").load(0)
@@ -209,6 +218,10 @@ def test_a_snapshot_never_replaces_one_covering_a_later_sequence(
             assert await old.save(0, _snapshot(500), 500)
             assert await new.save(0, _snapshot(610), 610)
             assert await stored(engine) == 610
+
+            # Only the object snap.0 points at is left: each writer's replaced or refused
+            # ones are deleted (the store does not fill with every former owner's windows).
+            assert await _objects(engine) == (["part-0-g-new"] if spilled else [])
         finally:
             await engine.close()
 
