@@ -4,6 +4,7 @@ in the health document, the monitor's stats and Prometheus."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from types import MappingProxyType
 
@@ -190,3 +191,39 @@ def test_a_colocated_sensor_reports_its_coverage_in_health_stats_and_prometheus(
     assert samples[
         "tesla_gateway_interval_adapted_level", (("feature", "pm10"), ("sensor", "co"))
     ] == pytest.approx(figures["adapted_level"])
+
+
+def test_a_pair_without_a_finite_value_or_reference_changes_nothing() -> None:
+    """A NaN or infinite calibrated value or reference (a reference feed's gap) is no pair:
+    the adapted level and the rolling figures stay as they were."""
+    table = intervals()
+    state = AdaptiveInterval(0.9, gamma=0.05, window=10)
+    state.update(20.0, 40.0, table.interval(20.0), table)  # a miss: alpha_t moves
+    before = (state.alpha_t, state.figures())
+    for value, reference in (
+        (math.nan, 20.0),
+        (20.0, math.nan),
+        (math.inf, 20.0),
+        (20.0, -math.inf),
+    ):
+        state.update(value, reference, table.interval(20.0), table)
+    assert (state.alpha_t, state.figures()) == before
+    assert before[1].pairs == 1
+
+
+def test_a_unit_that_always_misses_gets_the_whole_line_and_finite_figures() -> None:
+    """ACI's alpha_t below 0 draws the whole line (it always covers): its infinite width is
+    left out of the mean width, and the figures stay JSON numbers."""
+    table = intervals()
+    state = AdaptiveInterval(0.9, gamma=0.5, window=20)
+    for _ in range(20):
+        state.update(20.0, 500.0, table.interval(20.0), table)
+    figures = state.figures()
+    assert state.alpha_t <= 0.0 and figures.adapted_level == 1.0
+    assert figures.coverage == 0.0 and 0.0 < figures.adapted_coverage < 1.0
+    assert all(
+        value is None or math.isfinite(value)
+        for value in figures.as_dict().values()
+        if isinstance(value, float)
+    )
+    assert math.isfinite(figures.adapted_mean_width)
