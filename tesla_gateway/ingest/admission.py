@@ -88,8 +88,7 @@ class SensorAdmission:
         on_evicted: Callable[[list[str]], None] | None = None,
     ) -> None:
         self._policy = policy
-        # The ids policy.allows() accepts, as a set (None: any), looked up once per reading.
-        self._known = None if policy.allow_unknown else frozenset(policy.known)
+        self._known = policy.admitted  # policy.allows() inlined: looked up per reading
         self._on_evicted = on_evicted  # e.g. the publisher removes their discovery configs
         self._store = store
         self._rejects = rejects

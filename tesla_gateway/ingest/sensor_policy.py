@@ -47,5 +47,12 @@ class SensorPolicy(BaseModel):
                 raise ValueError(f"{sensor_id!r} must match {SENSOR_ID_PATTERN.pattern}")
         return value
 
+    @property
+    def admitted(self) -> frozenset[str] | None:
+        """The sensor ids allowed (None: any valid id), as a set to look ids up in; admission
+        takes it once and inlines :meth:`allows` per reading."""
+        return None if self.allow_unknown else frozenset(self.known)
+
     def allows(self, sensor_id: str) -> bool:
-        return self.allow_unknown or sensor_id in self.known
+        admitted = self.admitted
+        return admitted is None or sensor_id in admitted
