@@ -63,6 +63,8 @@ def model_config(
     """The config the model was trained with (the run's, or a committed default's) and the
     seeds its training tried."""
     from tesla_gateway.contract.manifest import load_manifest
+
+    manifest = load_manifest(model_dir)  # a wrong --model is refused before TensorFlow loads
     from training.defaults import DEFAULT_MODELS
     from training.train import TrainConfig
 
@@ -72,7 +74,6 @@ def model_config(
         )
         seeds: tuple[int, ...] = (config.seed,)
     else:
-        manifest = load_manifest(model_dir)
         default = next((d for d in DEFAULT_MODELS if d.name == manifest.name), None)
         if default is None:
             raise DataError(
@@ -88,9 +89,10 @@ def model_config(
 
 def run(args: argparse.Namespace) -> int:
     from tesla_gateway.contract.manifest import load_manifest
-    from training.calibrate_intervals import calibrate_model_dir
 
     config, seeds = model_config(args.model, args.run, args.data)
+    from training.calibrate_intervals import calibrate_model_dir  # TensorFlow: to train the folds
+
     if args.seeds is not None:
         seeds = tuple(int(seed) for seed in args.seeds.split(","))
     name = load_manifest(args.model).name

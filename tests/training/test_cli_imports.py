@@ -17,3 +17,17 @@ def test_the_cli_module_loads_without_tensorflow() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
     )
     assert completed.stdout.strip() == ""
+
+
+def test_a_refused_calibrate_intervals_does_not_load_tensorflow() -> None:
+    """A wrong --model is answered at once: the folds' training stack loads only to train."""
+    probe = (
+        "import sys; from training.cli import main; "
+        "code = main(['calibrate-intervals', '--model', '/nonexistent/model']); "
+        "print(code, 'tensorflow' in sys.modules)"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert completed.stdout.split() == ["2", "False"]
+    assert "/nonexistent/model/manifest.json does not exist" in completed.stderr
