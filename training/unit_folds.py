@@ -83,10 +83,15 @@ def fold_groups(train_sensors: Sequence[str], folds: int) -> list[tuple[str, ...
 
 
 def _finished(run_dir: Path, config: TrainConfig) -> bool:
-    config_path = run_dir / "config.json"
-    if not (run_dir / "metrics.json").is_file() or not config_path.is_file():
+    """A whole run of this config: a run cut short (killed mid-write, a full disk, an older
+    config schema) is not, and is trained again over it rather than stopping every rerun."""
+    try:
+        recorded = TrainConfig.model_validate_json(
+            (run_dir / "config.json").read_text(encoding="utf-8")
+        )
+        _validation_rmse(run_dir)
+    except (OSError, ValueError, KeyError, TypeError):  # ValidationError is a ValueError
         return False
-    recorded = TrainConfig.model_validate_json(config_path.read_text(encoding="utf-8"))
     return recorded == config
 
 
@@ -155,11 +160,11 @@ def _train_once(run_dir: Path, config: TrainConfig, verbose: int | str) -> bool:
 
 def _diverged(run_dir: Path, config: TrainConfig) -> bool:
     """True when this config already diverged here (a rerun does not train it again)."""
-    marker = run_dir / DIVERGED_FILE
-    if not marker.is_file():
+    try:
+        recorded = json.loads((run_dir / DIVERGED_FILE).read_text(encoding="utf-8"))["config"]
+        return TrainConfig.model_validate(recorded) == config
+    except (OSError, ValueError, KeyError, TypeError):  # none, or cut short: train it again
         return False
-    recorded = json.loads(marker.read_text(encoding="utf-8"))["config"]
-    return TrainConfig.model_validate(recorded) == config
 
 
 def _record_divergence(run_dir: Path, config: TrainConfig, exc: DivergedTrainingError) -> None:

@@ -192,3 +192,35 @@ def test_a_manifest_with_absurd_intervals_is_refused(case: str, tmp_path: Path) 
     (tmp_path / "manifest.json").write_text(json.dumps(manifest).replace("Infinity", "1e400"))
     with pytest.raises(ManifestError, match=r"intervals"):
         load_manifest(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("damage", "reused"),
+    [
+        ({}, True),
+        ({"metrics.json": '{"validation": {"rm'}, False),  # killed while writing the scores
+        ({"config.json": "{"}, False),
+        ({"config.json": '{"no_such_field": 1}'}, False),  # another version's config
+        ({"metrics.json": "[]"}, False),
+    ],
+)
+def test_a_fold_run_cut_short_is_trained_again_not_reused(
+    damage: dict[str, str], reused: bool, tmp_path: Path
+) -> None:
+    """A fold run is reused only whole: a kill or a full disk mid-write used to leave a run that
+    every later ``calibrate-intervals`` took as finished and then failed on."""
+    from training.unit_folds import DIVERGED_FILE, _diverged, _finished
+
+    config = TrainConfig(dataset="synthetic", window_length=8)
+    (tmp_path / "config.json").write_text(config.model_dump_json())
+    (tmp_path / "metrics.json").write_text('{"validation": {"rmse": 1.5}}')
+    for name, text in damage.items():
+        (tmp_path / name).write_text(text)
+    assert _finished(tmp_path, config) is reused
+    assert not _finished(tmp_path, config.model_copy(update={"seed": 7}))
+    # a divergence marker cut short says nothing: the seed is tried again
+    assert not _diverged(tmp_path, config)
+    (tmp_path / DIVERGED_FILE).write_text('{"config": {"data')
+    assert not _diverged(tmp_path, config)
+    (tmp_path / DIVERGED_FILE).write_text(json.dumps({"config": config.model_dump(mode="json")}))
+    assert _diverged(tmp_path, config)
