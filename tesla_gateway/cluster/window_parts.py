@@ -2,16 +2,17 @@
 
 A snapshot of one partition holds, per model slot, the rows of that partition's sensors (the
 same :class:`WindowState` the local snapshot files hold) and the stream sequence the windows
-cover. It is an ``.npz`` (NumPy arrays, no pickle) with the strings in one JSON array, so a
-gateway reads only numbers and text from the bucket.
+cover. It is an ``.npz`` (NumPy arrays, no pickle) with the strings in a JSON meta (as uint8
+bytes), so a gateway reads only numbers and text from the bucket.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import zipfile
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,27 +121,26 @@ def decode(
     wrong with them, and an archive declaring more than ``max_bytes`` is refused before any of
     it is inflated.
     """
-    try:
+    with _undecodable():
         return _decode(blob, geometries, max_bytes)
-    except CorruptSnapshotError:
-        raise
-    # zipfile, numpy's .npy reader and json raise whatever the damaged bytes make them meet
-    # (EOFError, BadZipFile, RecursionError, ... tests/cluster/test_snapshot_attacks.py): each
-    # is one undecodable snapshot, named by its type.
-    except Exception as exc:
-        raise CorruptSnapshotError(
-            f"undecodable partition snapshot: {type(exc).__name__}: {exc}"
-        ) from exc
 
 
 def sequence_of(blob: bytes, *, max_bytes: int) -> int:
     """The stream sequence a snapshot covers, reading only its meta."""
+    with _undecodable(), _archive(blob, max_bytes) as archive:
+        return _sequence(_meta(archive))
+
+
+@contextlib.contextmanager
+def _undecodable() -> Iterator[None]:
+    """zipfile, numpy's .npy reader and json raise whatever damaged bytes make them meet
+    (EOFError, BadZipFile, RecursionError, ... tests/cluster/test_snapshot_attacks.py): each
+    is one undecodable snapshot, named by its type."""
     try:
-        with _archive(blob, max_bytes) as archive:
-            return _sequence(_meta(archive))
+        yield
     except CorruptSnapshotError:
         raise
-    except Exception as exc:  # as in decode
+    except Exception as exc:
         raise CorruptSnapshotError(
             f"undecodable partition snapshot: {type(exc).__name__}: {exc}"
         ) from exc
