@@ -148,16 +148,32 @@ def _select(x: Array, wide: tuple[str, ...], channels: tuple[str, ...]) -> Array
     return x[:, :, columns[0]] if len(columns) == 1 else x[:, :, columns]
 
 
-def _tesla_predictions(run: Path, windows: WindowSet) -> tuple[npt.NDArray[np.float64], int]:
+def _tesla_candidate(
+    name: str, run: Path, validation: WindowSet, test: WindowSet
+) -> CandidateScore:
+    """A TESLA run scored on the ladder's windows (its model loaded once for both sets)."""
     config, model, metrics = load_run(run)
-    if config.window_length != windows.window_length:
-        raise RunDirError(f"{run} has N={config.window_length}, the ladder {windows.window_length}")
-    outputs = []
-    for start in range(0, len(windows), 4096):
-        x, _ = windows.gather(np.arange(start, min(start + 4096, len(windows))))
-        selected = _select(x, windows.channels, config.channels)
-        outputs.append(np.asarray(model.predict(selected, verbose=0, batch_size=1024)).ravel())
-    return np.concatenate(outputs).astype(np.float64), int(metrics["parameters"])
+    if config.window_length != validation.window_length:
+        raise RunDirError(
+            f"{run} has N={config.window_length}, the ladder {validation.window_length}"
+        )
+
+    def predict(windows: WindowSet) -> npt.NDArray[np.float64]:
+        outputs = []
+        for start in range(0, len(windows), 4096):
+            x, _ = windows.gather(np.arange(start, min(start + 4096, len(windows))))
+            selected = _select(x, windows.channels, config.channels)
+            outputs.append(np.asarray(model.predict(selected, verbose=0, batch_size=1024)).ravel())
+        return np.concatenate(outputs).astype(np.float64)
+
+    return CandidateScore(
+        name=name,
+        architecture=config.model.kind,
+        input_channels=list(config.channels),
+        parameters=int(metrics["parameters"]),
+        validation=_score(predict(validation), validation),
+        test=_score(predict(test), test),
+    )
 
 
 def _classical_candidates(
@@ -270,20 +286,8 @@ def fit_ladder(config: TrainConfig, run_dir: Path, tesla_runs: Mapping[str, Path
     candidates += classical
     runs: dict[str, str] = {}
     for name, run in tesla_runs.items():
-        predicted, parameters = _tesla_predictions(run, validation)
-        tested, _ = _tesla_predictions(run, test)
-        config_run = TrainConfig.model_validate_json((run / "config.json").read_text())
         runs[name] = str(run.relative_to(run_dir)) if run != run_dir else "."
-        candidates.append(
-            CandidateScore(
-                name=name,
-                architecture=config_run.model.kind,
-                input_channels=list(config_run.channels),
-                parameters=parameters,
-                validation=_score(predicted, validation),
-                test=_score(tested, test),
-            )
-        )
+        candidates.append(_tesla_candidate(name, run, validation, test))
     winner, best, reason = choose(tuple(candidates), data.split.validation)
     ladder = Ladder(tuple(candidates), winner, best, reason, fits, runs)
     (run_dir / LADDER_FILENAME).write_text(
