@@ -59,7 +59,7 @@ CRYPTO_CPP := Ed25519 SHA512 Hash BigNumberUtil Curve25519 Crypto
 M4_LIB_DIR := $(M4_BUILD)/lib-$(KERNELS)
 M4_LIB_OBJS = $(addprefix $(M4_LIB_DIR)/tflm/,$(addsuffix .o,$(TFLM_CPP) $(CMSIS_NN_C))) \
               $(addprefix $(M4_LIB_DIR)/crypto/,$(addsuffix .o,$(CRYPTO_CPP)))
-M4_BOARD := startup board tflm_platform model_runner node_main
+M4_BOARD := startup board tflm_platform node_main
 M4_KEY ?= $(M4_BUILD)/keys/release_key.pub
 
 .PHONY: m4 m4-libraries m4-bench m4-sweep m4-enclosure int16-kernels-test
@@ -110,7 +110,7 @@ $(M4_BUILD)/$(1)/$(KERNELS)/core/%.o: src/%.cpp src/*.h
 	$(M4_CXX) $(M4_CXXFLAGS) $(WARN) -c $$< -o $$@
 $(M4_BUILD)/$(1)/$(KERNELS)/model_data.o: $(M4_BUILD)/$(1)/src/model_constants.h
 	$(M4_CXX) $(M4_CXXFLAGS) -c $(M4_BUILD)/$(1)/model_data.cpp -o $$@
-$(M4_BUILD)/$(1)/node-$(KERNELS).elf: $(addprefix $(M4_BUILD)/$(1)/$(KERNELS)/,$(addsuffix .o,$(M4_BOARD)) model_data.o tflm/device_op_resolver.o) \
+$(M4_BUILD)/$(1)/node-$(KERNELS).elf: $(addprefix $(M4_BUILD)/$(1)/$(KERNELS)/,$(addsuffix .o,$(M4_BOARD)) model_data.o tflm/device_op_resolver.o tflm/model_runner.o) \
     $(patsubst src/%.cpp,$(M4_BUILD)/$(1)/$(KERNELS)/core/%.o,$(CORE)) $(M4_LIB_DIR)/libtflm.a m4/mps2_an386.ld \
     $(M4_BUILD)/$(1)/src/model_constants.h
 	$(M4_CXX) $(M4_LDFLAGS) -Wl,-Map=$$(@:.elf=.map) -o $$@ $$(filter %.o %.a,$$^) \

@@ -33,9 +33,9 @@
 #include <new>
 
 #include "board.h"
-#include "model_runner.h"
 #include "tflm/device_op_resolver.h"
 #include "tflm/dot_s16_s8.h"
+#include "tflm/model_runner.h"
 #include "src/checksums.h"
 #include "src/line_protocol.h"
 #include "src/model_constants.h"
@@ -135,12 +135,7 @@ void send_status(tesla::OtaStatus code) {
 
 bool load_and_test(int slot) {
   if (!slots.descriptor(slot, &active)) return false;
-  if (!runner.load(slots.image(slot))) return false;
-  for (uint32_t i = 0; i < tesla::model::kInputValues; ++i) {
-    input_window[i] = tesla::model::kSelfTestLevels[i % tesla::model::kChannelCount];
-  }
-  float value = runner.invoke(input_window);
-  return isfinite(value) && value >= 0.0f && value < 1000.0f;
+  return runner.load(slots.image(slot)) && runner.self_test(input_window);
 }
 
 void boot_model() {

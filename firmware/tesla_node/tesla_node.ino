@@ -7,13 +7,9 @@
 #include <Arduino.h>
 #include <TensorFlowLite.h>
 #include <math.h>
-#include <new>
-
-#include "tensorflow/lite/micro/micro_interpreter.h"
-#include "tensorflow/lite/schema/schema_generated.h"
 
 #include "arduino_hardware.h"
-#include "device_op_resolver.h"  // the manifest's ops, with the int16 kernels the library lacks
+#include "model_runner.h"  // the manifest's ops (int16 kernels the library lacks), quantisation
 #include "src/line_protocol.h"
 #include "src/model_constants.h"
 #include "src/ota_receiver.h"
@@ -55,9 +51,7 @@ tesla::OtaReceiver* receiver = nullptr;
 alignas(tesla::OtaReceiver) uint8_t receiver_storage[sizeof(tesla::OtaReceiver)];
 
 alignas(16) uint8_t arena[tesla::model::kArenaBytes];
-tesla::DeviceOpResolver resolver;  // registers TESLA_MODEL_OPS
-alignas(tflite::MicroInterpreter) uint8_t interpreter_storage[sizeof(tflite::MicroInterpreter)];
-tflite::MicroInterpreter* interpreter = nullptr;
+tesla::ModelRunner runner(arena, sizeof(arena));  // the emulated node runs the same code
 tesla::ImageDescriptor active;
 
 float window_storage[kInputValues];
@@ -88,36 +82,11 @@ void send_status(tesla::OtaStatus code) {
   send(tesla::encode_ota_status({uint8_t(code), 0}, out, sizeof(out)));
 }
 
-float invoke(const float* values) {
-  TfLiteTensor* input = interpreter->input(0);
-  for (uint32_t i = 0; i < kInputValues; ++i) {
-    float q = roundf(values[i] / tesla::model::kInputScale) + tesla::model::kInputZeroPoint;
-    input->data.i16[i] = int16_t(q < -32768.f ? -32768.f : (q > 32767.f ? 32767.f : q));
-  }
-  if (interpreter->Invoke() != kTfLiteOk) return NAN;
-  TfLiteTensor* output = interpreter->output(0);
-  return (float(output->data.i16[0]) - tesla::model::kOutputZeroPoint) *
-         tesla::model::kOutputScale;
-}
-
-// Loads a slot into the interpreter and runs the self-test; false if the model is unusable.
+// Loads a slot into the interpreter and runs the self-test; false if the model is unusable
+// (e.g. a PM-only release on a node built for a covariate model: its input is not [1, N, 3]).
 bool load_and_test(int slot) {
   if (!slots.descriptor(slot, &active)) return false;
-  const tflite::Model* model = tflite::GetModel(slots.image(slot));
-  if (model->version() != TFLITE_SCHEMA_VERSION) return false;
-  if (interpreter != nullptr) interpreter->~MicroInterpreter();
-  interpreter = new (interpreter_storage)
-      tflite::MicroInterpreter(model, resolver, arena, sizeof(arena));
-  if (interpreter->AllocateTensors() != kTfLiteOk) return false;
-  TfLiteTensor* input = interpreter->input(0);
-  if (input->type != kTfLiteInt16 || input->bytes != 2 * kInputValues) {
-    return false;  // e.g. a PM-only release on a node built for a covariate model: rolled back
-  }
-  for (uint32_t i = 0; i < kInputValues; ++i) {
-    input_window[i] = tesla::model::kSelfTestLevels[i % kChannels];  // a flat, plausible window
-  }
-  float value = invoke(input_window);
-  return isfinite(value) && value >= 0.0f && value < 1000.0f;
+  return runner.load(slots.image(slot)) && runner.self_test(input_window);
 }
 
 void boot_model() {
@@ -178,7 +147,7 @@ void report_period() {
     v.temp_c = sum_temp_c / env_samples;
   }
   if (window.copy(input_window)) {
-    float calibrated = invoke(input_window);
+    float calibrated = runner.invoke(input_window);
     if (isfinite(calibrated)) {
       set_calibrated(&v, calibrated);
       v.has_model_version = true;

@@ -212,7 +212,8 @@ def test_sketch_folder_is_assembled_with_generated_key_and_model(
     )  # fmt: skip
     sketch = build_dir / "sketch" / "tesla_node"
     names = ("tesla_node.ino", "arduino_flash.cpp", "arduino_signature.cpp", "model_data.cpp")
-    for name in (*names, "device_op_resolver.cpp", "dot_s16_s8.h", "int16_kernels.h"):
+    shared = ("device_op_resolver.cpp", "model_runner.cpp", "dot_s16_s8.h", "int16_kernels.h")
+    for name in (*names, *shared):
         assert (sketch / name).is_file(), name
     key_header = (sketch / "src" / "release_key.h").read_text()
     key = bytes.fromhex(keys.public_path.read_text())
@@ -251,6 +252,7 @@ def test_sketch_compiles_against_the_real_arduino_libraries(
     checked = re.findall(r"^check (\S+)$", result.stdout, re.MULTILINE)
     assert {"tesla_node.ino", "device_op_resolver.cpp", "arduino_signature.cpp"} <= set(checked)
     assert {"arduino_flash.cpp", "arduino_io.cpp", "arduino_environment.cpp"} <= set(checked)
+    assert "model_runner.cpp" in checked  # the inference code the emulated node runs too
     # A shim calling what the library does not have (the light one, to keep this quick).
     shim = build_dir / "sketch" / "tesla_node" / "arduino_signature.cpp"
     shim.write_text(shim.read_text() + "\nbool drifted() { return Ed25519::no_such_call(); }\n")

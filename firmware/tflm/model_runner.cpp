@@ -38,6 +38,14 @@ float ModelRunner::invoke(const float* values, int16_t* raw_output, int32_t* qua
   return (float(raw) - model::kOutputZeroPoint) * model::kOutputScale;
 }
 
+bool ModelRunner::self_test(float* scratch) {
+  for (uint32_t i = 0; i < model::kInputValues; ++i) {
+    scratch[i] = model::kSelfTestLevels[i % model::kChannelCount];
+  }
+  const float value = invoke(scratch);
+  return isfinite(value) && value >= 0.0f && value < 1000.0f;
+}
+
 size_t ModelRunner::arena_used() const {
   return interpreter_ == nullptr ? 0 : interpreter_->arena_used_bytes();
 }

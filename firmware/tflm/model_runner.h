@@ -1,6 +1,6 @@
-// The int8 device graph under TFLite Micro, as the sketch runs it: the op resolver built from
-// the manifest's op list (tflm/device_op_resolver.h), the
-// int16 input quantised with roundf and clamped, the int16 output dequantised.
+// The int8 device graph under TFLite Micro, for the sketch and the emulated node alike: the op
+// resolver built from the manifest's op list (device_op_resolver.h), the int16 input quantised
+// with roundf and clamped, the int16 output dequantised, and the self-test a slot must pass.
 #pragma once
 
 #include <stddef.h>
@@ -8,7 +8,7 @@
 
 #include "src/model_constants.h"
 #include "tensorflow/lite/micro/micro_interpreter.h"
-#include "tflm/device_op_resolver.h"
+#include "device_op_resolver.h"
 
 namespace tesla {
 
@@ -23,6 +23,9 @@ class ModelRunner {
   // `raw_output` receives the output tensor's int16 and `quantised_sum` the sum of the inputs.
   float invoke(const float* values, int16_t* raw_output = nullptr,
                int32_t* quantised_sum = nullptr);
+  // The loaded model on a flat window of kSelfTestLevels: a finite value in [0, 1000) ug/m3.
+  // Uses `scratch` (kInputValues floats) for the window.
+  bool self_test(float* scratch);
   size_t arena_used() const;
   tflite::MicroInterpreter* interpreter() { return interpreter_; }
 
