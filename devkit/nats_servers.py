@@ -10,6 +10,7 @@ meta leader known), so a started server is ready for stream requests.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -57,8 +58,10 @@ def nats_server_executable() -> Path:
     return Path(found)
 
 
+@functools.cache
 def server_version(executable: Path) -> tuple[int, int, int]:
-    """``nats-server --version`` as a tuple; raises if older than :data:`MIN_SERVER_VERSION`."""
+    """``nats-server --version`` as a tuple; raises if older than :data:`MIN_SERVER_VERSION`
+    (asked once per binary: every server of every cluster a test run starts checks it)."""
     text = subprocess.run(  # noqa: S603  # fixed argv, no shell
         [str(executable), "--version"], check=True, capture_output=True, text=True
     ).stdout
@@ -104,10 +107,13 @@ class NatsServer(StartStop):
 
     def __post_init__(self) -> None:
         server_version(self.executable)
-        ports = iter(free_ports(5))
-        for name in ("port", "cluster_port", "http_port", "mqtt_port", "leaf_port"):
-            if getattr(self, name) == 0:
-                setattr(self, name, next(ports))
+        unset = [
+            name
+            for name in ("port", "cluster_port", "http_port", "mqtt_port", "leaf_port")
+            if getattr(self, name) == 0
+        ]
+        for name, port in zip(unset, free_ports(len(unset)), strict=True):
+            setattr(self, name, port)
         self.host = "127.0.0.1"
         self.store_dir = self.work_dir / "jetstream"
         self.config_path = self.work_dir / "nats.conf"
