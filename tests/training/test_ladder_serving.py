@@ -53,13 +53,7 @@ def linear_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("ladder-serving")
     config = TrainConfig(
         dataset="synthetic",
-        dataset_options={
-            "n_sensors": 3,
-            "days": 0.2,
-            "period_seconds": P,
-            "seed": 8,
-            "feature": "pm10",
-        },
+        dataset_options=SYNTHETIC,
         window_length=N,
         max_interpolated_periods=MAX_GAP,
     )
