@@ -280,12 +280,16 @@ class Manifest(_Strict):
             "any history past the last entry's bucket) take ``intervals``."
         ),
     )
+    # bounded far above what train writes (6 candidates, a sentence): reports, not payloads
     candidates: list[CandidateScore] | None = Field(
         default=None,
+        max_length=32,
         description="Every calibration train compared on the validation sensor (absent before).",
     )
     choice: str | None = Field(
-        default=None, description="Why this calibration was exported rather than the others."
+        default=None,
+        max_length=2000,
+        description="Why this calibration was exported rather than the others.",
     )
 
     @field_validator("input_channels")

@@ -224,3 +224,19 @@ def test_a_fold_run_cut_short_is_trained_again_not_reused(
     assert not _diverged(tmp_path, config)
     (tmp_path / DIVERGED_FILE).write_text(json.dumps({"config": config.model_dump(mode="json")}))
     assert _diverged(tmp_path, config)
+
+
+@pytest.mark.parametrize("field", ["candidates", "choice"])
+def test_a_manifest_with_an_absurd_ladder_report_is_refused(field: str, tmp_path: Path) -> None:
+    """The ladder's report travels in the manifest: a flood of candidates or a megabyte of
+    'choice' is refused at load, like an absurd interval table."""
+    manifest = json.loads((MODELS / "pm2_5-antwerp-1h" / "manifest.json").read_text())
+    candidate = {"name": "linear", "architecture": "classical-linear",
+                 "input_channels": ["pm2_5"], "parameters": 2}  # fmt: skip
+    sane = {"candidates": [candidate] * 6, "choice": "linear has the lowest RMSE " * 10}
+    (tmp_path / "manifest.json").write_text(json.dumps({**manifest, **sane}))
+    assert load_manifest(tmp_path).candidates is not None
+    absurd = {"candidates": [candidate] * 10_000, "choice": "x" * 1_000_000}[field]
+    (tmp_path / "manifest.json").write_text(json.dumps({**manifest, field: absurd}))
+    with pytest.raises(ManifestError, match=field):
+        load_manifest(tmp_path)
