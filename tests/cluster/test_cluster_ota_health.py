@@ -42,6 +42,7 @@ from tests.cluster.harness import (
     ClusterGateway,
     Feeder,
     balanced,
+    no_stale_pulls,
     placement,
     stream_messages,
     value_of,
@@ -226,6 +227,7 @@ def test_ota_health_and_drift_follow_the_partitions(
         for gateway in gateways:
             gateway.wait_ready(wait_sources=False)
         wait_for(lambda: balanced(gateways), "three gateways sharing the partitions")
+        wait_for(lambda: no_stale_pulls(nats_cluster.urls), "the handed-over pulls expired")
         feeder.start()
         reference.start()
         wait_for(lambda: len(sensor_partitions(nats_cluster.urls)) == len(SENSORS), "partitions")
@@ -334,7 +336,7 @@ def test_ota_health_and_drift_follow_the_partitions(
         for gateway in survivors:
             gateway.check_alive()
     finally:
-        feeder.stop() if feeder.is_alive() else None
+        feeder.stop()
         reference.stop() if reference.is_alive() else None
         for gateway in gateways:
             gateway.kill()

@@ -7,10 +7,13 @@ SIGKILLed: no acknowledged reading lost, no period missing or doubled."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +28,7 @@ from tests.cluster.harness import (
     balanced,
     by_id,
     expected_periods,
+    no_stale_pulls,
     placement,
     replay_into,
     stream_leader,
@@ -62,6 +66,38 @@ def _gateway(
     gateway = ClusterGateway(tmp_path / name, name, config)
     gateway.start()
     return gateway
+
+
+@contextlib.contextmanager
+def _two_gateways_fed(
+    tmp_path: Path, model: Path, cluster: NatsCluster
+) -> Iterator[tuple[list[ClusterGateway], Feeder]]:
+    """Two gateways sharing the partitions, fed for 3 periods; stopped (resumed if paused)."""
+    gateways = [_gateway(tmp_path, f"g{i}", model, cluster, i) for i in range(2)]
+    feeder = Feeder(cluster.urls, SENSORS[:12])
+    try:
+        for gateway in gateways:
+            gateway.wait_ready(wait_sources=False)
+        wait_for(lambda: balanced(gateways), "two gateways sharing the partitions")
+        wait_for(lambda: no_stale_pulls(cluster.urls), "the handed-over pulls expired")
+        feeder.start()
+        time.sleep(3 * PERIOD_S)
+        yield gateways, feeder
+    finally:
+        feeder.stop()
+        for gateway in gateways:
+            if gateway.running:
+                gateway.process.send_signal(signal.SIGCONT)
+            gateway.stop()
+
+
+def _each_period_once(
+    messages: list[tuple[str, dict[str, Any], float]], expected: set[str]
+) -> None:
+    """Every expected (sensor, feature, period) in the calibrated stream, each once."""
+    ids = Counter(msg_id for msg_id, _, _ in messages)
+    assert [key for key, count in ids.items() if count > 1] == []  # none twice
+    assert set(ids) == expected  # none missing, none made up
 
 
 def _check_against_one_gateway(
@@ -109,6 +145,7 @@ def test_killed_gateway_moves_warm_and_every_period_once(
         for gateway in gateways:
             gateway.wait_ready(wait_sources=False)
         wait_for(lambda: balanced(gateways), "three gateways sharing the partitions")
+        wait_for(lambda: no_stale_pulls(nats_cluster.urls), "the handed-over pulls expired")
         feeder.start()
         time.sleep((WINDOW + 2) * PERIOD_S)  # every window whole, snapshots taken
 
@@ -140,9 +177,7 @@ def test_killed_gateway_moves_warm_and_every_period_once(
         for gateway in gateways:
             gateway.stop()
 
-    ids = Counter(msg_id for msg_id, _, _ in messages)
-    assert [key for key, count in ids.items() if count > 1] == []  # none twice
-    assert set(ids) == expected  # none missing, none made up
+    _each_period_once(messages, expected)
 
     partition_of = sensor_partitions(nats_cluster.urls)
     moved_sensors = {s for s, p in partition_of.items() if p in moved}
@@ -173,14 +208,7 @@ def test_killed_stream_leader_loses_nothing(
     nats_cluster: NatsCluster, model_factory: ModelFactory, tmp_path: Path
 ) -> None:
     model = model_factory.get(window_length=WINDOW, period_seconds=PERIOD_S).path
-    gateways = [_gateway(tmp_path, f"g{i}", model, nats_cluster, i) for i in range(2)]
-    feeder = Feeder(nats_cluster.urls, SENSORS[:12])
-    try:
-        for gateway in gateways:
-            gateway.wait_ready(wait_sources=False)
-        wait_for(lambda: balanced(gateways), "two gateways sharing the partitions")
-        feeder.start()
-        time.sleep(3 * PERIOD_S)
+    with _two_gateways_fed(tmp_path, model, nats_cluster) as (_, feeder):
         leader = stream_leader(nats_cluster.urls, "TESLA_READINGS")
         nats_cluster.server(leader).kill()
         urls = [s.url for s in nats_cluster.servers if s.name != leader]
@@ -190,10 +218,6 @@ def test_killed_stream_leader_loses_nothing(
         wait_calibrated(urls, expected, "every period calibrated after the leader's death")
         messages = stream_messages(urls, "TESLA_CALIBRATED")
         stored = stream_messages(urls, "TESLA_READINGS")
-    finally:
-        feeder.stop()
-        for gateway in gateways:
-            gateway.stop()
 
     sent_ids = {f"{sensor}.{timestamp!r}" for sensor, timestamp, _ in feeder.sent}
     stored_ids = Counter(msg_id for msg_id, _, _ in stored)
@@ -203,9 +227,7 @@ def test_killed_stream_leader_loses_nothing(
     )
     assert sent_ids == set(stored_ids)  # every acknowledged reading is in the stream
     assert max(stored_ids.values()) == 1  # and once
-    ids = Counter(msg_id for msg_id, _, _ in messages)
-    assert [key for key, count in ids.items() if count > 1] == []
-    assert set(ids) == expected
+    _each_period_once(messages, expected)
 
 
 def test_paused_gateway_learns_it_lost_its_partitions(
@@ -215,14 +237,7 @@ def test_paused_gateway_learns_it_lost_its_partitions(
     SIGCONT the paused one is refused its pins and leases, drops those windows, and placement
     balances again; no period missing or doubled."""
     model = model_factory.get(window_length=WINDOW, period_seconds=PERIOD_S).path
-    gateways = [_gateway(tmp_path, f"g{i}", model, nats_cluster, i) for i in range(2)]
-    feeder = Feeder(nats_cluster.urls, SENSORS[:12])
-    try:
-        for gateway in gateways:
-            gateway.wait_ready(wait_sources=False)
-        wait_for(lambda: balanced(gateways), "two gateways sharing the partitions")
-        feeder.start()
-        time.sleep(3 * PERIOD_S)
+    with _two_gateways_fed(tmp_path, model, nats_cluster) as (gateways, feeder):
         paused, other = gateways
         had = sorted(paused.partitions())
         paused.process.send_signal(signal.SIGSTOP)
@@ -237,14 +252,6 @@ def test_paused_gateway_learns_it_lost_its_partitions(
         time.sleep(1.0)
         messages = stream_messages(nats_cluster.urls, "TESLA_CALIBRATED")
         lost = paused.cluster()["lost"]
-    finally:
-        feeder.stop()
-        for gateway in gateways:
-            if gateway.running:
-                gateway.process.send_signal(signal.SIGCONT)
-            gateway.stop()
 
     print(f"paused gateway lost {lost} of its partitions {had}")
-    ids = Counter(msg_id for msg_id, _, _ in messages)
-    assert [key for key, count in ids.items() if count > 1] == []
-    assert set(ids) == expected
+    _each_period_once(messages, expected)
