@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 from typing import Any
 
@@ -24,6 +25,10 @@ import nats.errors
 
 EDGE_STREAM = "TESLA_EDGE"
 _NS = 1_000_000_000
+# Each goes into subjects ($JS.<domain>.API..., edge.<domain>.<subject>.*.raw): one token (a
+# name) or dotted tokens (the subject), never a wildcard, as [cluster] checks its own.
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
+_SUBJECT = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 
 
 class EdgeSetupError(Exception):
@@ -100,13 +105,39 @@ async def add_hub_source(server: str, domain: str, subject: str, stream: str) ->
         await nc.close()
 
 
+def _matching(pattern: re.Pattern[str], what: str) -> Any:
+    """An argparse type: the value if ``pattern`` matches all of it, else a usage error."""
+
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise argparse.ArgumentTypeError(f"{value!r} is not {what}")
+        return value
+
+    return check
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("side", choices=("leaf", "hub"))
     parser.add_argument("--server", required=True, help="a NATS URL of that side")
-    parser.add_argument("--domain", required=True, help="the Pi's JetStream domain")
-    parser.add_argument("--subject", default="sensors", help="[cluster] readings_subject")
-    parser.add_argument("--stream", default="TESLA_READINGS", help="[cluster] readings_stream")
+    parser.add_argument(
+        "--domain",
+        required=True,
+        type=_matching(_NAME, "a JetStream domain (letters, digits, _ and -)"),
+        help="the Pi's JetStream domain",
+    )
+    parser.add_argument(
+        "--subject",
+        default="sensors",
+        type=_matching(_SUBJECT, "a subject prefix (such tokens joined by dots)"),
+        help="[cluster] readings_subject",
+    )
+    parser.add_argument(
+        "--stream",
+        default="TESLA_READINGS",
+        type=_matching(_NAME, "a stream name (letters, digits, _ and -)"),
+        help="[cluster] readings_stream",
+    )
     parser.add_argument(
         "--max-age-h", type=float, default=7 * 24.0, help="how long the Pi keeps readings"
     )

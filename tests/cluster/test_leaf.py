@@ -323,3 +323,30 @@ def test_leaf_readings_reach_the_hub_once_after_an_outage(
     for sensor in SENSORS:  # calibrated in order: period starts ascend in the stream
         starts = [int(i.rsplit(".", 1)[1]) for i, _, _ in calibrated if i.startswith(f"{sensor}.")]
         assert starts == sorted(starts), f"{sensor}: periods out of order {starts}"
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--domain", "edge1.x"),  # would ask $JS.edge1.x.API: nobody answers
+        ("--domain", "edge>"),
+        ("--domain", ""),
+        ("--subject", "sensors.*"),  # a wildcard in the leaf stream's subjects
+        ("--stream", "TESLA.READINGS"),
+    ],
+)
+def test_edge_streams_refuses_a_name_that_is_no_subject_token(
+    nats_server: NatsServer, option: str, value: str
+) -> None:
+    """A domain, subject or stream that would make wrong API subjects is refused by name,
+    before anything is asked of a server (the server here would answer)."""
+    argv = ["leaf", "--server", nats_server.url, "--domain", DOMAIN, option, value]
+    done = subprocess.run(  # our own script
+        [sys.executable, str(EDGE_SCRIPT), *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"argument {option}: {value!r} is not" in done.stderr
