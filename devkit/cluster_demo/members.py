@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from devkit.cluster_demo.config import ClusterGatewayConfig, write_cluster_confi
 from devkit.daemon import GatewayDaemon
 from devkit.errors import DevkitError
 
-__all__ = ["ClusterGroup", "Member"]
+__all__ = ["ClusterGroup", "Member", "balanced_placement", "member_configs"]
 
 _READY_S = 90.0
 _POLL_S = 0.1
@@ -90,13 +90,7 @@ class ClusterGroup:
         return {m.name: m.partitions() for m in self.live}
 
     def balanced(self) -> bool:
-        """Every partition owned and replayed by exactly one live gateway, none over ceil(P/G)."""
-        owned = self.placement()
-        every = sorted(p for ps in owned.values() for p in ps)
-        share = math.ceil(self.partitions / max(len(owned), 1))
-        return every == list(range(self.partitions)) and all(
-            len(ps) <= share for ps in owned.values()
-        )
+        return balanced_placement(self.placement(), self.partitions)
 
     def wait_balanced(self, timeout_s: float = _READY_S) -> float:
         """Seconds until :meth:`balanced`; raises with the placement seen if it never is."""
@@ -111,6 +105,14 @@ class ClusterGroup:
                 )
             time.sleep(_POLL_S)
         return time.monotonic() - started
+
+
+def balanced_placement(owned: Mapping[str, Sequence[int]], partitions: int) -> bool:
+    """Every partition owned (and replayed) by exactly one live gateway, none over ceil(P/G):
+    ``owned`` maps each live gateway to the partitions it reports."""
+    every = sorted(p for ps in owned.values() for p in ps)
+    share = math.ceil(partitions / max(len(owned), 1))
+    return every == list(range(partitions)) and all(len(ps) <= share for ps in owned.values())
 
 
 def member_configs(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TextIO
 
 from devkit.cluster_demo.members import ClusterGroup, Member, member_configs
-from devkit.cluster_demo.streams import read_stream, sensor_partitions
+from devkit.cluster_demo.streams import no_stale_pulls, read_stream, sensor_partitions
 from devkit.cluster_demo.tally import (
     SensorTally,
     expected_periods,
@@ -127,6 +127,7 @@ def run_cluster_demo(options: ClusterDemoOptions, out: TextIO) -> ClusterDemoOut
         _say(out, f"starting {options.gateways} gateways (logs in {work}/g*/daemon.log) ...")
         group = stack.enter_context(ClusterGroup([Member(c) for c in configs], options.partitions))
         group.wait_balanced()
+        _wait_for_pulls_to_settle(cluster.urls, options.partitions)
         outcome = ClusterDemoOutcome(tallies={}, before=group.placement())
         _say(out, f"placement: {_placement_text(outcome.before)}")
         run = _Run(
@@ -158,6 +159,16 @@ def run_cluster_demo(options: ClusterDemoOptions, out: TextIO) -> ClusterDemoOut
         outcome.exit_codes = dict(group.exit_codes)
     _verdict(out, outcome, shift)
     return outcome
+
+
+def _wait_for_pulls_to_settle(servers: list[str], partitions: int) -> None:
+    """Before the replay: a reading landing in a released partition's last pull would stall
+    that partition for the pin TTL and come back late (streams.no_stale_pulls)."""
+    deadline = time.monotonic() + _DRAIN_S
+    while not no_stale_pulls(servers, partitions):
+        if time.monotonic() > deadline:
+            raise DevkitError(f"released partitions' pulls still waiting after {_DRAIN_S:.0f} s")
+        time.sleep(0.1)
 
 
 class _Run:

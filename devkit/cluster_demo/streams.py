@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["StoredMessage", "read_stream", "sensor_partitions"]
+__all__ = ["StoredMessage", "no_stale_pulls", "read_stream", "sensor_partitions"]
 
 _BATCH = 1000
 
@@ -73,5 +73,32 @@ def sensor_partitions(servers: Sequence[str], stream: str = "TESLA_READINGS") ->
         finally:
             await client.close()
         return found
+
+    return asyncio.run(run())
+
+
+def no_stale_pulls(servers: Sequence[str], partitions: int, stream: str = "TESLA_READINGS") -> bool:
+    """Each partition's consumer holds at most one waiting pull: its owner's.
+
+    Right after a rebalance a consumer was seen with two waiting pulls; the readings published
+    then went to the other one, pinned the partition to a client that never acknowledged them,
+    and the partition stalled until the pin TTL (2 of 6 partitions for 4.5 s; the readings
+    wait for the ack wait, 30 s): a known limit of the handover (docs/deployment.md). Runs
+    that start feeding as soon as placement settles wait for this too.
+    """
+
+    async def run() -> bool:
+        import nats
+
+        client = await nats.connect(servers=list(servers), connect_timeout=5)
+        js = client.jetstream(timeout=10)
+        try:
+            for partition in range(partitions):
+                info = await js.consumer_info(stream, f"part-{partition}")
+                if (info.num_waiting or 0) > 1:
+                    return False
+            return True
+        finally:
+            await client.close()
 
     return asyncio.run(run())

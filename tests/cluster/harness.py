@@ -19,7 +19,8 @@ import nats
 import nats.errors
 
 from devkit.cluster_demo.config import ClusterGatewayConfig, write_cluster_config
-from devkit.cluster_demo.streams import read_stream
+from devkit.cluster_demo.members import balanced_placement
+from devkit.cluster_demo.streams import no_stale_pulls, read_stream
 from devkit.daemon import GatewayDaemon
 
 PERIOD_S = 2
@@ -92,35 +93,13 @@ def placement(gateways: Sequence[ClusterGateway]) -> dict[str, list[int]]:
 
 def balanced(gateways: Sequence[ClusterGateway], partitions: int = PARTITIONS) -> bool:
     """Every partition owned by exactly one live gateway, none over ceil(P/G)."""
-    owned = placement(gateways)
-    every = [p for ps in owned.values() for p in ps]
-    share = math.ceil(partitions / max(len(owned), 1))
-    return sorted(every) == list(range(partitions)) and all(len(p) <= share for p in owned.values())
+    return balanced_placement(placement(gateways), partitions)
 
 
-def no_stale_pulls(servers: Sequence[str], partitions: int = PARTITIONS) -> bool:
-    """Each partition's consumer holds at most one waiting pull: its owner's.
-
-    Right after a handover the releasing gateway's last pull still waits at the server until
-    it expires (1 s); a reading arriving then goes into it, pins the partition to the old owner
-    until the pin TTL (5 s here) and comes back only after the ack wait (30 s). A test that
-    starts feeding as soon as placement settles waits for this too, or its first readings
-    stall (seen: 2 of 6 partitions for 4.5 s; a known limit of the release, not of the test).
-    """
-
-    async def run() -> bool:
-        client = await nats.connect(servers=list(servers))
-        js = client.jetstream(timeout=10)
-        try:
-            for partition in range(partitions):
-                info = await js.consumer_info("TESLA_READINGS", f"part-{partition}")
-                if (info.num_waiting or 0) > 1:
-                    return False
-            return True
-        finally:
-            await client.close()
-
-    return asyncio.run(run())
+def sharing(gateways: Sequence[ClusterGateway], servers: Sequence[str]) -> bool:
+    """Balanced, and no released partition's last pull still waiting at the server (feeding
+    before that may stall a partition: see :func:`no_stale_pulls`)."""
+    return balanced(gateways) and no_stale_pulls(servers, PARTITIONS)
 
 
 def value_of(sensor: str, timestamp: float) -> float:

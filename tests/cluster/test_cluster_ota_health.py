@@ -42,8 +42,8 @@ from tests.cluster.harness import (
     ClusterGateway,
     Feeder,
     balanced,
-    no_stale_pulls,
     placement,
+    sharing,
     stream_messages,
     value_of,
     wait_for,
@@ -226,8 +226,9 @@ def test_ota_health_and_drift_follow_the_partitions(
     try:
         for gateway in gateways:
             gateway.wait_ready(wait_sources=False)
-        wait_for(lambda: balanced(gateways), "three gateways sharing the partitions")
-        wait_for(lambda: no_stale_pulls(nats_cluster.urls), "the handed-over pulls expired")
+        wait_for(
+            lambda: sharing(gateways, nats_cluster.urls), "three gateways sharing the partitions"
+        )
         feeder.start()
         reference.start()
         wait_for(lambda: len(sensor_partitions(nats_cluster.urls)) == len(SENSORS), "partitions")

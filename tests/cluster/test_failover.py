@@ -28,9 +28,9 @@ from tests.cluster.harness import (
     balanced,
     by_id,
     expected_periods,
-    no_stale_pulls,
     placement,
     replay_into,
+    sharing,
     stream_leader,
     stream_messages,
     wait_calibrated,
@@ -78,8 +78,7 @@ def _two_gateways_fed(
     try:
         for gateway in gateways:
             gateway.wait_ready(wait_sources=False)
-        wait_for(lambda: balanced(gateways), "two gateways sharing the partitions")
-        wait_for(lambda: no_stale_pulls(cluster.urls), "the handed-over pulls expired")
+        wait_for(lambda: sharing(gateways, cluster.urls), "two gateways sharing the partitions")
         feeder.start()
         time.sleep(3 * PERIOD_S)
         yield gateways, feeder
@@ -144,8 +143,9 @@ def test_killed_gateway_moves_warm_and_every_period_once(
     try:
         for gateway in gateways:
             gateway.wait_ready(wait_sources=False)
-        wait_for(lambda: balanced(gateways), "three gateways sharing the partitions")
-        wait_for(lambda: no_stale_pulls(nats_cluster.urls), "the handed-over pulls expired")
+        wait_for(
+            lambda: sharing(gateways, nats_cluster.urls), "three gateways sharing the partitions"
+        )
         feeder.start()
         time.sleep((WINDOW + 2) * PERIOD_S)  # every window whole, snapshots taken
 
