@@ -1,8 +1,9 @@
 """Give a model directory intervals calibrated across units (``calibrate-intervals``).
 
-Trains (or reuses) the leave-sensor-out folds of the model's own training config
-(training/unit_folds.py), predicts every training sensor with the fold that left it out and the
-validation and test sensors with the directory's float graph (run by the gateway's calibrator),
+Trains (or reuses) the folds exchangeable with the model (training/pool_folds.py: each leaves out
+one training sensor and trains on the rest and the validation sensor, for the model's kept
+epochs), predicts every training sensor with the fold that left it out and the validation and
+test sensors with the directory's float graph (run by the gateway's calibrator),
 fits the cross-unit intervals (training/cross_conformal.py) for whole windows and for every
 short-history bucket the manifest has, and rewrites only ``manifest.json``. The returned report
 holds the before/after coverage and width per unit (docs/benchmarks/intervals/), and what the
@@ -36,17 +37,11 @@ from training.cross_conformal import (
     replay_adaptive,
     unit_scores,
 )
+from training.data import WindowSet
 from training.errors import DataError
+from training.pool_folds import KeptEpochs, PoolFold, fold_predictor, train_pool_folds
 from training.train import TrainConfig, prepare_data
-from training.unit_folds import (
-    DEFAULT_FOLDS,
-    UnitPredictions,
-    fold_costs,
-    predicted_unit,
-    sensor_windows,
-    train_folds,
-    unit_predictions,
-)
+from training.unit_folds import UnitPredictions, predicted_unit, sensor_windows
 
 __all__ = ["ACI_GAMMA", "IntervalReport", "calibrate_model_dir", "report_table"]
 
@@ -61,6 +56,7 @@ class IntervalReport:
     manifest: Manifest
     rows: list[dict[str, Any]]  # one per (unit, history length): before / after
     folds: list[dict[str, object]]
+    kept: KeptEpochs  # the exported model's kept epochs, which every fold trained for
     predictions: list[UnitPredictions]  # every unit's out-of-unit predictions, test last
 
     def as_json(self) -> dict[str, Any]:
@@ -71,6 +67,7 @@ class IntervalReport:
             "calibration_sensors": self.manifest.intervals.calibration_sensors,
             "half_widths": self.manifest.intervals.half_widths,
             "edges": self.manifest.intervals.edges,
+            "fold_epochs": self.kept.model_dump(),
             "folds": self.folds,
             "units": self.rows,
         }
@@ -105,14 +102,14 @@ def calibrate_model_dir(
     config: TrainConfig,
     folds_dir: Path,
     *,
-    folds: int = DEFAULT_FOLDS,
-    seeds: Sequence[int] = (),
+    kept: KeptEpochs,
     level: float = DEFAULT_LEVEL,
     aci_gamma: float = ACI_GAMMA,
     verbose: int | str = 0,
 ) -> IntervalReport:
-    """Fit cross-unit intervals for ``model_dir`` (trained with ``config``) and rewrite its
-    manifest; ``folds_dir`` holds the fold runs (reused when their config matches)."""
+    """Fit cross-unit intervals for ``model_dir`` (trained with ``config`` and kept after
+    ``kept`` epochs) and rewrite its manifest; ``folds_dir`` holds the fold runs (reused when
+    their config, units and epochs match)."""
     manifest = load_manifest(model_dir)
     prepared = prepare_data(config)
     summary = prepared.summary
@@ -127,11 +124,10 @@ def calibrate_model_dir(
             f"the model's ({manifest.window_length}, train {manifest.data.train_sensors}, "
             f"validation {manifest.data.validation_sensor}): pass the config it was trained with"
         )
-    runs = train_folds(
-        config, summary.train_sensors, folds_dir, folds=folds, seeds=seeds, verbose=verbose
-    )
+    pool = [*summary.train_sensors, summary.validation_sensor]
+    runs = train_pool_folds(config, pool, summary.train_sensors, kept, folds_dir, verbose=verbose)
     points = [entry.min_periods for entry in manifest.history_intervals or []]
-    units = unit_predictions(runs, sensor_windows(config, summary.train_sensors), points)
+    units = _fold_predictions(runs, sensor_windows(config, summary.train_sensors), points)
     calibrator = Calibrator.load(model_dir)
     units.append(
         predicted_unit(
@@ -167,7 +163,18 @@ def calibrate_model_dir(
     updated = Manifest.model_validate(updated.model_dump())
     write_manifest(model_dir, updated)
     verify_model_files(model_dir, load_manifest(model_dir))
-    return IntervalReport(manifest.name, updated, rows, fold_costs(runs), [*units, test])
+    folds = [run.cost() for run in runs]
+    return IntervalReport(manifest.name, updated, rows, folds, kept, [*units, test])
+
+
+def _fold_predictions(
+    runs: Sequence[PoolFold], windows: dict[str, WindowSet], points: Sequence[int]
+) -> list[UnitPredictions]:
+    """Every left-out training sensor's windows predicted by the fold that left it out."""
+    return [
+        predicted_unit(run.left_out, "train", fold_predictor(run), windows[run.left_out], points)
+        for run in runs
+    ]
 
 
 def _history_intervals(  # noqa: PLR0917 (one private step of calibrate_model_dir)

@@ -3,10 +3,11 @@
 Split conformal on one validation sensor (training/conformal.py) holds on that sensor and is too
 narrow on others: the unit-to-unit differences, the largest source of error on a new unit, are
 not in one unit's residuals (issue 28: 77-91 % on the defaults' test sensors). Here the widths
-come from several units' *out-of-unit* residuals: each training sensor predicted by a
-leave-sensor-out fold retrained without it (training/unit_folds.py), the validation sensor by
-the exported model (cross-conformal over sensors; Vovk 2015, Barber et al. 2021's jackknife+ /
-CV+ with the sensor as the left-out block).
+come from several units' *out-of-unit* residuals: each training sensor predicted by a fold
+retrained without it on as many units as the exported model, for its kept epochs
+(training/pool_folds.py), the validation sensor by the exported model (cross-conformal over
+sensors; Vovk 2015, Barber et al. 2021's jackknife+ / CV+ with the sensor as the left-out
+block).
 
 * **Bins** as split conformal: equal-count bins of the pooled predictions (at least
   :data:`~training.conformal.MIN_PER_BIN` pairs each, at most
@@ -23,8 +24,8 @@ CV+ with the sensor as the left-out block).
   units (leave-one-unit-out: what a unit nobody calibrated on sees); the test unit with the
   intervals as published.
 
-Fold models trained on fewer sensors are somewhat worse than the exported one, so the widths
-lean wide (the jackknife+ direction); the test and held-out figures measure by how much.
+Folds trained on one sensor fewer than the exported model were worse than it and set widths
+that leaned wide; folds of as many sensors and epochs are its peers (docs/benchmarks/intervals/).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from training.errors import DataError
 
 if TYPE_CHECKING:  # training.train loads TensorFlow: not for every `python -m training` call
+    from training.pool_folds import KeptEpochs
     from training.train import TrainConfig
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "add_parser",
     "after_export",
     "calibrate_default",
+    "fold_epochs",
     "model_config",
     "run",
 ]
@@ -46,22 +48,26 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=Path,
         help="where fold runs are trained and reused (default runs/interval-folds/<name>)",
     )
-    parser.add_argument("--folds", type=int, default=4, help="leave-sensor-out folds (4)")
     parser.add_argument(
-        "--seeds",
-        help="seeds each fold tries, the best on validation kept, e.g. 0,1 (default: a "
-        "committed default's own seeds, else the run's seed)",
+        "--fold-epochs",
+        type=int,
+        help="epochs every fold trains for: the epoch the model's weights are from (its best "
+        "validation epoch; default: read from --run's history, else recorded by earlier folds)",
+    )
+    parser.add_argument(
+        "--fold-fine-tune-epochs",
+        type=int,
+        default=0,
+        help="with --fold-epochs: short-history fine-tuning epochs the model kept (0)",
     )
     parser.add_argument("--level", type=float, default=0.9, help="nominal coverage (0.9)")
     parser.add_argument("--report", type=Path, help="write the per-unit report (JSON) here")
     parser.add_argument("--table", type=Path, help="write the per-unit table (Markdown) here")
 
 
-def model_config(
-    model_dir: Path, run_dir: Path | None, data: Path | None
-) -> tuple[TrainConfig, tuple[int, ...]]:
-    """The config the model was trained with (the run's, or a committed default's) and the
-    seeds its training tried."""
+def model_config(model_dir: Path, run_dir: Path | None, data: Path | None) -> TrainConfig:
+    """The config the model was trained with (the run's, or a committed default's with the
+    seed its manifest records)."""
     from tesla_gateway.contract.manifest import load_manifest
 
     manifest = load_manifest(model_dir)  # a wrong --model is refused before TensorFlow loads
@@ -72,7 +78,6 @@ def model_config(
         config = TrainConfig.model_validate_json(
             (run_dir / "config.json").read_text(encoding="utf-8")
         )
-        seeds: tuple[int, ...] = (config.seed,)
     else:
         default = next((d for d in DEFAULT_MODELS if d.name == manifest.name), None)
         if default is None:
@@ -83,23 +88,41 @@ def model_config(
         config = default.config.model_copy(
             update={"seed": int(manifest.hyperparameters.get("seed", default.config.seed))}
         )
-        seeds = default.seeds
-    return (config if data is None else config.model_copy(update={"data_path": data})), seeds
+    return config if data is None else config.model_copy(update={"data_path": data})
+
+
+def fold_epochs(
+    epochs: int | None, fine_tune_epochs: int, run_dir: Path | None, folds_dir: Path
+) -> KeptEpochs:
+    """The epochs the folds train for: given, else the run's kept epochs, else those the
+    folds already under ``folds_dir`` were trained for."""
+    from training.pool_folds import KeptEpochs, kept_epochs, recorded_epochs
+
+    if epochs is not None:
+        return KeptEpochs(epochs=epochs, fine_tune_epochs=fine_tune_epochs)
+    if run_dir is not None and (run_dir / "history.json").is_file():
+        return kept_epochs(run_dir)
+    recorded = recorded_epochs(folds_dir)
+    if recorded is None:
+        raise DataError(
+            "the folds train for the epochs the model's weights are from, and neither a run's "
+            f"history nor folds under {folds_dir} record them: pass --run RUN, or --fold-epochs "
+            "E (its best validation epoch) and --fold-fine-tune-epochs F (the short-history "
+            "fine-tuning epoch it kept, 0 for none)"
+        )
+    return recorded
 
 
 def run(args: argparse.Namespace) -> int:
     from tesla_gateway.contract.manifest import load_manifest
 
-    config, seeds = model_config(args.model, args.run, args.data)
-    from training.calibrate_intervals import calibrate_model_dir  # TensorFlow: to train the folds
-
-    if args.seeds is not None:
-        seeds = tuple(int(seed) for seed in args.seeds.split(","))
+    config = model_config(args.model, args.run, args.data)
     name = load_manifest(args.model).name
     folds_dir = args.folds_dir or Path("runs") / "interval-folds" / name
-    report = calibrate_model_dir(
-        args.model, config, folds_dir, folds=args.folds, seeds=seeds, level=args.level
-    )
+    kept = fold_epochs(args.fold_epochs, args.fold_fine_tune_epochs, args.run, folds_dir)
+    from training.calibrate_intervals import calibrate_model_dir  # TensorFlow: to train the folds
+
+    report = calibrate_model_dir(args.model, config, folds_dir, kept=kept, level=args.level)
     text = json.dumps(report.as_json(), indent=2)
     if args.report is not None:
         args.report.parent.mkdir(parents=True, exist_ok=True)
@@ -114,13 +137,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    """``export --intervals-across-units FOLDS``: calibrate the exported model's intervals."""
+    """``export --intervals-across-units``: calibrate the exported model's intervals."""
     parser.add_argument(
         "--intervals-across-units",
-        type=int,
-        metavar="FOLDS",
-        help="after export, fit the intervals across units: retrains FOLDS leave-sensor-out "
-        "models with the run's config (TESLA runs; the folds go to RUN/interval-folds)",
+        action="store_true",
+        help="after export, fit the intervals across units: retrains the run's config once per "
+        "training sensor, without it and with the validation sensor, for the run's kept epochs "
+        "(TESLA runs; the folds go to RUN/interval-folds)",
     )
 
 
@@ -130,26 +153,31 @@ def after_export(args: argparse.Namespace) -> None:
     from tesla_gateway.contract.manifest import load_manifest
     from training.calibrate_intervals import calibrate_model_dir
 
-    folds = getattr(args, "intervals_across_units", None)
-    if folds is None or not (args.out / "manifest.json").is_file():
+    if (
+        not getattr(args, "intervals_across_units", False)
+        or not (args.out / "manifest.json").is_file()
+    ):
         return
     if load_manifest(args.out).architecture != "tesla":
         print("intervals across units: only for TESLA models, kept as exported", file=sys.stderr)
         return
-    config, seeds = model_config(args.out, args.run, None)
-    report = calibrate_model_dir(
-        args.out, config, args.run / "interval-folds", folds=folds, seeds=seeds
-    )
+    config = model_config(args.out, args.run, None)
+    folds_dir = args.run / "interval-folds"
+    kept = fold_epochs(None, 0, args.run, folds_dir)
+    report = calibrate_model_dir(args.out, config, folds_dir, kept=kept)
     print(json.dumps(report.as_json(), indent=2))
 
 
 def calibrate_default(model_dir: Path, data: Path | None, runs: Path) -> dict[str, object]:
     """A committed default's intervals across units (``default-models``), folds under
-    ``runs/interval-folds/<name>``, reused when their config matches."""
+    ``runs/interval-folds/<name>``, reused when their config matches; the kept epochs from
+    its run ``runs/<name>-seed<seed>`` when there, else those its folds were trained for."""
     from tesla_gateway.contract.manifest import load_manifest
     from training.calibrate_intervals import calibrate_model_dir
 
-    config, seeds = model_config(model_dir, None, data)
+    config = model_config(model_dir, None, data)
     name = load_manifest(model_dir).name
-    report = calibrate_model_dir(model_dir, config, runs / "interval-folds" / name, seeds=seeds)
+    folds_dir = runs / "interval-folds" / name
+    kept = fold_epochs(None, 0, runs / f"{name}-seed{config.seed}", folds_dir)
+    report = calibrate_model_dir(model_dir, config, folds_dir, kept=kept)
     return report.as_json()

@@ -1,5 +1,6 @@
 """Intervals across units: the unit-weighted conformal widths, leave-one-unit-out figures, the
-leave-sensor-out folds and ``calibrate-intervals`` on a real (small, synthetic) model directory."""
+folds exchangeable with the exported model and ``calibrate-intervals`` on a real (small,
+synthetic) model directory."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ from training.cross_conformal import (
 from training.data import generate_synthetic
 from training.errors import DataError
 from training.evaluate import evaluate_model_dir, evaluation_text
+from training.intervals_cli import fold_epochs
 from training.model_dir import export_run
 from training.models import TeslaConfig
+from training.pool_folds import FOLD_FILE, KeptEpochs, kept_epochs, recorded_epochs
 from training.train import TrainConfig, train
-from training.unit_folds import fold_groups
 
 
 def unit(name: str, scale: float, n: int, seed: int, bias: float = 0.0) -> UnitResiduals:
@@ -76,12 +78,39 @@ def test_one_unit_is_not_across_units() -> None:
         fit_cross_unit([unit("a", 1.0, 500, 0)], validation_sensor="a")
 
 
-def test_sensors_are_dealt_round_robin_into_folds() -> None:
-    sensors = ["f", "a", "e", "b", "d", "c"]
-    assert fold_groups(sensors, 4) == [("a", "e"), ("b", "f"), ("c",), ("d",)]
-    assert fold_groups(sensors[:4], 4) == [("a",), ("b",), ("e",), ("f",)]
-    with pytest.raises(DataError, match="at least 2 folds"):
-        fold_groups(sensors, 1)
+def test_the_folds_train_for_the_epochs_the_exported_weights_are_from(tmp_path: Path) -> None:
+    """Early stopping restores the best validation epoch and the fine-tuning keeps its chosen
+    epoch: a fold trained for the run's *last* epochs would not be the exported model's peer."""
+    history = {"loss": [9.0] * 7, "val_loss": [5.0, 4.0, 3.0, 3.5, float("nan"), 3.2, 3.1]}
+    (tmp_path / "history.json").write_text(json.dumps({**history, "fine_tune_chosen_epoch": [4.0]}))
+    assert kept_epochs(tmp_path) == KeptEpochs(epochs=3, fine_tune_epochs=4)
+    (tmp_path / "history.json").write_text(json.dumps(history))  # mixed from the start
+    assert kept_epochs(tmp_path) == KeptEpochs(epochs=3, fine_tune_epochs=0)
+    (tmp_path / "history.json").write_text("{}")
+    with pytest.raises(DataError, match="--fold-epochs"):
+        kept_epochs(tmp_path)
+
+
+def test_the_fold_epochs_come_from_the_flags_the_run_or_the_folds_already_trained(
+    tmp_path: Path,
+) -> None:
+    run, folds = tmp_path / "run", tmp_path / "folds"
+    with pytest.raises(DataError, match="--fold-epochs E"):
+        fold_epochs(None, 0, None, folds)  # a committed default whose run is gone, no folds
+    assert fold_epochs(7, 2, run, folds) == KeptEpochs(epochs=7, fine_tune_epochs=2)
+    run.mkdir()
+    (run / "history.json").write_text(json.dumps({"loss": [1, 1], "val_loss": [2.0, 1.0]}))
+    assert fold_epochs(None, 0, run, folds) == KeptEpochs(epochs=2)
+    record = {"config": TrainConfig(dataset="synthetic").model_dump(mode="json"),
+              "train_units": ["a", "c"], "left_out": "b",
+              "kept": {"epochs": 5, "fine_tune_epochs": 1}}  # fmt: skip
+    for left_out in ("a", "b"):
+        (folds / f"pool-without-{left_out}-e5+1-seed0").mkdir(parents=True)
+        (folds / f"pool-without-{left_out}-e5+1-seed0" / FOLD_FILE).write_text(json.dumps(record))
+    assert fold_epochs(None, 0, None, folds) == KeptEpochs(epochs=5, fine_tune_epochs=1)
+    other = {**record, "kept": {"epochs": 6, "fine_tune_epochs": 1}}
+    (folds / "pool-without-b-e5+1-seed0" / FOLD_FILE).write_text(json.dumps(other))
+    assert recorded_epochs(folds) is None  # folds of two trainings: which is the model's?
 
 
 @pytest.mark.slow
@@ -103,20 +132,33 @@ def test_export_and_calibrate_intervals_fit_intervals_across_units(tmp_path: Pat
     split = export_run(run_dir, tmp_path / "split", name="pm2_5-synthetic", force=True).manifest
     assert split.intervals is not None and split.intervals.method == "split_conformal_binned"
     assert split.history_intervals is not None
-    # export --intervals-across-units FOLDS: the folds are trained beside the run
+    # export --intervals-across-units: the folds are trained beside the run
     export = ["export", "--run", str(run_dir), "--out", str(model_dir), "--name", "pm2_5-synthetic"]
-    assert main([*export, "--force", "--intervals-across-units", "2"]) == 0
+    assert main([*export, "--force", "--intervals-across-units"]) == 0
     folds_dir = run_dir / "interval-folds"
-    stamps = {p: p.stat().st_mtime_ns for p in folds_dir.glob("*/metrics.json")}
-    assert len(stamps) == 2
+    stamps = {p: p.stat().st_mtime_ns for p in folds_dir.glob("*/model.keras")}
+    summary = split.data
+    assert len(stamps) == len(summary.train_sensors)  # one fold per training sensor
+    kept = kept_epochs(run_dir)
+    for path in folds_dir.glob(f"*/{FOLD_FILE}"):
+        # each fold is the exported model's peer: as many units (the validation sensor in
+        # place of the one left out), its config and seed, its kept epochs
+        fold = json.loads(path.read_text())
+        assert summary.validation_sensor in fold["train_units"]
+        assert fold["left_out"] not in fold["train_units"]
+        assert sorted([*fold["train_units"], fold["left_out"]]) == sorted(
+            [*summary.train_sensors, summary.validation_sensor]
+        )
+        assert KeptEpochs.model_validate(fold["kept"]) == kept
+        assert TrainConfig.model_validate(fold["config"]) == config
     args = ["calibrate-intervals", "--model", str(model_dir), "--run", str(run_dir)]
-    args += ["--folds", "2", "--folds-dir", str(folds_dir), "--report", str(tmp_path / "r.json")]
+    args += ["--folds-dir", str(folds_dir), "--report", str(tmp_path / "r.json")]
     assert main(args) == 0  # calibrating again reuses the folds: no run is written again
-    assert {p: p.stat().st_mtime_ns for p in folds_dir.glob("*/metrics.json")} == stamps
+    assert {p: p.stat().st_mtime_ns for p in folds_dir.glob("*/model.keras")} == stamps
     after = load_manifest(model_dir)
     intervals = after.intervals
     assert intervals is not None and intervals.method == "cross_unit_conformal_binned"
-    summary = after.data
+    assert after.data == summary
     assert sorted(intervals.calibration_sensors) == sorted(
         [*summary.train_sensors, summary.validation_sensor]
     )
@@ -131,8 +173,13 @@ def test_export_and_calibrate_intervals_fit_intervals_across_units(tmp_path: Pat
     assert {h.intervals.method for h in after.history_intervals} == {"cross_unit_conformal_binned"}
     assert after.validation == split.validation  # the same model, other intervals
     report = json.loads((tmp_path / "r.json").read_text())
-    assert [len(f["seeds"]) for f in report["folds"]] == [1, 1]
+    assert sorted(f["left_out"][0] for f in report["folds"]) == sorted(summary.train_sensors)
+    assert report["fold_epochs"] == kept.model_dump()
     assert {r["sensor"] for r in report["units"]} == set(roles)
+
+    # --fold-epochs: folds of other epochs are trained beside (and recorded), not mixed up
+    assert main([*args, "--fold-epochs", "1", "--fold-fine-tune-epochs", "0"]) == 0
+    assert len(list(folds_dir.glob("pool-without-*-e1+0-seed*/model.keras"))) == len(stamps)
 
     # evaluate names every unit's coverage with its role
     data = generate_synthetic(**config.dataset_options)  # type: ignore[arg-type]
@@ -198,10 +245,9 @@ def test_a_manifest_with_absurd_intervals_is_refused(case: str, tmp_path: Path) 
     ("damage", "reused"),
     [
         ({}, True),
-        ({"metrics.json": '{"validation": {"rm'}, False),  # killed while writing the scores
-        ({"config.json": "{"}, False),
-        ({"config.json": '{"no_such_field": 1}'}, False),  # another version's config
-        ({"metrics.json": "[]"}, False),
+        ({FOLD_FILE: '{"config": {"data'}, False),  # killed while writing the record
+        ({FOLD_FILE: '{"no_such_field": 1}'}, False),  # another version's record
+        ({"model.keras": "PK"}, False),  # a model archive cut short
     ],
 )
 def test_a_fold_run_cut_short_is_trained_again_not_reused(
@@ -209,21 +255,27 @@ def test_a_fold_run_cut_short_is_trained_again_not_reused(
 ) -> None:
     """A fold run is reused only whole: a kill or a full disk mid-write used to leave a run that
     every later ``calibrate-intervals`` took as finished and then failed on."""
-    from training.unit_folds import DIVERGED_FILE, _diverged, _finished
+    import zipfile
+
+    from training.pool_folds import DIVERGED_FILE, _diverged, _finished, _FoldRecord
 
     config = TrainConfig(dataset="synthetic", window_length=8)
-    (tmp_path / "config.json").write_text(config.model_dump_json())
-    (tmp_path / "metrics.json").write_text('{"validation": {"rmse": 1.5}}')
+    record = _FoldRecord(config=config, train_units=("a", "c"), left_out="b",
+                         kept=KeptEpochs(epochs=3))  # fmt: skip
+    with zipfile.ZipFile(tmp_path / "model.keras", "w") as archive:
+        archive.writestr("config.json", "{}")
+    done = record.model_copy(update={"train_seconds": 1.0, "final_loss": 2.0})
+    (tmp_path / FOLD_FILE).write_text(done.model_dump_json())
     for name, text in damage.items():
         (tmp_path / name).write_text(text)
-    assert _finished(tmp_path, config) is reused
-    assert not _finished(tmp_path, config.model_copy(update={"seed": 7}))
+    assert (_finished(tmp_path, record) is not None) is reused
+    assert _finished(tmp_path, record.model_copy(update={"kept": KeptEpochs(epochs=4)})) is None
     # a divergence marker cut short says nothing: the seed is tried again
-    assert not _diverged(tmp_path, config)
+    assert not _diverged(tmp_path, record)
     (tmp_path / DIVERGED_FILE).write_text('{"config": {"data')
-    assert not _diverged(tmp_path, config)
-    (tmp_path / DIVERGED_FILE).write_text(json.dumps({"config": config.model_dump(mode="json")}))
-    assert _diverged(tmp_path, config)
+    assert not _diverged(tmp_path, record)
+    (tmp_path / DIVERGED_FILE).write_text(record.model_dump_json())
+    assert _diverged(tmp_path, record)
 
 
 @pytest.mark.parametrize("field", ["candidates", "choice"])
