@@ -82,7 +82,7 @@ $(M4_LIB_DIR)/libtflm.a: $(M4_LIB_OBJS)
 	rm -f $@ && arm-none-eabi-ar rcs $@ $^
 
 # Host test of tflm/int16_kernels.h against the library's reference kernels (header-only).
-$(BUILD)/test_int16_kernels: test/test_int16_kernels.cpp tflm/int16_kernels.h | m4-libraries
+$(BUILD)/test_int16_kernels: test/test_int16_kernels.cpp tflm/int16_kernels.h tflm/dot_s16_s8.h | m4-libraries
 	mkdir -p $(@D)
 	$(CXX) -std=c++17 -O1 -g -Wall -Wextra -Werror -fsanitize=address,undefined -I. \
 	  $(subst -I,-isystem ,$(M4_LIB_INCLUDES)) -o $@ $<

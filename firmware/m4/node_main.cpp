@@ -5,7 +5,8 @@
 // Besides the gateway protocol (docs/serial-protocol.md) it takes test commands, lines that
 // start with '#' and that the gateway never sends:
 //   #V,<offset>,<v>,...   put raw values into the [N, C] window at offset (oldest period first,
-//                         a period's channels together: PM ug/m3, then rh %, temp_c degC)
+//                         a period's channels together: PM ug/m3, then rh %, temp_c degC);
+//                         every <v> of #V and #A is a float32 as the 8 hex digits of its bits
 //   #I                    calibrate the window -> #O,<int16 output>,<value>,<ticks>,<sum of q>
 //   #A,<period>,<v>,...   one period's readings into the node's own window (src/window.h, the
 //                         sketch's: gap rule, young windows padded), a value per channel in
@@ -189,6 +190,15 @@ uint32_t check_dot(unsigned long trials) {
   return mismatches;
 }
 
+// A test line's float: the 8 hex digits of its IEEE-754 bits, exact by construction and parsed
+// without newlib's decimal float parser (about 7 KB of flash that the sketch does not have).
+float parse_float_bits(const char* text) {
+  const uint32_t bits = uint32_t(strtoul(text, nullptr, 16));
+  float value;
+  memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
 void on_test_line(char* line) {
   char* fields[64];
   size_t count = 0;
@@ -200,7 +210,7 @@ void on_test_line(char* line) {
   if (strcmp(fields[0], "#V") == 0 && count >= 2) {
     uint32_t offset = uint32_t(strtoul(fields[1], nullptr, 10));
     for (size_t i = 2; i < count && offset < tesla::model::kInputValues; ++i, ++offset) {
-      input_window[offset] = strtof(fields[i], nullptr);
+      input_window[offset] = parse_float_bits(fields[i]);
     }
   } else if (strcmp(fields[0], "#I") == 0) {
     int16_t raw = 0;
@@ -216,7 +226,7 @@ void on_test_line(char* line) {
   } else if (strcmp(fields[0], "#A") == 0 && count == 2 + tesla::model::kChannelCount) {
     const int64_t period = strtoll(fields[1], nullptr, 10);
     for (uint32_t c = 0; c < tesla::model::kChannelCount; ++c) {
-      if (strcmp(fields[2 + c], "-") != 0) window.add(period, c, strtof(fields[2 + c], nullptr));
+      if (strcmp(fields[2 + c], "-") != 0) window.add(period, c, parse_float_bits(fields[2 + c]));
     }
   } else if (strcmp(fields[0], "#W") == 0) {
     if (window.copy(input_window)) {

@@ -1,4 +1,5 @@
-// Host test: firmware/tflm/int16_kernels.h against the Arduino library's reference kernels
+// Host test: firmware/tflm/int16_kernels.h (and dot_s16_s8.h's requantize64, the int16
+// FULLY_CONNECTED's requantisation) against the Arduino library's reference kernels
 // (header-only templates, compiled here from the same library), on random tensors and extreme
 // values. Every output must be the same integer. Prints "<n> checks, 0 failures".
 #include <stdio.h>
@@ -8,6 +9,7 @@
 
 #include "tensorflow/lite/kernels/internal/reference/integer_ops/mul.h"
 #include "tensorflow/lite/kernels/internal/reference/reduce.h"
+#include "tflm/dot_s16_s8.h"
 #include "tflm/int16_kernels.h"
 
 namespace {
@@ -51,6 +53,39 @@ void check_multiplier() {
     const int32_t got =
         tesla::multiply_by_quantized_multiplier(x, tesla::make_quantized_multiplier(multiplier, shift));
     expect(got == want, "multiply_by_quantized_multiplier", got, want);
+  }
+}
+
+// requantize64 against tflite::MultiplyByQuantizedMultiplier(int64_t, ...) over the range the
+// library assumes (|x| < 2^47, multiplier >= 0, shift in [-31, 7]), extremes included, and the
+// int16 x int8 dot products plus an int64 bias that the node's layers feed it.
+void check_requantize64() {
+  for (int i = 0; i < 300000; ++i) {
+    const int64_t limit = int64_t{1} << 47;
+    int64_t x;
+    switch (i % 5) {
+      case 0: x = i % 2 ? limit - 1 : -limit; break;
+      case 1: x = static_cast<int64_t>(static_cast<int32_t>(rng())) * uniform(-128, 127); break;
+      case 2: x = uniform(-3, 3); break;
+      default: x = (static_cast<int64_t>(rng()) << 16 | (rng() & 0xFFFF)) % limit; break;
+    }
+    int32_t multiplier;
+    switch (i % 7) {
+      case 0: multiplier = 0x7FFFFFFF; break;
+      case 1: multiplier = 0x7FFF0000 - uniform(0, 1); break;
+      case 2: multiplier = 1 << 30; break;
+      default: multiplier = static_cast<int32_t>(rng() >> 1); break;
+    }
+    const int shift = uniform(-31, 7);
+    const int32_t want = tflite::MultiplyByQuantizedMultiplier(x, multiplier, shift);
+    const tesla::Requantizer64 q = tesla::make_requantizer64(multiplier, shift);
+    const int32_t got = tesla::requantize64(x, q);
+    expect(got == want, "requantize64", got, want);
+    // The int32 fast path, on the low word of x (any int32, its extremes included).
+    const int32_t x32 = i % 13 == 0 ? (i % 2 ? INT32_MIN : INT32_MAX) : static_cast<int32_t>(x);
+    const int32_t want32 = tflite::MultiplyByQuantizedMultiplier(int64_t{x32}, multiplier, shift);
+    const int32_t got32 = tesla::requantize32(x32, q);
+    expect(got32 == want32, "requantize32", got32, want32);
   }
 }
 
@@ -136,6 +171,7 @@ void check_sum_or_mean() {
 
 int main() {
   check_multiplier();
+  check_requantize64();
   check_broadcast_mul();
   check_sum_or_mean();
   printf("%d checks, %d failures\n", checks, failures);

@@ -11,6 +11,7 @@
 #include "tensorflow/lite/kernels/internal/quantization_util.h"
 #include "tensorflow/lite/kernels/internal/reference/integer_ops/fully_connected.h"
 #include "tensorflow/lite/kernels/internal/reference/process_broadcast_shapes.h"
+#include "tensorflow/lite/kernels/internal/reference/strided_slice.h"
 #include "tensorflow/lite/kernels/internal/reference/transpose.h"
 #include "tensorflow/lite/kernels/kernel_util.h"
 #include "tensorflow/lite/micro/kernels/fully_connected.h"
@@ -18,6 +19,7 @@
 #include "tensorflow/lite/micro/kernels/mul.h"
 #include "tensorflow/lite/micro/kernels/reduce.h"
 #include "tensorflow/lite/micro/micro_context.h"
+#include "tensorflow/lite/micro/micro_log.h"
 #include "tensorflow/lite/micro/micro_utils.h"
 
 namespace tesla {
@@ -122,6 +124,7 @@ TfLiteRegistration library_fully_connected;
 struct FullyConnectedNode {
   void* library_data;
   bool per_channel;
+  bool int32_sums;  // depth <= kDotBlock and every |bias| < 2^30: sums fit an int32
   tflite::OpDataFullyConnected op;
   int32_t* multipliers;
   int* shifts;
@@ -165,6 +168,17 @@ TfLiteStatus fully_connected_prepare(TfLiteContext* context, TfLiteNode* node) {
     node_data->shifts =
         static_cast<int*>(context->AllocatePersistentBuffer(context, channels * sizeof(int)));
     TF_LITE_ENSURE(context, node_data->multipliers != nullptr && node_data->shifts != nullptr);
+    const int depth = filter->dims->data[filter->dims->size - 1];
+    node_data->int32_sums = depth <= kDotBlock;
+    if (bias != nullptr && bias->type == kTfLiteInt64) {
+      const int64_t* biases = tflite::GetTensorData<int64_t>(bias);
+      constexpr int64_t kLimit = int64_t{1} << 30;
+      for (int c = 0; c < channels && node_data->int32_sums; ++c) {
+        node_data->int32_sums = biases[c] > -kLimit && biases[c] < kLimit;
+      }
+    } else if (bias != nullptr) {
+      node_data->int32_sums = false;
+    }
     for (int c = 0; c < channels; ++c) {
       const double scale = static_cast<double>(input->params.scale) *
                            static_cast<double>(q->scale->data[c]) /
@@ -184,7 +198,9 @@ TfLiteStatus fully_connected_prepare(TfLiteContext* context, TfLiteNode* node) {
 }
 
 // The reference kernel's arithmetic with the dot products of dot_s16_s8.h (int16 inputs are
-// symmetric: zero point 0, which the caller checks), bit for bit the same outputs.
+// symmetric: zero point 0, which the caller checks), bit for bit the same outputs. Channel by
+// channel: its requantisation constants (requantize64) are set up once for all the batch's rows
+// (the attention's projections run 9 rows of 16 channels).
 void fully_connected_s16_s8(const FullyConnectedNode* node_data, const TfLiteEvalTensor* input,
                             const TfLiteEvalTensor* filter, const TfLiteEvalTensor* bias,
                             int batches, int channels, TfLiteEvalTensor* output) {
@@ -195,16 +211,31 @@ void fully_connected_s16_s8(const FullyConnectedNode* node_data, const TfLiteEva
   const int64_t* biases = tflite::micro::GetOptionalTensorData<int64_t>(bias);
   int16_t* out = tflite::micro::GetTensorData<int16_t>(output);
   const tflite::OpDataFullyConnected& op = node_data->op;
-  for (int b = 0; b < batches; ++b) {
-    for (int c = 0; c < channels; ++c) {
-      int64_t acc = dot_s16_s8(in + b * depth, weights + c * depth, depth);
-      if (biases != nullptr) acc += biases[c];
-      int32_t scaled = tflite::MultiplyByQuantizedMultiplier(acc, node_data->multipliers[c],
-                                                             node_data->shifts[c]);
-      scaled += op.output_zero_point;
-      scaled = std::max(scaled, op.output_activation_min);
-      scaled = std::min(scaled, op.output_activation_max);
-      out[c + channels * b] = static_cast<int16_t>(scaled);
+  const int32_t low = op.output_activation_min;
+  const int32_t high = op.output_activation_max;
+  const int32_t zero_point = op.output_zero_point;
+  for (int c = 0; c < channels; ++c) {
+    const Requantizer64 q = make_requantizer64(node_data->multipliers[c], node_data->shifts[c]);
+    if (node_data->int32_sums) {  // |dot| <= 2^30 (dot_s16_s8.h) and |bias| < 2^30
+      const int32_t channel_bias = biases != nullptr ? static_cast<int32_t>(biases[c]) : 0;
+      const int8_t* channel_weights = weights + c * depth;
+      const int16_t* row = in;
+      int16_t* to = out + c;
+      for (int b = 0; b < batches; ++b, row += depth, to += channels) {
+        const int32_t acc = dot_s16_s8_block(row, channel_weights, depth) + channel_bias;
+        const int32_t scaled = requantize32(acc, q) + zero_point;
+        *to = static_cast<int16_t>(std::min(std::max(scaled, low), high));
+      }
+      continue;
+    }
+    const int64_t channel_bias = biases != nullptr ? biases[c] : 0;
+    const int8_t* channel_weights = weights + c * depth;
+    const int16_t* row = in;
+    int16_t* to = out + c;
+    for (int b = 0; b < batches; ++b, row += depth, to += channels) {
+      const int64_t acc = dot_s16_s8(row, channel_weights, depth) + channel_bias;
+      const int32_t scaled = requantize64(acc, q) + zero_point;
+      *to = static_cast<int16_t>(std::min(std::max(scaled, low), high));
     }
   }
 }
@@ -312,10 +343,108 @@ TfLiteStatus mean_eval(TfLiteContext* context, TfLiteNode* node) {
   return reduce_eval(context, node, false);
 }
 
+// int16 STRIDED_SLICE (the attention's head split), with the library's reference
+// StridedSlice<int16_t> and the checks of the library's Prepare. Registered instead of the
+// library's kernel, whose Eval instantiates the slice for five types (float, int8, int16,
+// int32, bool): 12 KB of flash of which the device graphs (int16 activations) use one.
+TfLiteStatus strided_slice_prepare(TfLiteContext* context, TfLiteNode* node) {
+  TF_LITE_ENSURE_EQ(context, tflite::NumInputs(node), 4);
+  TF_LITE_ENSURE_EQ(context, tflite::NumOutputs(node), 1);
+  auto* params = static_cast<tflite::StridedSliceParams*>(
+      context->AllocatePersistentBuffer(context, sizeof(tflite::StridedSliceParams)));
+  TF_LITE_ENSURE(context, params != nullptr);
+  tflite::MicroContext* micro_context = tflite::GetMicroContext(context);
+  TfLiteTensor* tensors[5] = {
+      micro_context->AllocateTempInputTensor(node, 0),
+      micro_context->AllocateTempInputTensor(node, 1),
+      micro_context->AllocateTempInputTensor(node, 2),
+      micro_context->AllocateTempInputTensor(node, 3),
+      micro_context->AllocateTempOutputTensor(node, 0)};
+  const TfLiteTensor* input = tensors[0];
+  const TfLiteTensor* output = tensors[4];
+  const auto* options = static_cast<const TfLiteStridedSliceParams*>(node->builtin_data);
+  TfLiteStatus status = kTfLiteOk;
+  const int dims = input != nullptr ? tflite::NumDimensions(input) : 0;
+  if (input == nullptr || tensors[1] == nullptr || tensors[2] == nullptr ||
+      tensors[3] == nullptr || output == nullptr) {
+    status = kTfLiteError;
+  } else if (input->type != kTfLiteInt16 || output->type != kTfLiteInt16 || dims > 4) {
+    MicroPrintf("STRIDED_SLICE: this node slices int16 tensors of up to 4 dimensions only");
+    status = kTfLiteError;
+  } else {
+    params->start_indices_count = static_cast<int8_t>(dims);
+    params->stop_indices_count = static_cast<int8_t>(dims);
+    params->strides_count = static_cast<int8_t>(dims);
+    for (int i = 0; i < dims; ++i) {
+      params->start_indices[i] = tflite::GetTensorData<int32_t>(tensors[1])[i];
+      params->stop_indices[i] = tflite::GetTensorData<int32_t>(tensors[2])[i];
+      params->strides[i] = tflite::GetTensorData<int32_t>(tensors[3])[i];
+    }
+    params->begin_mask = static_cast<uint16_t>(options->begin_mask);
+    params->ellipsis_mask = 0;
+    params->end_mask = static_cast<uint16_t>(options->end_mask);
+    params->new_axis_mask = 0;
+    params->shrink_axis_mask = static_cast<uint16_t>(options->shrink_axis_mask);
+    // The output shape the graph declares must be the slice's (the library's CheckOutputSize).
+    const tflite::RuntimeShape input_shape = tflite::GetTensorShape(input);
+    int kept = 0;
+    for (int i = 0; i < dims && status == kTfLiteOk; ++i) {
+      const int32_t stride = params->strides[i];
+      if (stride == 0) {
+        status = kTfLiteError;
+        break;
+      }
+      const int32_t begin = tflite::strided_slice::StartForAxis(*params, input_shape, i);
+      int32_t end = tflite::strided_slice::StopForAxis(*params, input_shape, i, begin);
+      const bool shrink = (params->shrink_axis_mask & (1 << i)) != 0;
+      if (shrink) end = begin + 1;
+      int32_t size = static_cast<int32_t>(ceilf(static_cast<float>(end - begin) /
+                                                static_cast<float>(stride)));
+      size = size < 0 ? 0 : size;
+      if (shrink) continue;
+      if (kept >= output->dims->size || output->dims->data[kept] != size) status = kTfLiteError;
+      ++kept;
+    }
+    if (status == kTfLiteOk && kept != output->dims->size) status = kTfLiteError;
+    if (status != kTfLiteOk) MicroPrintf("STRIDED_SLICE: the output shape is not the slice's");
+  }
+  for (TfLiteTensor* tensor : tensors) {
+    if (tensor != nullptr) micro_context->DeallocateTempTfLiteTensor(tensor);
+  }
+  node->user_data = params;
+  return status;
+}
+
+TfLiteStatus strided_slice_eval(TfLiteContext* context, TfLiteNode* node) {
+  const auto* params = static_cast<const tflite::StridedSliceParams*>(node->user_data);
+  const TfLiteEvalTensor* input = tflite::micro::GetEvalInput(context, node, 0);
+  TfLiteEvalTensor* output = tflite::micro::GetEvalOutput(context, node, 0);
+  tflite::reference_ops::StridedSlice(*params, tflite::micro::GetTensorShape(input),
+                                      tflite::micro::GetTensorData<int16_t>(input),
+                                      tflite::micro::GetTensorShape(output),
+                                      tflite::micro::GetTensorData<int16_t>(output));
+  return kTfLiteOk;
+}
+
 }  // namespace
 
+// Every op of the manifest goes to the library's resolver, but STRIDED_SLICE, which gets the
+// int16 kernel above: a generic lambda per op (the macro's), called here only for the others, so
+// the library's STRIDED_SLICE kernel is never referenced and the linker drops it.
+template <tflite::BuiltinOperator kOp, typename AddToLibrary>
+void DeviceOpResolver::add(AddToLibrary add_to_library) {
+  if constexpr (kOp == tflite::BuiltinOperator_STRIDED_SLICE) {
+    strided_slice_ = tflite::micro::RegisterOp(nullptr, strided_slice_prepare, strided_slice_eval);
+    strided_slice_.builtin_code = tflite::BuiltinOperator_STRIDED_SLICE;
+    has_strided_slice_ = true;
+  } else {
+    add_to_library(library_ops_);
+  }
+}
+
 DeviceOpResolver::DeviceOpResolver() {
-#define TESLA_REGISTER_OP(op, method) library_ops_.Add##method();
+#define TESLA_REGISTER_OP(op, method) \
+  add<tflite::BuiltinOperator_##op>([](auto& ops) { ops.Add##method(); });
   TESLA_MODEL_OPS(TESLA_REGISTER_OP)
 #undef TESLA_REGISTER_OP
   // Copies of the library's registrations as the resolver holds them (builtin_code set).
@@ -351,6 +480,9 @@ DeviceOpResolver::DeviceOpResolver() {
 }
 
 const TfLiteRegistration* DeviceOpResolver::FindOp(tflite::BuiltinOperator op) const {
+  if (op == tflite::BuiltinOperator_STRIDED_SLICE) {
+    return has_strided_slice_ ? &strided_slice_ : nullptr;
+  }
   const TfLiteRegistration* found = library_ops_.FindOp(op);
   if (found != nullptr && op == tflite::BuiltinOperator_TRANSPOSE) return &transpose_;
   if (found != nullptr && op == tflite::BuiltinOperator_RSQRT) return &rsqrt_;
@@ -367,6 +499,9 @@ const TfLiteRegistration* DeviceOpResolver::FindOp(const char* op) const {
 
 tflite::TfLiteBridgeBuiltinParseFunction DeviceOpResolver::GetOpDataParser(
     tflite::BuiltinOperator op) const {
+  if (op == tflite::BuiltinOperator_STRIDED_SLICE) {
+    return has_strided_slice_ ? tflite::ParseStridedSlice : nullptr;
+  }
   return library_ops_.GetOpDataParser(op);
 }
 

@@ -14,7 +14,8 @@
 // products two at a time on the M4's DSP (dot_s16_s8.h), bit for bit the same outputs.
 // int16 MUL with broadcasting, SUM and MEAN get faster loops with the library's arithmetic
 // (int16_kernels.h: the attention's broadcast MUL and SUM were 44 % of an inference), bit for
-// bit the same outputs too.
+// bit the same outputs too. STRIDED_SLICE is ours for int16 only (the library's kernel is 12 KB
+// of flash for five types the graphs do not use).
 #pragma once
 
 #include "src/model_constants.h"
@@ -42,7 +43,12 @@ class DeviceOpResolver : public tflite::MicroOpResolver {
       tflite::BuiltinOperator op) const override;
 
  private:
+  template <tflite::BuiltinOperator kOp, typename AddToLibrary>
+  void add(AddToLibrary add_to_library);
+
   tflite::MicroMutableOpResolver<model::kOpCount> library_ops_;
+  TfLiteRegistration strided_slice_{};
+  bool has_strided_slice_ = false;
   TfLiteRegistration transpose_;
   TfLiteRegistration rsqrt_;
   TfLiteRegistration fully_connected_;

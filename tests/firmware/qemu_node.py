@@ -35,6 +35,12 @@ VALUES_PER_LINE = 24  # '#V' lines stay under the node's 512-byte line limit
 MAX_LINE_BYTES = 511  # firmware/src/line_protocol.h kMaxLineBytes, without the LF
 
 
+def float_bits(value: float) -> str:
+    """A float32 as the node's test lines carry it: the 8 hex digits of its IEEE-754 bits (exact;
+    the emulated node links no decimal float parser, firmware/m4/node_main.cpp)."""
+    return f"{int(np.float32(value).view(np.uint32)):08x}"
+
+
 # Uniform ranges of the covariate channels in the benchmark's random windows: the humidity and
 # temperature an outdoor sensor meets (the PM channel uses the manifest's p01..p99).
 COVARIATE_RANGES = {"rh": (20.0, 95.0), "temp_c": (-5.0, 35.0)}
@@ -127,8 +133,7 @@ class EmulatedNode:
     def calibrate(self, window: npt.NDArray[np.float32]) -> tuple[int, int, int]:
         """(int16 output, SysTick ticks of Invoke, sum of the quantised inputs)."""
         for offset in range(0, len(window), VALUES_PER_LINE):
-            # %.9g round-trips a float32 exactly (the node parses it with strtof).
-            values = ",".join(f"{v:.9g}" for v in window[offset : offset + VALUES_PER_LINE])
+            values = ",".join(float_bits(v) for v in window[offset : offset + VALUES_PER_LINE])
             line = f"#V,{offset},{values}"
             assert len(line) <= MAX_LINE_BYTES, "the node would drop this line"
             self.send(line)
@@ -138,7 +143,7 @@ class EmulatedNode:
 
     def add_period(self, period: int, values: Sequence[float | None]) -> None:
         """One period's readings into the node's own window (None: no reading of a channel)."""
-        text = ",".join("-" if v is None else f"{v:.9g}" for v in values)
+        text = ",".join("-" if v is None else float_bits(v) for v in values)
         self.send(f"#A,{period},{text}")
 
     def calibrate_own_window(self) -> tuple[int, tuple[int, int] | None]:

@@ -23,6 +23,7 @@ from tests.firmware.qemu_node import (
     bench_windows,
     build,
     emulated_node,
+    float_bits,
     missing_prerequisite,
 )
 
@@ -217,22 +218,28 @@ def test_hostile_window_lines_leave_the_emulated_node_answering() -> None:
         node.send("#W")
         return node.expect("#W,", timeout=20).split(",")[1:]
 
+    bits = float_bits
+    nan, inf = float("nan"), float("inf")
+    reading = f"{bits(1)},{bits(50)},{bits(20)}"  # PM10 1, rh 50, temp_c 20
     with emulated_node(elf) as node:
         node.expect("H,")
         far = -9_223_372_036_854_775_000  # the first period, near the bottom of int64
-        node.send(f"#A,{far},nan,50,20")  # PM not a number: no PM reading, so no history yet
+        # PM not a number: no PM reading, so no history yet
+        node.send(f"#A,{far},{bits(nan)},{bits(50)},{bits(20)}")
         assert own_window() == ["0", "-"]
-        node.send(f"#A,{far},12,inf,-inf")  # rh and temp_c not finite: their readings stand
+        # rh and temp_c not finite: their readings stand
+        node.send(f"#A,{far},{bits(12)},{bits(inf)},{bits(-inf)}")
         young = own_window()
         assert young[0] == "1" and young[1] != "-", young
-        node.send(f"#A,{far + 1},13,50")  # a channel short: the line is ignored
-        node.send(f"#A,{far + 1},13,50,20,7")  # a channel too many: ignored
+        node.send(f"#A,{far + 1},{bits(13)},{bits(50)}")  # a channel short: the line is ignored
+        # a channel too many: ignored
+        node.send(f"#A,{far + 1},{bits(13)},{bits(50)},{bits(20)},{bits(7)}")
         node.send("#A")
         assert own_window() == young
-        node.send(f"#A,{-far},1,50,20")  # about 2^64 periods on: a window of holes
+        node.send(f"#A,{-far},{reading}")  # about 2^64 periods on: a window of holes
         assert own_window() == ["360", "-"]
-        node.send("#A,99999999999999999999999,1,50,20")  # saturates to INT64_MAX
-        node.send("#A,-99999999999999999999999,1,50,20")  # INT64_MIN: no period
+        node.send(f"#A,99999999999999999999999,{reading}")  # saturates to INT64_MAX
+        node.send(f"#A,-99999999999999999999999,{reading}")  # INT64_MIN: no period
         assert own_window() == ["360", "-"]
 
 
