@@ -5,9 +5,10 @@ Per heartbeat (a fifth of the pin TTL): say it is alive, renew its leases, and m
 balanced placement (:func:`ownership.plan`). Taking a partition: win its lease, load its snapshot
 into the windows, replay the stream after it, then pull with the pin. Losing one (a 423 on a
 pull, a lease renewal refused): its windows go at once. Giving one back (rebalancing, shutdown):
-stop pulling, snapshot, drop, unpin, release. The daemon's tick lock keeps a snapshot from falling
-between a tick taking periods out of the windows and their calibrated values reaching the
-stream, so a snapshot and the sequence it covers always agree.
+stop pulling (its last pull waited out: :mod:`.puller`), snapshot, drop, unpin, release. The
+daemon's tick lock keeps a snapshot from falling between a tick taking periods out of the
+windows and their calibrated values reaching the stream, so a snapshot and the sequence it
+covers always agree.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ _RETRY_S = 1.0
 _DRAIN_POLL_S = 0.05
 _SNAPSHOT_WAIT_S = 5.0  # then the snapshot holds the periods still waiting
 _INSTALL_WAIT_S = 30.0  # then the windows are rebuilt anyway (logged)
+_STOP_WAIT_S = 5.0  # a stopped puller's last pull ends by then (its expiry + 2 s), else cancelled
 
 
 class WindowOwner(Protocol):
@@ -68,6 +70,9 @@ class _Owned:
     task: asyncio.Task[None] | None = None
     acquired_at: float = 0.0  # Unix s
     ready: bool = False  # replay done, pulling
+    puller: PartitionPuller | None = None
+    releasing: bool = False  # being given back: its puller's end is no loss
+    pinned_elsewhere: bool = False  # a 423: the pin is another gateway's, not to be unpinned
 
 
 @dataclass(slots=True)
@@ -175,11 +180,14 @@ class ClusterMember:
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
-                group.create_task(self._snapshot_loop(), name="cluster-snapshots")
-                await self._heartbeat_loop()
+                snapshots = group.create_task(self._snapshot_loop(), name="cluster-snapshots")
+                try:
+                    await self._heartbeat_loop()
+                finally:  # with the pullers still running, to wait out their last pulls
+                    await _cancel(snapshots)
+                    await asyncio.shield(self._leave(engine))
         finally:
             self._group = None
-            await asyncio.shield(self._leave(engine))
 
     async def _connect(self) -> Engine:
         """Connect, and refuse to join if a live gateway has this id (before the first
@@ -204,8 +212,7 @@ class ClusterMember:
         """A clean shutdown: every partition handed back with a fresh snapshot."""
         try:
             async with asyncio.timeout(10.0):
-                for partition in list(self._owned):
-                    await self._release(partition)
+                await self._release(list(self._owned))
                 if self._leases is not None:
                     await self._leases.leave()
         except transient() as exc:  # the others take over by TTL anyway
@@ -225,8 +232,7 @@ class ClusterMember:
                 self._members = await leases.members()
                 holders = await leases.holders(self.config.partitions)
                 moves = plan(self.gateway_id, self._members, holders, self.config.partitions)
-                for partition in moves.release:
-                    await self._release(partition)
+                await self._release(moves.release)
                 for partition in moves.acquire:
                     if await leases.acquire(partition):
                         self._take(partition)
@@ -251,12 +257,13 @@ class ClusterMember:
         try:
             await self._load_replay_pull(partition, owned)
         except PinLostError:
+            owned.pinned_elsewhere = True
             why = "pinned elsewhere"
         except transient() as exc:
             self.counters.errors += 1
             why = f"{type(exc).__name__}: {exc}"
-        if self._owned.get(partition) is owned:  # not given back and taken again meanwhile
-            await self._lose(partition, why)
+        if self._owned.get(partition) is owned and not owned.releasing:
+            await self._lose(partition, why)  # not given back, nor taken again meanwhile
 
     async def _load_replay_pull(self, partition: int, owned: _Owned) -> None:
         assert self._engine is not None and self._snapshots is not None
@@ -298,7 +305,7 @@ class ClusterMember:
             sensors=len(owned.sensors),
             seconds=round(self.counters.last_takeover_s, 3),
         )
-        puller = PartitionPuller(
+        puller = owned.puller = PartitionPuller(
             self._engine, partition, lambda batch: self._handle(partition, batch)
         )
         await puller.run()
@@ -308,8 +315,7 @@ class ClusterMember:
         if owned is None:
             return
         for message in batch:
-            readings = self.traffic.decode(message)
-            for reading in readings:
+            for reading in self.traffic.decode(message):
                 owned.sensors.add(reading.sensor_id)
                 self._ingest(reading)
             owned.covered = max(owned.covered, message.sequence)
@@ -357,23 +363,23 @@ class ClusterMember:
         self.counters.lost += 1
         _log.warning("cluster_partition_lost", partition=partition, why=why)
 
-    async def _release(self, partition: int) -> None:
-        """Hand a partition back: stop pulling, snapshot, drop, unpin, delete the lease."""
-        owned = self._owned.get(partition)
-        if owned is None:
-            return
-        await _cancel(owned.task)
-        superseded = owned.ready and partition in await self._save({partition: owned})
-        self._owned.pop(partition, None)
-        async with self._tick_lock:
-            self._drop_windows(owned.sensors)
+    async def _release(self, partitions: Iterable[int]) -> None:
+        """Hand partitions back: stop pulling (their last pulls waited out side by side), then
+        each: snapshot, drop, unpin, delete the lease."""
+        given = [(p, owned) for p in partitions if (owned := self._owned.get(p)) is not None]
+        await asyncio.gather(*(_stop_pulling(owned) for _, owned in given))
         assert self._engine is not None and self._leases is not None
-        if not superseded:  # else the pin is the new owner's
-            with contextlib.suppress(*transient()):  # unpinned by the TTL anyway
-                await self._engine.unpin(partition)
-        await self._leases.release(partition)
-        self.counters.released += 1
-        _log.info("cluster_partition_released", partition=partition, covered=owned.covered)
+        for partition, owned in given:
+            superseded = owned.ready and partition in await self._save({partition: owned})
+            self._owned.pop(partition, None)
+            async with self._tick_lock:
+                self._drop_windows(owned.sensors)
+            if not superseded and not owned.pinned_elsewhere:  # else the new owner's pin
+                with contextlib.suppress(*transient()):  # unpinned by the TTL anyway
+                    await self._engine.unpin(partition)
+            await self._leases.release(partition)
+            self.counters.released += 1
+            _log.info("cluster_partition_released", partition=partition, covered=owned.covered)
 
     # -- snapshots --------------------------------------------------------------------------
 
@@ -461,23 +467,28 @@ class ClusterMember:
             self._on_dropped(sorted(sensors))
 
     def _drop_all_windows(self) -> None:
-        every = {s for _, windows in self._ticker.store.items() for s in windows.sensor_ids}
-        self._drop_windows(every)
+        self._drop_windows({s for _, w in self._ticker.store.items() for s in w.sensor_ids})
 
     @staticmethod
     def _sensors_of(snapshot: window_parts.PartitionSnapshot | None) -> set[str]:
-        if snapshot is None:
-            return set()
-        return {s for state in snapshot.states.values() for s in state.sensor_ids}
+        states = () if snapshot is None else snapshot.states.values()
+        return {s for state in states for s in state.sensor_ids}
 
     def _fallback_s(self) -> float:
         periods = self.config.fallback_replay_periods
-        longest = 0.0
-        for _, windows in self._ticker.store.items():
-            geometry = windows.geometry
-            span = (periods or geometry.window_length + 2) * geometry.period_seconds
-            longest = max(longest, span)
-        return longest
+        geometries = [windows.geometry for _, windows in self._ticker.store.items()]
+        spans = [(periods or g.window_length + 2) * g.period_seconds for g in geometries]
+        return float(max(spans, default=0.0))
+
+
+async def _stop_pulling(owned: _Owned) -> None:
+    """End a partition's task for a release: a pulling one once its last pull has ended at
+    the server (an orphaned pull could take the next owner's pin), else at once."""
+    owned.releasing = True
+    if owned.puller is not None and owned.task is not None:
+        owned.puller.stop()
+        await asyncio.wait({owned.task}, timeout=_STOP_WAIT_S)
+    await _cancel(owned.task)  # loading or replaying, or a pull the server never ended
 
 
 async def _cancel(task: asyncio.Task[None] | None) -> None:

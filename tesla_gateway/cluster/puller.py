@@ -4,6 +4,12 @@
 The first message carries the pin (``Nats-Pin-Id``); every later pull names it, so the server
 answers 423 the moment another gateway holds the pin: then the partition is lost and the loop
 ends. Pulls expire well inside the pin TTL, so a live owner keeps its pin.
+
+A partition given back is :meth:`PartitionPuller.stop`-ped, not cancelled: its last pull stays
+at the server until it expires whatever the client does (a server with a leaf-node or gateway
+listener counts a pull younger than 2 s as wanted even once its inbox is gone), and a reading
+landing in that orphan pinned the partition to nobody for the pin TTL. So the pull is waited out
+with its inbox open and what it brings is handled as usual.
 """
 
 from __future__ import annotations
@@ -65,6 +71,12 @@ class PartitionPuller:
         self._expires_s = expires_s
         self.pin_id: str | None = None
         self.delivered = 0
+        self._stopping = False
+
+    def stop(self) -> None:
+        """Publish no further pull: :meth:`run` returns once the waiting one has ended (its
+        expiry, at most ``expires_s`` + 2 s), its messages handled and acknowledged."""
+        self._stopping = True
 
     async def run(self) -> None:
         config = self._engine.subjects.config
@@ -74,7 +86,7 @@ class PartitionPuller:
         arrived: asyncio.Queue[Msg] = asyncio.Queue()
         subscription = await self._engine.nc.subscribe(inbox, cb=arrived.put)
         try:
-            while True:
+            while not self._stopping:
                 request: dict[str, object] = {
                     "batch": self._batch,
                     "expires": int(self._expires_s * _NS),
