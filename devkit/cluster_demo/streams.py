@@ -80,11 +80,12 @@ def sensor_partitions(servers: Sequence[str], stream: str = "TESLA_READINGS") ->
 def no_stale_pulls(servers: Sequence[str], partitions: int, stream: str = "TESLA_READINGS") -> bool:
     """Each partition's consumer holds at most one waiting pull: its owner's.
 
-    Right after a rebalance a consumer was seen with two waiting pulls; the readings published
-    then went to the other one, pinned the partition to a client that never acknowledged them,
-    and the partition stalled until the pin TTL (2 of 6 partitions for 4.5 s; the readings
-    wait for the ack wait, 30 s): a known limit of the handover (docs/deployment.md). Runs
-    that start feeding as soon as placement settles wait for this too.
+    Right after a rebalance a consumer was seen with two waiting pulls: the old owner's last
+    pull, cancelled but kept by a server with a leaf-node listener until its expiry. A reading
+    published then went into it, pinned the partition to it, and the partition stalled until
+    the pin TTL (2 of 6 partitions for 4.5 s). A gateway now waits its last pull out before it
+    gives a partition back (docs/deployment.md, "Handover and the last pull"), so this should
+    hold at once; runs that feed as soon as placement settles still wait for it, as a guard.
     """
 
     async def run() -> bool:
