@@ -139,7 +139,7 @@ class ClusterMember:
         await self.traffic.forward_local(self._engine, queue)
 
     def stats(self) -> dict[str, object]:
-        counters = self.counters
+        counters, snaps = self.counters, self._snapshots
         return {
             "connected": self._engine is not None and self._engine.nc.is_connected,
             "members": list(self._members),
@@ -160,10 +160,8 @@ class ClusterMember:
             "replayed": counters.replayed,
             "snapshots": counters.snapshots,
             "corrupt_snapshots": counters.corrupt_snapshots,
-            "snapshot_bytes": 0 if self._snapshots is None else self._snapshots.saved_bytes,
-            "snapshots_in_object_store": (
-                0 if self._snapshots is None else self._snapshots.in_object_store
-            ),
+            "snapshot_bytes": 0 if snaps is None else snaps.saved_bytes,
+            "snapshots_in_object_store": 0 if snaps is None else snaps.in_object_store,
             "last_takeover_s": round(counters.last_takeover_s, 3),
             "errors": counters.errors,
             **self.traffic.stats(),
@@ -357,7 +355,7 @@ class ClusterMember:
                 await self._leases.release(partition)
         if owned is None:
             return
-        await _cancel(owned.task)
+        await _stop_pulling(owned, lost=True)
         async with self._tick_lock:
             self._drop_windows(owned.sensors)
         self.counters.lost += 1
@@ -481,12 +479,14 @@ class ClusterMember:
         return float(max(spans, default=0.0))
 
 
-async def _stop_pulling(owned: _Owned) -> None:
-    """End a partition's task for a release: a pulling one once its last pull has ended at
-    the server (an orphaned pull could take the next owner's pin), else at once."""
-    owned.releasing = True
+async def _stop_pulling(owned: _Owned, *, lost: bool = False) -> None:
+    """End a partition's task: a pulling one once its last pull has ended at the server (an
+    orphan could take the next owner's pin), refusing what it brings if lost; else at once."""
+    owned.releasing = not lost
     if owned.puller is not None and owned.task is not None:
-        owned.puller.stop()
+        owned.puller.stop(refuse=lost)
+        if lost:
+            return
         await asyncio.wait({owned.task}, timeout=_STOP_WAIT_S)
     await _cancel(owned.task)  # loading or replaying, or a pull the server never ended
 

@@ -9,12 +9,14 @@ A partition given back is :meth:`PartitionPuller.stop`-ped, not cancelled: its l
 at the server until it expires whatever the client does (a server with a leaf-node or gateway
 listener counts a pull younger than 2 s as wanted even once its inbox is gone), and a reading
 landing in that orphan pinned the partition to nobody for the pin TTL. So the pull is waited out
-with its inbox open and what it brings is handled as usual.
+with its inbox open and what it brings is handled as usual; for a partition lost to another
+gateway it is refused instead (redelivered once the pull is over) and a pin it took given up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from tesla_gateway.cluster.engine import GROUP, Engine
+from tesla_gateway.cluster.engine import GROUP, Engine, transient
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -72,11 +74,17 @@ class PartitionPuller:
         self.pin_id: str | None = None
         self.delivered = 0
         self._stopping = False
+        self._refusing = False
+        self._pin_when_refused: str | None = None
 
-    def stop(self) -> None:
+    def stop(self, *, refuse: bool = False) -> None:
         """Publish no further pull: :meth:`run` returns once the waiting one has ended (its
-        expiry, at most ``expires_s`` + 2 s), its messages handled and acknowledged."""
+        expiry, at most ``expires_s`` + 2 s), its messages handled and acknowledged; with
+        ``refuse`` (the partition is another gateway's) they are NAKed for redelivery after
+        that pull instead, and a pin that pull took is given up."""
         self._stopping = True
+        if refuse and not self._refusing:
+            self._refusing, self._pin_when_refused = True, self.pin_id
 
     async def run(self) -> None:
         config = self._engine.subjects.config
@@ -96,6 +104,9 @@ class PartitionPuller:
                     request["id"] = self.pin_id
                 await self._engine.nc.publish(subject, json.dumps(request).encode(), reply=inbox)
                 await self._one_pull(arrived)
+            if self._refusing and self.pin_id != self._pin_when_refused:  # the pin is ours
+                with contextlib.suppress(*transient()):  # else it ends with the pin TTL
+                    await self._engine.unpin(self.partition)
         finally:
             await subscription.unsubscribe()
 
@@ -148,11 +159,15 @@ class PartitionPuller:
                 )
             if data:
                 received += len(data)
-                self.delivered += len(data)
-                self._handler(data)
+                answer = b"+ACK"
+                if self._refusing:  # for the owner, once this pull is over
+                    answer = b'-NAK {"delay": %d}' % int((self._expires_s + 1.0) * _NS)
+                else:
+                    self.delivered += len(data)
+                    self._handler(data)
                 # explicit acks, one per message, after the windows hold them
                 for message in messages:
                     if message.reply:
-                        await self._engine.nc.publish(message.reply, b"+ACK")
+                        await self._engine.nc.publish(message.reply, answer)
             if ended:
                 return

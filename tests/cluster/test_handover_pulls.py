@@ -8,7 +8,8 @@ counts a pull younger than 2 s as wanted though its inbox is gone. The first rea
 that pull: the server pinned the partition to it and delivered the reading there over and over
 (tens of thousands of deliveries in its last second), and the new owner, pulling without a pin,
 got nothing until the pin TTL. Now a partition given back waits its last pull out (inbox open),
-so every reading is delivered once, to a gateway that takes it.
+so every reading is delivered once, to a gateway that takes it; and a partition lost to another
+gateway refuses what its last pull brings and gives up the pin that pull took.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from devkit.nats_servers import NatsServer
 from tesla_gateway.cluster.config import ClusterConfig
 from tesla_gateway.cluster.engine import Engine, connect
 from tesla_gateway.cluster.member import ClusterMember
+from tesla_gateway.cluster.puller import PartitionPuller
 from tests.cluster.test_member_attacks import _member, _until
 
 pytest.importorskip("nats")
@@ -140,3 +142,76 @@ def test_readings_right_after_a_handover_are_delivered_once(tmp_path: Path) -> N
     # Each reading delivered once, to a gateway that acknowledged it: none went into a pull
     # nobody reads (each such delivery counts, and the reading is delivered again).
     assert sum(per_partition) == result.published
+
+
+@dataclass
+class _Lost:
+    old_owner: list[int] = field(default_factory=list)
+    new_owner: list[int] = field(default_factory=list)
+    old_pin: str | None = None  # the pin the refused reading gave the old owner's pull
+    pin_after_old: str | None = None  # the consumer's pin once that pull was over
+    new_pin: str | None = None
+    consumer: tuple[int, int, int] = (0, 0, 0)
+
+
+async def _pinned(engine: Engine) -> str | None:
+    info = await engine.request("$JS.API.CONSUMER.INFO.TESLA_READINGS.part-0", {})
+    groups = info.get("priority_groups") or [{}]
+    pin = groups[0].get("pinned_client_id")
+    return str(pin) if pin else None
+
+
+async def _lost_scenario(url: str) -> _Lost:
+    config = ClusterConfig(servers=[url], partitions=1, replicas=1, pin_ttl_s=5.0)
+    engine = await connect(config, "pullers")
+    found = _Lost()
+
+    async def waiting(count: int) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while (await engine.js.consumer_info("TESLA_READINGS", "part-0")).num_waiting != count:
+            assert time.monotonic() < deadline, f"no {count} waiting pulls"
+            await asyncio.sleep(0.01)
+
+    try:
+        old = PartitionPuller(
+            engine,
+            0,
+            lambda batch: found.old_owner.extend(m.sequence for m in batch),
+            expires_s=3.0,
+        )
+        old_task = asyncio.create_task(old.run())
+        await waiting(1)
+        old.stop(refuse=True)  # lost: another gateway holds the lease now
+        new = PartitionPuller(
+            engine, 0, lambda batch: found.new_owner.extend(m.sequence for m in batch)
+        )
+        new_task = asyncio.create_task(new.run())
+        await waiting(2)
+        await engine.js.publish(engine.subjects.reading("s1"), b'{"ts": 1.0, "pm10": 1}')
+        async with asyncio.timeout(WAIT_S):
+            await old_task  # its last pull over (and, said the server, unpinned)
+        found.old_pin, found.pin_after_old = old.pin_id, await _pinned(engine)
+        deadline = time.monotonic() + WAIT_S
+        while not found.new_owner:
+            assert time.monotonic() < deadline, "the new owner never got the reading"
+            await asyncio.sleep(0.05)
+        new_task.cancel()
+        await asyncio.gather(new_task, return_exceptions=True)
+        found.new_pin = new.pin_id
+        info = await engine.js.consumer_info("TESLA_READINGS", "part-0")
+        found.consumer = (info.delivered.consumer_seq, info.num_pending or 0, info.num_ack_pending)
+        return found
+    finally:
+        await engine.close()
+
+
+def test_a_lost_partitions_last_pull_refuses_and_gives_its_pin_up(tmp_path: Path) -> None:
+    """The old owner's last pull (no pin yet) takes the reading: it NAKs it for later and,
+    once that pull is over, unpins, so the new owner gets it: twice delivered, no more."""
+    with NatsServer(tmp_path / "nats", leaf_listen=True) as server:
+        found = asyncio.run(_lost_scenario(server.url))
+    assert found.old_owner == []
+    assert found.old_pin is not None  # the reading did go into the old owner's pull
+    assert found.pin_after_old in (None, found.new_pin)  # given up, not held for the pin TTL
+    assert found.new_owner == [1] and found.new_pin is not None
+    assert found.consumer == (2, 0, 0)  # once refused, once taken and acknowledged
