@@ -37,7 +37,7 @@ from training.cross_conformal import UnitResiduals, fit_cross_unit, unit_scores
 from training.errors import DataError
 from training.intervals_cli import fold_epochs, model_config
 from training.pool_folds import fold_predictor, train_pool_folds
-from training.train import prepare_data
+from training.train import TrainConfig, prepare_data
 from training.unit_folds import sensor_windows
 
 __all__ = ["held_out", "level_for_mean_coverage", "main", "nested_level_held_out"]
@@ -95,11 +95,18 @@ def _residuals(
     return UnitResiduals(sensor, role, predicted, np.asarray(y, dtype=np.float64)).finite()
 
 
-def _unit_fold_predictors(folds_dir: Path, sensors: Sequence[str]) -> dict[str, Any]:
-    """The earlier folds' models (the better seed on validation per left-out group)."""
+def _unit_fold_predictors(
+    folds_dir: Path, sensors: Sequence[str], config: TrainConfig
+) -> dict[str, Any]:
+    """The earlier folds' models of this config (the better seed on validation per left-out
+    group; a directory may still hold an older config's run beside a later divergence)."""
     best: dict[str, tuple[float, Path]] = {}
     for metrics in folds_dir.glob("without-*-seed*/metrics.json"):
         run = metrics.parent
+        recorded = TrainConfig.model_validate_json((run / "config.json").read_text("utf-8"))
+        same = recorded.model_copy(update={"left_out_sensors": (), "seed": config.seed})
+        if same != config:
+            continue
         group = run.name.removeprefix("without-").rsplit("-seed", 1)[0]
         rmse = float(json.loads(metrics.read_text(encoding="utf-8"))["validation"]["rmse"])
         if group not in best or rmse < best[group][0]:
@@ -124,7 +131,12 @@ def _row(name: str, units: Sequence[UnitResiduals], test: UnitResiduals) -> dict
     return {
         "candidate": name,
         "units": {
-            u.sensor: {"role": u.role, "coverage": round(c, 4), "width": round(w.mean_width, 3)}
+            u.sensor: {
+                "role": u.role,
+                "rmse": round(float(np.sqrt(np.mean((u.reference - u.predicted) ** 2))), 3),
+                "coverage": round(c, 4),
+                "width": round(w.mean_width, 3),
+            }
             for u, c, w in zip(units, coverage, widths, strict=True)
         },
         "mean_coverage": round(float(np.mean(coverage)), 4),
@@ -144,7 +156,7 @@ def compare(model_dir: Path, folds_dir: Path) -> dict[str, Any]:
     )
     test = _residuals(summary.test_sensor, "test", calibrator.calibrate, prepared.test)
     windows = sensor_windows(config, summary.train_sensors)
-    old = _unit_fold_predictors(folds_dir, summary.train_sensors)
+    old = _unit_fold_predictors(folds_dir, summary.train_sensors, config)
     earlier = [_residuals(s, "train", old[s], windows[s]) for s in summary.train_sensors]
     kept = fold_epochs(None, 0, None, folds_dir)
     pool = [*summary.train_sensors, summary.validation_sensor]
