@@ -212,7 +212,13 @@ def test_sketch_folder_is_assembled_with_generated_key_and_model(
     )  # fmt: skip
     sketch = build_dir / "sketch" / "tesla_node"
     names = ("tesla_node.ino", "arduino_flash.cpp", "arduino_signature.cpp", "model_data.cpp")
-    shared = ("device_op_resolver.cpp", "model_runner.cpp", "dot_s16_s8.h", "int16_kernels.h")
+    shared = (
+        "device_op_resolver.cpp",
+        "model_runner.cpp",
+        "dot_s16_s8.h",
+        "int16_kernels.h",
+        "strided_slice_s16.h",
+    )
     for name in (*names, *shared):
         assert (sketch / name).is_file(), name
     key_header = (sketch / "src" / "release_key.h").read_text()
