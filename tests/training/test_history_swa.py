@@ -1,0 +1,50 @@
+"""Weight averaging of the short-history fine-tuning (training/history_swa.py), on a tiny Keras
+model: the snapshots are the epochs' weights, the averages their mean, the result one graph of
+the same shape."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from training.history_swa import WeightSnapshots, average_weights
+
+
+def _tiny() -> keras.Model:
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    return model
+
+
+def test_snapshots_hold_each_epochs_end_weights_and_the_moving_average() -> None:
+    model = _tiny()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype(np.float32)
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], dtype=np.float32)).reshape(-1, 1)
+    start = [np.array(w) for w in model.get_weights()]
+    snapshots = WeightSnapshots(decays=(0.5, 0.999999))
+    model.fit(x, y, epochs=3, batch_size=16, callbacks=[snapshots], verbose=0)
+
+    assert len(snapshots.epochs) == 3
+    for held, now in zip(snapshots.epochs[-1], model.get_weights(), strict=True):
+        np.testing.assert_array_equal(held, now)
+    assert not np.allclose(snapshots.epochs[0][0], snapshots.epochs[-1][0])  # it trained
+    # a decay near 1 barely leaves the start; 0.5 follows the last batches
+    final = model.get_weights()[0]
+    np.testing.assert_allclose(snapshots.ema_epochs[0.999999][-1][0], start[0], atol=1e-3)
+    fast = snapshots.ema_epochs[0.5][-1][0]
+    assert np.abs(fast - final).max() < np.abs(start[0] - final).max() / 4
+    assert len(snapshots.ema_epochs[0.5]) == 3
+
+
+def test_the_average_is_the_element_wise_mean_and_loads_into_the_same_model() -> None:
+    model = _tiny()
+    members = [[w + i for w in model.get_weights()] for i in range(3)]
+    averaged = average_weights(members)
+    for mean, base in zip(averaged, model.get_weights(), strict=True):
+        np.testing.assert_allclose(mean, base + 1.0, rtol=1e-6)
+    model.set_weights(averaged)  # same shapes: the same graph
+    with pytest.raises(ValueError, match="nothing to average"):
+        average_weights([])
