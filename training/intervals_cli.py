@@ -1,8 +1,9 @@
 """``python -m training calibrate-intervals``: cross-unit intervals for a model directory.
 
 The model's training config comes from ``--run`` (a run directory's ``config.json``) or, for a
-committed default, from training/defaults.py with the seed its manifest records. Prints the
-per-unit report as JSON and writes it with ``--report``.
+committed default, from training/defaults.py with the seed its manifest records; the epochs the
+folds train for from the run's history, ``--fold-epochs``, or the folds already trained. Prints
+the per-unit report as JSON and writes it with ``--report``.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ __all__ = [
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "calibrate-intervals",
-        help="fit prediction intervals across units (leave-sensor-out folds) into a model's "
-        "manifest",
+        help="fit prediction intervals across units (folds of as many units and epochs as the "
+        "model) into its manifest",
     )
     parser.add_argument("--model", type=Path, required=True, help="model directory to update")
     parser.add_argument(

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tesla_gateway.contract.series import GapPolicy
 from training.data import WindowSet, clean, load_dataset, to_grid
 from training.errors import DataError
+from training.history import Predict
 from training.models import build_model
 from training.train import TrainConfig, WindowBatches, covariate_scales, input_range
 
@@ -299,14 +300,9 @@ def _finite_weights(model: keras.Model) -> bool:
     return all(bool(np.all(np.isfinite(np.asarray(w)))) for w in model.get_weights())
 
 
-def load_fold_model(fold: PoolFold) -> keras.Model:
-    """The fold's trained model."""
-    return keras.models.load_model(fold.run_dir / "model.keras")
-
-
-def fold_predictor(fold: PoolFold) -> Any:
-    """The fold model's batch predictor (``training.history.Predict``)."""
-    model = load_fold_model(fold)
+def fold_predictor(fold: PoolFold) -> Predict:
+    """The fold model's batch predictor."""
+    model = keras.models.load_model(fold.run_dir / "model.keras")
 
     def predict(x: npt.NDArray[np.float32]) -> npt.ArrayLike:
         return model.predict(x, verbose=0, batch_size=1024)
