@@ -10,6 +10,7 @@ __all__ = [
     "DuplicateGatewayError",
     "PartitionsMismatchError",
     "ServerTooOldError",
+    "SettingsMismatchError",
 ]
 
 
@@ -31,3 +32,8 @@ class PartitionsMismatchError(ClusterRefusedError):
 
 class DuplicateGatewayError(ClusterRefusedError):
     """Another live gateway of the cluster has this gateway's id."""
+
+
+class SettingsMismatchError(ClusterRefusedError):
+    """This gateway's settings differ from those the cluster runs with (its streams, consumers
+    or recorded ``config``): joining would lose periods, so it refuses to start."""
