@@ -40,9 +40,17 @@ class ReleaseKit:
     def public_key(self) -> bytes:
         return bytes.fromhex(self.keys.public_path.read_text(encoding="ascii"))
 
-    def model_at(self, version: int, *, image: Path | None = None) -> Path:
-        """A copy of the model directory announcing ``version`` (optionally another int8 file)."""
+    def model_at(
+        self,
+        version: int,
+        *,
+        image: Path | None = None,
+        manifest_update: Mapping[str, object] | None = None,
+    ) -> Path:
+        """A copy of the model directory announcing ``version`` (optionally another int8 file,
+        other manifest fields such as ``min_history_periods``)."""
         target = self.root / f"model-v{version}-{image.stem if image else 'same'}"
+        target = target.with_name(target.name + _suffix(manifest_update))
         if target.exists():
             return target
         shutil.copytree(self.source, target)
@@ -56,7 +64,8 @@ class ReleaseKit:
             files["int8"] = files["int8"].model_copy(
                 update={"sha256": sha256_file(path), "size_bytes": path.stat().st_size}
             )
-        write_manifest(target, manifest.model_copy(update={"version": version, "files": files}))
+        update = {**(manifest_update or {}), "version": version, "files": files}
+        write_manifest(target, Manifest.model_validate({**manifest.model_dump(), **update}))
         return target
 
     def release(
@@ -66,13 +75,15 @@ class ReleaseKit:
         *,
         key: Path | None = None,
         image: Path | None = None,
+        manifest_update: Mapping[str, object] | None = None,
     ) -> Path:
         out = self.root / f"release-{target}-v{version}-{key.parent.name if key else 'main'}"
         if image is not None:
             out = out.with_name(out.name + "-" + image.stem)
+        out = out.with_name(out.name + _suffix(manifest_update))
         if not out.exists():
             build_release(
-                self.model_at(version, image=image),
+                self.model_at(version, image=image, manifest_update=manifest_update),
                 target,  # type: ignore[arg-type]
                 key if key is not None else self.keys.private_path,
                 out,
@@ -120,3 +131,8 @@ class ReleaseKit:
             name,
             {files["float32"].path: graph, MANIFEST_FILENAME: text.encode("utf-8")},
         )
+
+
+def _suffix(manifest_update: Mapping[str, object] | None) -> str:
+    """A directory-name suffix that tells releases with other manifest fields apart."""
+    return "".join(f"-{key}={value}" for key, value in sorted((manifest_update or {}).items()))
