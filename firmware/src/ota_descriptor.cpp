@@ -18,7 +18,9 @@ bool valid_name_char(char c, bool first) {
 
 bool decode_descriptor(const uint8_t* data, size_t length, ImageDescriptor* out) {
   if (length != kDescriptorSize || memcmp(data, "TMDL", 4) != 0) return false;
-  if (data[4] != 1 || data[5] != 1 || data[6] != 0 || data[7] != 0) return false;
+  const uint8_t format = data[4];
+  const uint32_t word = uint32_t(data[6]) | (uint32_t(data[7]) << 8);
+  if ((format != 1 && format != 2) || data[5] != 1 || (format == 1 && word != 0)) return false;
   out->model_version = le32(data + 8);
   out->image_size = le32(data + 12);
   memcpy(out->image_sha256, data + 16, 32);
@@ -35,7 +37,18 @@ bool decode_descriptor(const uint8_t* data, size_t length, ImageDescriptor* out)
   out->model_name[name_length] = '\0';
   out->window_length = le32(data + 80);
   out->arena_bytes = le32(data + 84);
+  if (format == 2 && (word < 1 || word > out->window_length)) return false;
+  out->min_history = format == 2 ? word : 0;
   return true;
+}
+
+uint32_t image_min_history(const ImageDescriptor& image, const ImageDescriptor& factory,
+                           uint32_t built_in) {
+  const bool is_factory = image.model_version == factory.model_version &&
+                          strcmp(image.model_name, factory.model_name) == 0 &&
+                          memcmp(image.image_sha256, factory.image_sha256, 32) == 0;
+  if (is_factory) return built_in;
+  return image.min_history != 0 ? image.min_history : image.window_length;
 }
 
 }  // namespace tesla

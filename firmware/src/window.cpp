@@ -10,8 +10,13 @@ Window::Window(float* storage, uint32_t length, uint32_t channels, uint32_t max_
       length_(length),
       channels_(channels < kMaxChannels ? channels : kMaxChannels),
       max_interpolated_(max_interpolated),
-      min_history_(min_history < 1 ? 1 : min_history > length ? length : min_history) {
+      min_history_(1) {
+  set_min_history(min_history);
   for (uint32_t i = 0; i < length_ * channels_; ++i) values_[i] = NAN;
+}
+
+void Window::set_min_history(uint32_t min_history) {
+  min_history_ = min_history < 1 ? 1 : min_history > length_ ? length_ : min_history;
 }
 
 // period - from for from <= period, exact over the whole int64 range (no signed overflow).

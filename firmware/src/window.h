@@ -40,6 +40,10 @@ class Window {
   // PM reading, at most length (0 before any).
   uint32_t history() const;
   uint32_t channels() const { return channels_; }
+  // The young-window rule of the model that now serves (ota_descriptor.h image_min_history),
+  // clamped as in the constructor; set at boot, once the active slot is known.
+  void set_min_history(uint32_t min_history);
+  uint32_t min_history() const { return min_history_; }
 
  private:
   struct ChannelState {

@@ -182,19 +182,25 @@ void test_signatures_and_descriptor(const json::Value& vectors) {
     bool valid = verifier.verify(key.data(), message.data(), message.size(), signature.data());
     CHECK(valid == v["valid"].boolean, "signature %s", v["name"].text.c_str());
   }
-  const json::Value& d = vectors["descriptors"].items[0];
-  std::vector<uint8_t> raw = unhex(d["hex"].text);
-  tesla::ImageDescriptor descriptor;
-  CHECK(tesla::decode_descriptor(raw.data(), raw.size(), &descriptor), "descriptor decodes");
-  const json::Value& f = d["fields"];
-  CHECK(f["model_name"].text == descriptor.model_name, "name %s", descriptor.model_name);
-  CHECK(uint32_t(f["model_version"].integer()) == descriptor.model_version, "version");
-  CHECK(uint32_t(f["image_size"].integer()) == descriptor.image_size, "size");
-  CHECK(f["image_sha256"].text == tohex(descriptor.image_sha256, 32), "sha");
-  CHECK(uint32_t(f["window_length"].integer()) == descriptor.window_length, "window");
-  CHECK(uint32_t(f["arena_bytes"].integer()) == descriptor.arena_bytes, "arena");
-  raw[0] = 'X';
-  CHECK(!tesla::decode_descriptor(raw.data(), raw.size(), &descriptor), "bad magic refused");
+  for (const json::Value& d : vectors["descriptors"].items) {
+    std::vector<uint8_t> raw = unhex(d["hex"].text);
+    tesla::ImageDescriptor descriptor;
+    bool decoded = tesla::decode_descriptor(raw.data(), raw.size(), &descriptor);
+    CHECK(decoded == d["valid"].boolean, "descriptor %s", d["name"].text.c_str());
+    if (!decoded || !d["valid"].boolean) continue;
+    const json::Value& f = d["fields"];
+    CHECK(f["model_name"].text == descriptor.model_name, "name %s", descriptor.model_name);
+    CHECK(uint32_t(f["model_version"].integer()) == descriptor.model_version, "version");
+    CHECK(uint32_t(f["image_size"].integer()) == descriptor.image_size, "size");
+    CHECK(f["image_sha256"].text == tohex(descriptor.image_sha256, 32), "sha");
+    CHECK(uint32_t(f["window_length"].integer()) == descriptor.window_length, "window");
+    CHECK(uint32_t(f["arena_bytes"].integer()) == descriptor.arena_bytes, "arena");
+    uint32_t stated = f["min_history_periods"].is_null() ? 0 : uint32_t(f["min_history_periods"].integer());
+    CHECK(stated == descriptor.min_history, "%s: min_history %u", d["name"].text.c_str(),
+          unsigned(descriptor.min_history));
+    raw[0] = 'X';
+    CHECK(!tesla::decode_descriptor(raw.data(), raw.size(), &descriptor), "bad magic refused");
+  }
 }
 
 void test_frames(const json::Value& vectors) {
@@ -339,6 +345,102 @@ void test_boot_from_slots() {
   CHECK(tesla::boot_from_slots(broken, descriptor, image.data(), uint32_t(image.size()),
                                failing_self_test) == tesla::BootResult::kNoWorkingModel,
         "no working model is reported, not booted");
+}
+
+// The young-window rule follows the active image (tesla::image_min_history, applied by both
+// boards after boot): the factory image's built-in value, an OTA image's signed value, whole
+// windows for a format 1 descriptor, and after a rollback the rule of the slot that serves.
+std::vector<uint8_t> descriptor_bytes(uint32_t version, uint8_t image_byte, uint32_t min_history) {
+  std::vector<uint8_t> image(5000, image_byte);
+  uint8_t sha[32];
+  tesla::Sha256 hash;
+  hash.update(image.data(), image.size());
+  hash.finish(sha);
+  std::vector<uint8_t> d(88, 0);
+  std::memcpy(d.data(), "TMDL", 4);
+  d[4] = min_history == 0 ? 1 : 2;
+  d[5] = 1;
+  d[6] = uint8_t(min_history);
+  d[7] = uint8_t(min_history >> 8);
+  for (int i = 0; i < 4; ++i) {
+    d[8 + i] = uint8_t(version >> (8 * i));
+    d[12 + i] = uint8_t(5000u >> (8 * i));
+    d[80 + i] = uint8_t(360u >> (8 * i));
+  }
+  std::memcpy(d.data() + 16, sha, 32);
+  std::memcpy(d.data() + 48, "pm10-test", 9);
+  return d;
+}
+
+// A young window of `periods` periods under the rule of the slot that boots: is it calibrated?
+bool young_window_calibrated(tesla::SlotManager& slots, const uint8_t* factory_raw,
+                             const std::vector<uint8_t>& factory_image, uint32_t built_in,
+                             bool (*self_test)(int), int periods) {
+  tesla::boot_from_slots(slots, factory_raw, factory_image.data(), uint32_t(factory_image.size()),
+                         self_test);
+  tesla::ImageDescriptor active, factory;
+  if (!slots.descriptor(slots.active(), &active)) return false;
+  tesla::decode_descriptor(factory_raw, tesla::kDescriptorSize, &factory);
+  std::vector<float> storage(360);
+  tesla::Window window(storage.data(), 360, 1, 30, built_in);  // as the boards build it
+  window.set_min_history(tesla::image_min_history(active, factory, built_in));
+  for (int p = 0; p < periods; ++p) window.add(1000 + p, 0, 20.0f);
+  return window.valid();
+}
+
+void test_min_history_follows_the_active_image() {
+  for (uint32_t factory_value : {0u, 1u}) {  // a factory descriptor of format 1 or 2
+    tesla_test::RamFlash flash(2 * 4096 + 2 * 16384);
+    std::vector<uint8_t> factory_image(5000, 0x5A);
+    std::vector<uint8_t> factory_raw = descriptor_bytes(1, 0x5A, factory_value);
+    auto calibrated = [&](bool (*self_test)(int)) {
+      tesla::SlotManager slots(flash, 0, 16384);  // a reboot: the boot record is read again
+      return young_window_calibrated(slots, factory_raw.data(), factory_image, 1, self_test, 3);
+    };
+    CHECK(calibrated(passing_self_test), "factory image: its built-in value 1 calibrates");
+    tesla::SlotManager ota(flash, 0, 16384);
+    ota.load();
+    std::vector<uint8_t> whole = descriptor_bytes(2, 0x11, 360);  // trained on whole windows
+    CHECK(ota.stage_trial(1, whole.data()), "stage v2 (min_history N)");
+    CHECK(!calibrated(passing_self_test), "an OTA image stating N: a young window is NOT calibrated");
+    CHECK(!calibrated(passing_self_test), "and still not after a reboot");
+    tesla::SlotManager again(flash, 0, 16384);
+    again.load();
+    std::vector<uint8_t> young = descriptor_bytes(3, 0x22, 1);
+    CHECK(again.stage_trial(0, young.data()), "stage v3 (min_history 1)");
+    CHECK(calibrated(passing_self_test), "an OTA image stating 1: a young window is calibrated");
+    tesla::SlotManager failing(flash, 0, 16384);
+    failing.load();
+    CHECK(failing.stage_trial(1, whole.data()), "stage v2 again");
+    tesla::SlotManager trial(flash, 0, 16384);
+    CHECK(tesla::boot_from_slots(trial, factory_raw.data(), factory_image.data(),
+                                 uint32_t(factory_image.size()), failing_self_test) ==
+              tesla::BootResult::kTrialRejected,
+          "v2 fails its self-test on trial: the board reboots");
+    CHECK(calibrated(passing_self_test), "rolled back to v3: its value 1 applies again");
+    tesla::SlotManager legacy(flash, 0, 16384);
+    legacy.load();
+    std::vector<uint8_t> silent = descriptor_bytes(4, 0x33, 0);  // format 1: states nothing
+    CHECK(legacy.stage_trial(1, silent.data()), "stage v4 (format 1)");
+    CHECK(!calibrated(passing_self_test), "a format 1 OTA image: whole windows only");
+    tesla::SlotManager status(flash, 0, 16384);
+    CHECK(status.load() && status.active() == 1, "v4 serves");
+  }
+  // The built-in value is the factory image's own: a factory model built for whole windows
+  // does not calibrate young windows even if its descriptor said otherwise.
+  tesla::ImageDescriptor image, factory;
+  std::vector<uint8_t> raw = descriptor_bytes(1, 0x5A, 1);
+  CHECK(tesla::decode_descriptor(raw.data(), 88, &image) && image.min_history == 1, "decodes");
+  factory = image;
+  CHECK(tesla::image_min_history(image, factory, 360) == 360, "factory: built-in wins");
+  factory.model_version = 9;
+  CHECK(tesla::image_min_history(image, factory, 360) == 1, "other image: its descriptor");
+  std::vector<float> storage(24);
+  tesla::Window window(storage.data(), 24, 1, 30, 1);
+  window.set_min_history(0);
+  CHECK(window.min_history() == 1, "set_min_history clamps 0 to 1");
+  window.set_min_history(99);
+  CHECK(window.min_history() == 24, "set_min_history clamps to N");
 }
 
 // The one report after boot (tesla::take_trial_report): confirmed -> active, rejected -> rolled
@@ -559,6 +661,7 @@ int main(int argc, char** argv) {
   test_receiver_scenarios(ota_vectors);
   test_slots();
   test_boot_from_slots();
+  test_min_history_follows_the_active_image();
   test_trial_report();
   test_pms5003();
   test_window_vectors(window_vectors);

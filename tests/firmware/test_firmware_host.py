@@ -17,8 +17,13 @@ from pathlib import Path
 import pytest
 
 from tesla_gateway.contract.manifest import load_manifest
+from tesla_gateway.ota.descriptor import ImageDescriptor
 from training.device_ops import ARDUINO_TFLM_OPS
-from training.firmware_constants import render_model_constants, resolver_method
+from training.firmware_constants import (
+    render_model_constants,
+    render_model_data,
+    resolver_method,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRMWARE = ROOT / "firmware"
@@ -118,6 +123,19 @@ def test_model_constants_say_from_how_many_periods_a_young_node_calibrates() -> 
             manifest.model_copy(update={"min_history_periods": given}), "x"
         )
         assert f"constexpr uint32_t kMinHistoryPeriods = {expected}u;" in header
+
+
+def test_the_factory_descriptor_states_the_built_in_min_history() -> None:
+    """The factory image's descriptor, kept in slot 0's boot record, states the same value as
+    kMinHistoryPeriods (format 2), so the slot's record and the firmware never disagree."""
+    text = render_model_data(DEFAULT_MODEL)
+    rows = text.split("kModelDescriptor[] = {", 1)[1].split("};", 1)[0]
+    raw = bytes(int(value, 16) for value in re.findall(r"0x([0-9a-f]{2})", rows))
+    descriptor = ImageDescriptor.decode(raw)
+    manifest = load_manifest(DEFAULT_MODEL)
+    header = render_model_constants(manifest, "x")
+    built_in = f"constexpr uint32_t kMinHistoryPeriods = {descriptor.min_history_periods}u;"
+    assert descriptor.min_history_periods == manifest.calibrates_from and built_in in header
 
 
 def test_model_constants_give_the_node_the_covariate_models_channels_in_order() -> None:

@@ -57,9 +57,54 @@ def _descriptor(**changes: object) -> bytes:
         "image_sha256": hashlib.sha256(IMAGE).digest(),
         "window_length": 360,
         "arena_bytes": 17616,
+        "min_history_periods": 1,
     }
     values.update(changes)
     return ImageDescriptor(**values).encode()  # type: ignore[arg-type]
+
+
+def _with_word(descriptor: bytes, fmt: int, word: int) -> bytes:
+    """``descriptor`` with another format byte and u16 at offset 6 (what no valid tool writes)."""
+    return (
+        descriptor[:4]
+        + bytes([fmt])
+        + descriptor[5:6]
+        + word.to_bytes(2, "little")
+        + descriptor[8:]
+    )
+
+
+def _descriptor_vectors(descriptor: bytes) -> list[dict[str, object]]:
+    """The descriptor the tool writes (format 2), one from before min_history (format 1), and
+    the ones both sides refuse: min_history outside 1..N, format 1 flags, an unknown format."""
+    fields = {
+        "model_name": "pm10-test",
+        "model_version": 6,
+        "image_size": len(IMAGE),
+        "image_sha256": hashlib.sha256(IMAGE).hexdigest(),
+        "window_length": 360,
+        "arena_bytes": 17616,
+    }
+    cases: list[tuple[str, bytes, int | None]] = [
+        ("node image", descriptor, 1),
+        ("whole windows only", _descriptor(min_history_periods=360), 360),
+        ("format 1 states no min_history", _descriptor(min_history_periods=None), None),
+    ]
+    refused = [
+        ("min_history 0", _with_word(descriptor, 2, 0)),
+        ("min_history above N", _with_word(descriptor, 2, 361)),
+        ("format 1 with flags", _with_word(descriptor, 1, 1)),
+        ("unknown format", _with_word(descriptor, 3, 1)),
+    ]
+    return [
+        {
+            "name": name,
+            "hex": raw.hex(),
+            "valid": True,
+            "fields": {**fields, "min_history_periods": history},
+        }
+        for name, raw, history in cases
+    ] + [{"name": name, "hex": raw.hex(), "valid": False} for name, raw in refused]
 
 
 def _begin(descriptor: bytes | None = None, key: SigningKey = SIGNING) -> Begin:
@@ -123,6 +168,15 @@ def _scenarios() -> list[dict[str, object]]:
         "other model": [(_begin(_descriptor(model_name="pm2_5-test")), (s.INCOMPATIBLE, 0))],
         "other window": [(_begin(_descriptor(window_length=168)), (s.INCOMPATIBLE, 0))],
         "arena too small": [(_begin(_descriptor(arena_bytes=20001)), (s.INCOMPATIBLE, 0))],
+        "format 1 (no min_history) is accepted": [
+            (_begin(_descriptor(min_history_periods=None)), (s.OK, 0)),
+        ],
+        "min_history above N is a bad descriptor": [
+            (_begin(_with_word(_descriptor(), 2, 361)), (s.BAD_DESCRIPTOR, 0)),
+        ],
+        "min_history 0 is a bad descriptor": [
+            (_begin(_with_word(_descriptor(), 2, 0)), (s.BAD_DESCRIPTOR, 0)),
+        ],
         "image larger than the slot": [(_begin(_descriptor(image_size=65537)), (s.TOO_LARGE, 0))],
         "no session": [
             (_chunk(0), (s.NO_SESSION, 0)),
@@ -216,20 +270,7 @@ def build_vectors() -> dict[str, object]:
         ],
         "public_key_hex": bytes(SIGNING.verify_key).hex(),
         "descriptor_size": DESCRIPTOR_SIZE,
-        "descriptors": [
-            {
-                "name": "node image",
-                "hex": descriptor.hex(),
-                "fields": {
-                    "model_name": "pm10-test",
-                    "model_version": 6,
-                    "image_size": len(IMAGE),
-                    "image_sha256": hashlib.sha256(IMAGE).hexdigest(),
-                    "window_length": 360,
-                    "arena_bytes": 17616,
-                },
-            }
-        ],
+        "descriptors": _descriptor_vectors(descriptor),
         "signatures": [
             {
                 "name": "valid",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -13,7 +14,7 @@ from nacl.signing import VerifyKey
 
 from tesla_gateway.contract.readings import ReadingRejectedError
 from tesla_gateway.ota.descriptor import DESCRIPTOR_SIZE, ImageDescriptor
-from tesla_gateway.ota.errors import OtaFrameError
+from tesla_gateway.ota.errors import MalformedReleaseError, OtaFrameError
 from tesla_gateway.ota.protocol import (
     MAX_CHUNK_SIZE,
     OTA_MAGIC,
@@ -97,9 +98,14 @@ def test_signatures(vector: dict[str, object]) -> None:
     assert valid is vector["valid"]
 
 
-def test_descriptor_vector() -> None:
-    vector = VECTORS["descriptors"][0]
-    decoded = ImageDescriptor.decode(bytes.fromhex(vector["hex"]))
+@pytest.mark.parametrize("vector", VECTORS["descriptors"], ids=lambda v: v["name"])
+def test_descriptor_vector(vector: dict[str, Any]) -> None:
+    raw = bytes.fromhex(vector["hex"])
+    if not vector["valid"]:
+        with pytest.raises(MalformedReleaseError):
+            ImageDescriptor.decode(raw)
+        return
+    decoded = ImageDescriptor.decode(raw)
     fields = vector["fields"]
     assert decoded.model_name == fields["model_name"]
     assert decoded.image_sha256.hex() == fields["image_sha256"]
@@ -111,6 +117,8 @@ def test_descriptor_vector() -> None:
         fields["window_length"],
         fields["arena_bytes"],
     )
+    assert decoded.min_history_periods == fields["min_history_periods"]
+    assert decoded.encode() == raw
 
 
 def _receiver() -> OtaReceiver:
