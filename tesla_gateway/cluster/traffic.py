@@ -4,6 +4,10 @@ gateway's own readings out, and calibrated values out, each once.
 A calibrated value's message id is ``<sensor>.<feature>.<period start>``: when a takeover makes a
 second gateway calibrate a period the first had already published, the stream keeps one. A local
 reading's id is ``<sensor>.<timestamp>``, so a retried publish is stored once too.
+
+A sensor id is one subject token here (:func:`token_problem`): a token that is no sensor id is
+rejected at the decode, and a local reading whose id has a '.' at the forward, each counted as
+``bad_sensor_id``. A local reading no stream takes is dropped and counted, not retried forever.
 """
 
 from __future__ import annotations
@@ -19,7 +23,12 @@ import structlog
 from tesla_gateway.cluster.config import ClusterConfig
 from tesla_gateway.cluster.engine import Engine, transient
 from tesla_gateway.contract.calibrated import CalibratedReading
-from tesla_gateway.contract.readings import Reading, ReadingRejectedError
+from tesla_gateway.contract.readings import (
+    SENSOR_ID_PATTERN,
+    Reading,
+    ReadingRejectedError,
+    RejectReason,
+)
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.publish.payloads import reading_message
 from tesla_gateway.sources.mqtt_source import MqttSourceConfig
@@ -29,12 +38,30 @@ if TYPE_CHECKING:
     from tesla_gateway.cluster.engine import Engine
     from tesla_gateway.cluster.puller import StreamMessage
 
-__all__ = ["SOURCE_NAME", "Traffic", "calibrated_id"]
+__all__ = ["SOURCE_NAME", "Traffic", "calibrated_id", "token_problem"]
 
 SOURCE_NAME = "cluster"
 _log = structlog.get_logger(__name__)
 _CONCURRENT = 256  # publishes awaiting their acknowledgement at once
 _GIVE_UP_S = 60.0
+_RETRY_S = 0.5
+_CLUSTER_IDS = "cluster mode takes sensor ids of letters, digits, '_' and '-' (no '.'), up to 64"
+
+
+def token_problem(sensor_id: str) -> str | None:
+    """Why ``sensor_id`` cannot be a sensor's one subject token in cluster mode, or None: the
+    shared sensor-id rule, and no '.' (it would split the id across tokens, and no stream
+    takes ``<subject>.<a>.<b>.raw``)."""
+    if "//" in sensor_id:  # nats-server's MQTT listener writes a topic level's '.' as '//'
+        shown = sensor_id[:80].replace("//", ".")
+        return f"sensor id {shown!r} (an MQTT topic level; NATS spells it {sensor_id[:80]!r}): " + (
+            f"{_CLUSTER_IDS}; rename the node"
+        )
+    if not SENSOR_ID_PATTERN.fullmatch(sensor_id):
+        return f"sensor id {sensor_id[:80]!r} must match {SENSOR_ID_PATTERN.pattern}"
+    if "." in sensor_id:
+        return f"sensor id {sensor_id!r} has a '.': {_CLUSTER_IDS}; rename the node"
+    return None
 
 
 def calibrated_id(reading: CalibratedReading) -> str:
@@ -69,10 +96,22 @@ class Traffic:
         self.calibrated_duplicates = 0  # refused by the stream as already there
         self.calibrated_failed = 0
         self.local_forwarded = 0
+        self.local_rejected = 0  # an id that cannot be one subject token
+        self.local_refused = 0  # no stream takes its subject
+        self.local_failed = 0  # still failing after a minute connected
 
     def decode(self, message: StreamMessage) -> Sequence[Reading]:
         """The readings of one stream message; rejects are counted as the MQTT source would."""
         sensor_id = message.subject.rsplit(".", 1)[1]
+        problem = token_problem(sensor_id)
+        if problem is not None:  # acknowledged by the puller like any reject: never back
+            self._rejects.reject(
+                RejectReason.BAD_SENSOR_ID,
+                source=SOURCE_NAME,
+                detail=problem,
+                where=message.subject,
+            )
+            return ()
         try:
             decoded = decode_payload(
                 message.data,
@@ -127,20 +166,70 @@ class Traffic:
         """Publish the gateway's own readings into the readings stream, in order."""
         while True:
             reading = await queue.get()
-            subject = engine.subjects.reading(reading.sensor_id)
-            headers = {"Nats-Msg-Id": f"{reading.sensor_id}.{reading.timestamp!r}"}
-            while True:
-                try:
-                    await engine.js.publish(
-                        subject, local_payload(reading), headers=headers, timeout=5.0
+            problem = token_problem(reading.sensor_id)
+            if problem is None:
+                await self._forward_one(engine, reading)
+                continue
+            self.local_rejected += 1
+            self._rejects.reject(
+                RejectReason.BAD_SENSOR_ID,
+                source=reading.source,
+                detail=problem,
+                sensor=reading.sensor_id,
+                where="cluster readings stream",
+            )
+
+    async def _forward_one(self, engine: Engine, reading: Reading) -> None:
+        """One reading into the stream: retried while the failure is transient (a server
+        down keeps it, however long); dropped and counted when no stream takes its subject
+        or after a minute of failing while connected, so it cannot hold the queue forever."""
+        from nats.js.errors import NoStreamResponseError
+
+        subject = engine.subjects.reading(reading.sensor_id)
+        headers = {"Nats-Msg-Id": f"{reading.sensor_id}.{reading.timestamp!r}"}
+        payload = local_payload(reading)
+        failing_s = 0.0
+        while True:
+            started, connected = time.monotonic(), engine.nc.is_connected
+            try:
+                await engine.js.publish(subject, payload, headers=headers, timeout=5.0)
+            except transient() as exc:
+                error = str(exc) or type(exc).__name__
+                refused = isinstance(exc, NoStreamResponseError)
+            else:
+                self.local_forwarded += 1
+                return
+            if refused and await self._no_stream_takes(engine, subject):
+                self.local_refused += 1
+                _log.error(
+                    "cluster_local_no_stream",
+                    sensor=reading.sensor_id,
+                    subject=subject,
+                    hint=f"no stream takes it: is [cluster] readings_subject the same on every "
+                    f"gateway, and does the stream {engine.subjects.config.readings_stream!r} "
+                    "exist? (a gateway makes it at start)",
+                )
+                return
+            if connected and engine.nc.is_connected:
+                failing_s += time.monotonic() - started + _RETRY_S
+                if failing_s > _GIVE_UP_S:
+                    self.local_failed += 1
+                    _log.error(
+                        "cluster_local_publish_failed", sensor=reading.sensor_id, error=error
                     )
-                    break
-                except transient() as exc:  # kept until the stream takes it
-                    _log.warning(
-                        "cluster_local_publish_retry", error=str(exc) or type(exc).__name__
-                    )
-                    await asyncio.sleep(0.5)
-            self.local_forwarded += 1
+                    return
+            _log.warning("cluster_local_publish_retry", sensor=reading.sensor_id, error=error)
+            await asyncio.sleep(_RETRY_S)
+
+    @staticmethod
+    async def _no_stream_takes(engine: Engine, subject: str) -> bool:
+        """True when the server says no stream's subjects take ``subject`` (a lasting
+        refusal); False when one does (a leader being elected) or the server cannot say."""
+        try:
+            names = await engine.request("$JS.API.STREAM.NAMES", {"subject": subject})
+        except transient():
+            return False
+        return not names.get("streams")
 
     def stats(self) -> dict[str, int]:
         return {
@@ -149,4 +238,7 @@ class Traffic:
             "calibrated_duplicates": self.calibrated_duplicates,
             "calibrated_failed": self.calibrated_failed,
             "local_forwarded": self.local_forwarded,
+            "local_rejected": self.local_rejected,
+            "local_refused": self.local_refused,
+            "local_failed": self.local_failed,
         }
