@@ -45,6 +45,7 @@ __all__ = ["OUTBOX_FILENAME", "Publisher"]
 
 OUTBOX_FILENAME = "outbox.sqlite3"
 _OUTBOX_HOME_POLL_S = 1.0  # how often a memory outbox is offered its file (it retries every 5 s)
+_LOGGED_IDS = 1024  # unpublishable sensor ids named in the log once each, at most this many
 
 
 def _mark_retrieved(future: asyncio.Future[Any]) -> None:
@@ -118,6 +119,8 @@ class Publisher:
             self.topics.stats, interval_s=config.stats_interval_s, counters=self.stats
         )
         self._dropped = 0
+        self._unpublishable = 0  # values skipped: their sensor or feature cannot be a topic
+        self._unpublishable_logged: set[str] = set()
         self._connection: MqttConnection | None = None
         self._runner: asyncio.Task[None] | None = None  # delivery and stats, in a TaskGroup
         self._closed_counts: tuple[int, int] | None = None  # (queued, dropped_total) at close
@@ -126,11 +129,11 @@ class Publisher:
     # -- the non-blocking side -------------------------------------------------------------
 
     def submit(self, readings: Sequence[CalibratedReading]) -> None:
-        """Queue calibrated readings for delivery (persisted; returns at once)."""
+        """Queue calibrated readings for delivery (persisted; returns at once). A reading whose
+        ids cannot be a topic is skipped and counted; the others go out."""
         if self._closed_counts is not None:
             raise PublisherError("the publisher is closed; readings can no longer be queued")
-        for reading in readings:
-            self.topics.check_ids(reading.sensor_id, reading.feature)
+        readings = [r for r in readings if self._publishable(r.sensor_id, r.feature)]
         returning = self._announcer.returning(readings)  # evicted earlier, back: configs first
         messages = [self._retained(m.topic, m.payload) for m in returning]
         if self._config.per_sensor_topics:
@@ -147,6 +150,30 @@ class Publisher:
         if self._config.batch_topic:
             messages.extend(self._batch_messages(readings))
         self._enqueue(messages)
+
+    def _publishable(self, sensor_id: str, feature: str) -> bool:
+        """False (counted, the id logged once) for ids that cannot be topic levels: one such
+        value must not cost the batch it came in."""
+        try:
+            self.topics.check_ids(sensor_id, feature)
+        except PublisherError as exc:
+            self._unpublishable += 1
+            key = f"{sensor_id[:80]}/{feature[:40]}"
+            if (
+                key not in self._unpublishable_logged
+                and len(self._unpublishable_logged) < _LOGGED_IDS
+            ):
+                self._unpublishable_logged.add(key)
+                self._log.error(
+                    "publish_unpublishable",
+                    sensor=sensor_id[:80],
+                    feature=feature[:40],
+                    error=str(exc),
+                    hint="skipped (counted in stats 'unpublishable'); sensor ids must match "
+                    f"{SENSOR_ID_PATTERN.pattern}",
+                )
+            return False
+        return True
 
     def _retained(self, topic: str, payload: bytes) -> OutboxMessage:
         return OutboxMessage(topic=topic, payload=payload, qos=self._config.qos, retain=True)
@@ -228,6 +255,7 @@ class Publisher:
         if self._closed_counts is not None:
             raise PublisherError("the publisher is closed; documents can no longer be queued")
         judge = {"gateway": self._gateway_id} if self._cluster else {}
+        documents = [d for d in documents if self._publishable(d.sensor_id, d.feature)]
         messages = [
             OutboxMessage(
                 topic=self.topics.sensor(d.sensor_id, d.feature, d.kind),
@@ -271,6 +299,7 @@ class Publisher:
             "queued": queued,
             "published": delivered.published,
             "dropped": self._dropped,
+            "unpublishable": self._unpublishable,
             "dropped_total": dropped_total,
             "refused": delivered.refused,
             "outbox": self._outbox.stats(),

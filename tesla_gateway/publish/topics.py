@@ -45,7 +45,9 @@ class TopicScheme:
 
     def check_ids(self, sensor_id: str, feature: str) -> None:
         if not SENSOR_ID_PATTERN.fullmatch(sensor_id) or not SENSOR_ID_PATTERN.fullmatch(feature):
-            raise PublisherError(f"sensor {sensor_id!r} / feature {feature!r} cannot be a topic")
+            raise PublisherError(
+                f"sensor {sensor_id[:80]!r} / feature {feature[:40]!r} cannot be a topic"
+            )
 
     def sensor(self, sensor_id: str, feature: str, kind: DocumentKind) -> str:
         """``<prefix>/<sensor>/<feature>/health`` or ``.../drift``."""
