@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tesla_gateway.cluster.config import ClusterConfig
-from tesla_gateway.cluster.errors import ClusterError, PartitionsMismatchError, ServerTooOldError
+from tesla_gateway.cluster.errors import (
+    ClusterError,
+    PartitionsMismatchError,
+    ServerTooOldError,
+    SettingsMismatchError,
+)
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -108,8 +114,12 @@ class Engine:
         await self.nc.drain()
 
 
-async def connect(config: ClusterConfig, name: str) -> Engine:
-    """Connect, refuse a server older than 2.11, and make (or find) every object."""
+async def connect(
+    config: ClusterConfig, name: str, *, agree: Callable[[Engine], Awaitable[None]] | None = None
+) -> Engine:
+    """Connect, refuse a server older than 2.11, and make (or find) every object; ``agree``
+    (the member's check of the cluster's shared settings) runs before the partition consumers
+    are made or updated, so a refused gateway changes none of them."""
     import nats
     from nats.js.api import KeyValueConfig, ObjectStoreConfig
 
@@ -133,6 +143,8 @@ async def connect(config: ClusterConfig, name: str) -> Engine:
         engine.objects = await js.create_object_store(
             f"{config.bucket}_snapshots", config=ObjectStoreConfig(replicas=config.replicas)
         )
+        if agree is not None:
+            await agree(engine)
         for partition in range(config.partitions):
             await _partition_consumer(engine, config, partition)
     except BaseException:
@@ -183,7 +195,9 @@ async def _streams(engine: Engine, config: ClusterConfig) -> None:
     }
     if not await _create_or_match(engine, "STREAM", config.readings_stream, readings):
         await _check_partitions(engine, config)
-    await _create_or_match(engine, "STREAM", config.calibrated_stream, calibrated)
+        await _must_match(engine, "STREAM", config.readings_stream, readings, _READINGS_KEYS)
+    if not await _create_or_match(engine, "STREAM", config.calibrated_stream, calibrated):
+        await _must_match(engine, "STREAM", config.calibrated_stream, calibrated, _CALIBRATED_KEYS)
 
 
 async def _check_partitions(engine: Engine, config: ClusterConfig) -> None:
@@ -202,9 +216,13 @@ async def _check_partitions(engine: Engine, config: ClusterConfig) -> None:
 
 
 async def _partition_consumer(engine: Engine, config: ClusterConfig, partition: int) -> None:
+    """Make the partition's durable consumer, or find it: its filter and priority group must be
+    this gateway's (a CONSUMER.CREATE would rewrite them: the last gateway to start won), then
+    its other settings (the pin TTL the cluster agreed on) are brought up to date."""
     name = engine.subjects.consumer(partition)
-    body = {
+    body: dict[str, Any] = {
         "stream_name": config.readings_stream,
+        "action": "create",  # the server refuses one that exists with other settings
         "config": {
             "durable_name": name,
             "filter_subject": engine.subjects.partition_filter(partition),
@@ -218,12 +236,17 @@ async def _partition_consumer(engine: Engine, config: ClusterConfig, partition: 
             "priority_timeout": config.pin_ttl_ns,
         },
     }
-    await _create_or_match(engine, "CONSUMER", f"{config.readings_stream}.{name}", body)
+    qualified = f"{config.readings_stream}.{name}"
+    if await _create_or_match(engine, "CONSUMER", qualified, body):
+        return
+    existing = await _must_match(engine, "CONSUMER", qualified, body["config"], _CONSUMER_KEYS)
+    if existing.get("priority_timeout") != config.pin_ttl_ns:
+        await engine.request(f"$JS.API.CONSUMER.CREATE.{qualified}", body | {"action": "update"})
 
 
 async def _create_or_match(engine: Engine, kind: str, name: str, body: dict[str, Any]) -> bool:
-    """Create (True), or find it made before (False): the server says "already in use" also
-    when its settings differ, so what must match is checked by the caller."""
+    """Create (True), or find it made before (False): the server says "already in use" (or
+    "already exists") also when its settings differ, so the caller compares them."""
     try:
         await engine.request(f"$JS.API.{kind}.CREATE.{name}", body)
     except ClusterError as exc:
@@ -234,3 +257,51 @@ async def _create_or_match(engine: Engine, kind: str, name: str, body: dict[str,
             ) from exc
         return False
     return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Key:
+    """A field of a stream's or consumer's config every gateway must want alike, the
+    ``[cluster]`` setting that decides it and how to say that setting's value from the field."""
+
+    field: str
+    setting: str
+    setting_value: Callable[[Any], object]
+
+
+def _prefix(value: Any, tail: str) -> object:
+    """``'sensors.*.raw'`` -> ``'sensors'`` (the subject prefix a field was made from)."""
+    text = str(value[0] if isinstance(value, list) and value else value)
+    return text.split(tail, 1)[0] if tail in text else text
+
+
+_READINGS_KEYS = (
+    _Key("subjects", "readings_subject", lambda v: _prefix(v, ".*.raw")),
+    _Key("subject_transform", "readings_subject", lambda v: _prefix((v or {}).get("src"), ".*")),
+)
+_CALIBRATED_KEYS = (_Key("subjects", "calibrated_subject", lambda v: _prefix(v, ".>")),)
+_CONSUMER_KEYS = (
+    _Key("filter_subject", "readings_subject", lambda v: _prefix(v, ".part.")),
+    _Key("priority_groups", "readings_stream", lambda v: f"a consumer of group {v}"),
+    _Key("priority_policy", "readings_stream", lambda v: f"a consumer of policy {v}"),
+)
+
+
+async def _must_match(
+    engine: Engine, kind: str, name: str, wanted: dict[str, Any], keys: tuple[_Key, ...]
+) -> dict[str, Any]:
+    """The existing object's config; :class:`SettingsMismatchError` naming the first field that
+    differs from ``wanted`` and the setting the cluster uses (it is never updated)."""
+    info = await engine.request(f"$JS.API.{kind}.INFO.{name}", {})
+    existing = info.get("config") or {}
+    for key in keys:
+        theirs, ours = existing.get(key.field), wanted.get(key.field)
+        if theirs != ours:
+            raise SettingsMismatchError(
+                f"the {kind.lower()} {name} on the servers has {key.field} = {theirs!r}, this "
+                f"gateway wants {ours!r}: [cluster] {key.setting} must be the same on every "
+                f"gateway of the cluster (the cluster uses {key.setting_value(theirs)!r}; "
+                f"this gateway has {key.setting_value(ours)!r}); set it, or run it as a "
+                "separate cluster with its own stream and bucket names"
+            )
+    return dict(existing)

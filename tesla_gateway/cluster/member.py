@@ -17,16 +17,17 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import structlog
 
 from tesla_gateway.cluster import window_parts
+from tesla_gateway.cluster.agreement import Agreement, shared_settings
 from tesla_gateway.cluster.config import ClusterConfig
 from tesla_gateway.cluster.engine import Engine, connect, transient
+from tesla_gateway.cluster.holdings import Counters, Owned, WindowOwner, cancel, stop_pulling
 from tesla_gateway.cluster.ownership import Leases, plan
 from tesla_gateway.cluster.puller import PartitionPuller, PinLostError, StreamMessage
+from tesla_gateway.cluster.room import NoRoomError, Room
 from tesla_gateway.cluster.traffic import Traffic
 from tesla_gateway.cluster.warm import SnapshotStore, replay
 from tesla_gateway.contract.calibrated import CalibratedReading
@@ -34,59 +35,14 @@ from tesla_gateway.contract.readings import Reading
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.windows.ring import ModelWindows
 from tesla_gateway.windows.snapshots import CorruptSnapshotError
-from tesla_gateway.windows.state import WindowState
-from tesla_gateway.windows.store import WindowStore
 
-__all__ = ["ClusterMember"]
+__all__ = ["ClusterMember", "WindowOwner"]
 
 _log = structlog.get_logger(__name__)
 _RETRY_S = 1.0
 _DRAIN_POLL_S = 0.05
 _SNAPSHOT_WAIT_S = 5.0  # then the snapshot holds the periods still waiting
 _INSTALL_WAIT_S = 30.0  # then the windows are rebuilt anyway (logged)
-_STOP_WAIT_S = 5.0  # a stopped puller's last pull ends by then (its expiry + 2 s), else cancelled
-
-
-class WindowOwner(Protocol):
-    """What the member needs of the daemon's ticker (the one owner of the windows)."""
-
-    store: WindowStore
-
-    def snapshot(self) -> list[tuple[str, WindowState]]: ...
-
-    def install(self, slot: str, windows: ModelWindows) -> None: ...
-
-    def remove_sensors(self, sensor_ids: Iterable[str]) -> int: ...
-
-    def last_seen(self) -> dict[str, float]: ...
-
-
-@dataclass(slots=True)
-class _Owned:
-    """A partition this gateway holds: the last stream sequence in its windows, its sensors."""
-
-    covered: int = 0
-    sensors: set[str] = field(default_factory=set)
-    task: asyncio.Task[None] | None = None
-    acquired_at: float = 0.0  # Unix s
-    ready: bool = False  # replay done, pulling
-    puller: PartitionPuller | None = None
-    releasing: bool = False  # being given back: its puller's end is no loss
-    pinned_elsewhere: bool = False  # a 423: the pin is another gateway's, not to be unpinned
-
-
-@dataclass(slots=True)
-class _Counters:
-    acquired: int = 0
-    warm: int = 0
-    cold: int = 0
-    lost: int = 0
-    released: int = 0
-    replayed: int = 0
-    snapshots: int = 0
-    corrupt_snapshots: int = 0  # unreadable ones found in the bucket (deleted, started cold)
-    last_takeover_s: float = 0.0
-    errors: int = 0
 
 
 class ClusterMember:
@@ -99,12 +55,15 @@ class ClusterMember:
         gateway_id: str,
         ticker: WindowOwner,
         tick_lock: asyncio.Lock,
-        ingest: Callable[[Reading], None],
+        ingest: Callable[[Reading], bool | None],
         on_dropped: Callable[[list[str]], None],
         rejects: RejectCounter,
         on_taken: Callable[[dict[str, float]], None] | None = None,
+        max_sensors: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``ingest`` returns False for a reading the windows refused ([sensors] admission);
+        ``max_sensors`` bounds the sensors of the partitions this gateway takes."""
         self.config = config
         self.gateway_id = gateway_id
         self._ticker = ticker
@@ -113,13 +72,15 @@ class ClusterMember:
         self._on_dropped = on_dropped
         self._on_taken = on_taken
         self._clock = clock
-        self._owned: dict[int, _Owned] = {}
+        self._owned: dict[int, Owned] = {}
         self._members: list[str] = []
         self._engine: Engine | None = None
         self._leases: Leases | None = None
         self._snapshots: SnapshotStore | None = None
+        self._agreement: Agreement | None = None
+        self._room = Room(max_sensors)
         self.traffic = Traffic(config, rejects, clock=clock)
-        self.counters = _Counters()
+        self.counters = Counters()
         self.connected = asyncio.Event()
         self._group: asyncio.TaskGroup | None = None
 
@@ -160,10 +121,13 @@ class ClusterMember:
             "replayed": counters.replayed,
             "snapshots": counters.snapshots,
             "corrupt_snapshots": counters.corrupt_snapshots,
+            "mismatched_snapshots": counters.mismatched_snapshots,
+            "refused_full": self._room.refused,
             "snapshot_bytes": 0 if snaps is None else snaps.saved_bytes,
             "snapshots_in_object_store": 0 if snaps is None else snaps.in_object_store,
             "last_takeover_s": round(counters.last_takeover_s, 3),
             "errors": counters.errors,
+            "bad_keys": 0 if self._leases is None else self._leases.bad_keys,
             **self.traffic.stats(),
         }
 
@@ -182,7 +146,7 @@ class ClusterMember:
                 try:
                     await self._heartbeat_loop()
                 finally:  # with the pullers still running, to wait out their last pulls
-                    await _cancel(snapshots)
+                    await cancel(snapshots)
                     await asyncio.shield(self._leave(engine))
         finally:
             self._group = None
@@ -193,8 +157,9 @@ class ClusterMember:
         while True:
             engine: Engine | None = None
             try:
-                engine = await connect(self.config, f"tesla-gateway-{self.gateway_id}")
-                await Leases(engine, self.gateway_id, self.config.pin_ttl_s).refuse_a_twin()
+                engine = await connect(
+                    self.config, f"tesla-gateway-{self.gateway_id}", agree=self._agree
+                )
                 return engine
             except BaseException as exc:
                 if engine is not None:
@@ -205,6 +170,16 @@ class ClusterMember:
                 # unreachable servers, a stream electing a leader
                 _log.warning("cluster_connect_failed", error=str(exc) or type(exc).__name__)
             await asyncio.sleep(_RETRY_S)
+
+    async def _agree(self, engine: Engine) -> None:
+        """Before the partition consumers are touched: no live twin, and this gateway's
+        shared settings are the cluster's (:mod:`.agreement`)."""
+        leases = Leases(engine, self.gateway_id, self.config.pin_ttl_s)
+        await leases.refuse_a_twin()
+        geometries = {slot: windows.geometry for slot, windows in self._ticker.store.items()}
+        settings = shared_settings(self.config, geometries)
+        self._agreement = Agreement(engine, self.gateway_id, settings, leases.members)
+        await self._agreement.join()
 
     async def _leave(self, engine: Engine) -> None:
         """A clean shutdown: every partition handed back with a fresh snapshot."""
@@ -219,11 +194,12 @@ class ClusterMember:
             await engine.close()
 
     async def _heartbeat_loop(self) -> None:
-        assert self._leases is not None
-        leases = self._leases
+        assert self._leases is not None and self._agreement is not None
+        leases, agreement = self._leases, self._agreement
         interval = self.config.pin_ttl_s / 5
         while True:
             try:
+                await agreement.verify()  # a SettingsMismatchError ends the run
                 await leases.heartbeat()
                 for partition in await leases.renew():
                     await self._lose(partition, "lease renewal refused")
@@ -232,6 +208,8 @@ class ClusterMember:
                 moves = plan(self.gateway_id, self._members, holders, self.config.partitions)
                 await self._release(moves.release)
                 for partition in moves.acquire:
+                    if self._room.waiting(partition):  # refused lately for want of room
+                        continue
                     if await leases.acquire(partition):
                         self._take(partition)
             except transient() as exc:  # a server busy electing, a reconnect: next beat
@@ -243,12 +221,12 @@ class ClusterMember:
 
     def _take(self, partition: int) -> None:
         assert self._group is not None
-        owned = self._owned[partition] = _Owned(acquired_at=self._clock())
+        owned = self._owned[partition] = Owned(acquired_at=self._clock())
         owned.task = self._group.create_task(
             self._own(partition, owned), name=f"cluster-partition-{partition}"
         )
 
-    async def _own(self, partition: int, owned: _Owned) -> None:
+    async def _own(self, partition: int, owned: Owned) -> None:
         """Load, replay, then pull the partition until its pin is lost or the task cancelled;
         a failed request gives the partition up (the next heartbeat may take it again)."""
         why = "stopped pulling"
@@ -257,31 +235,37 @@ class ClusterMember:
         except PinLostError:
             owned.pinned_elsewhere = True
             why = "pinned elsewhere"
+        except NoRoomError:  # never pulled nor installed: only the lease to give back
+            owned.releasing = True
+            if self._owned.get(partition) is owned:
+                del self._owned[partition]
+                if self._leases is not None:
+                    with contextlib.suppress(*transient()):
+                        await self._leases.release(partition)
         except transient() as exc:
             self.counters.errors += 1
             why = f"{type(exc).__name__}: {exc}"
         if self._owned.get(partition) is owned and not owned.releasing:
             await self._lose(partition, why)  # not given back, nor taken again meanwhile
 
-    async def _load_replay_pull(self, partition: int, owned: _Owned) -> None:
+    async def _load_replay_pull(self, partition: int, owned: Owned) -> None:
         assert self._engine is not None and self._snapshots is not None
         started = time.monotonic()
         snapshot = await self._load(partition)
         async with self._drained(_INSTALL_WAIT_S):  # the windows are rebuilt
+            held = sum(len(o.sensors) for p, o in self._owned.items() if p != partition)
+            self._room.check(partition, held, len(self._sensors_of(snapshot)))
             self._drop_windows(owned.sensors | self._sensors_of(snapshot))
             if snapshot is not None:
                 self._install(snapshot)
                 owned.covered = snapshot.sequence
                 for state in snapshot.states.values():
                     owned.sensors.update(state.sensor_ids)
-        since = None
-        if snapshot is None:
-            since = self._clock() - self._fallback_s()
         async for batch in replay(
             self._engine,
             partition,
             after_sequence=None if snapshot is None else snapshot.sequence,
-            since=since,
+            span_s=self._fallback_s(),  # without a snapshot: by the server's clock
         ):
             self.counters.replayed += len(batch)
             self._handle(partition, batch)
@@ -314,8 +298,8 @@ class ClusterMember:
             return
         for message in batch:
             for reading in self.traffic.decode(message):
-                owned.sensors.add(reading.sensor_id)
-                self._ingest(reading)
+                if self._ingest(reading) is not False:  # what the windows hold
+                    owned.sensors.add(reading.sensor_id)
             owned.covered = max(owned.covered, message.sequence)
 
     async def _load(self, partition: int) -> window_parts.PartitionSnapshot | None:
@@ -328,9 +312,20 @@ class ClusterMember:
             if blob is None:
                 return None
             geometries = {slot: windows.geometry for slot, windows in self._ticker.store.items()}
-            return await asyncio.to_thread(
+            snapshot = await asyncio.to_thread(
                 window_parts.decode, blob, geometries, max_bytes=snapshots.max_bytes
             )
+            if snapshot.mismatched:  # a warm start would leave those windows empty
+                self.counters.mismatched_snapshots += 1
+                _log.warning(
+                    "cluster_snapshot_mismatched",
+                    partition=partition,
+                    slots=list(snapshot.mismatched),
+                    action="another model window or period: not loaded; the partition starts "
+                    "cold (fallback replay)",
+                )
+                return None
+            return snapshot
         except CorruptSnapshotError as exc:
             self.counters.corrupt_snapshots += 1
             _log.error(
@@ -355,7 +350,7 @@ class ClusterMember:
                 await self._leases.release(partition)
         if owned is None:
             return
-        await _stop_pulling(owned, lost=True)
+        await stop_pulling(owned, lost=True)
         async with self._tick_lock:
             self._drop_windows(owned.sensors)
         self.counters.lost += 1
@@ -365,7 +360,7 @@ class ClusterMember:
         """Hand partitions back: stop pulling (their last pulls waited out side by side), then
         each: snapshot, drop, unpin, delete the lease."""
         given = [(p, owned) for p in partitions if (owned := self._owned.get(p)) is not None]
-        await asyncio.gather(*(_stop_pulling(owned) for _, owned in given))
+        await asyncio.gather(*(stop_pulling(owned) for _, owned in given))
         assert self._engine is not None and self._leases is not None
         for partition, owned in given:
             superseded = owned.ready and partition in await self._save({partition: owned})
@@ -395,7 +390,7 @@ class ClusterMember:
                 if self._owned.get(partition) is ready[partition]:
                     await self._lose(partition, "another gateway saved a later snapshot")
 
-    async def _save(self, partitions: dict[int, _Owned]) -> list[int]:
+    async def _save(self, partitions: dict[int, Owned]) -> list[int]:
         """Snapshot these partitions; those whose stored snapshot covers a later sequence
         (another gateway owns them now) are returned, not overwritten."""
         superseded: list[int] = []
@@ -477,23 +472,3 @@ class ClusterMember:
         geometries = [windows.geometry for _, windows in self._ticker.store.items()]
         spans = [(periods or g.window_length + 2) * g.period_seconds for g in geometries]
         return float(max(spans, default=0.0))
-
-
-async def _stop_pulling(owned: _Owned, *, lost: bool = False) -> None:
-    """End a partition's task: a pulling one once its last pull has ended at the server (an
-    orphan could take the next owner's pin), refusing what it brings if lost; else at once."""
-    owned.releasing = not lost
-    if owned.puller is not None and owned.task is not None:
-        owned.puller.stop(refuse=lost)
-        if lost:
-            return
-        await asyncio.wait({owned.task}, timeout=_STOP_WAIT_S)
-    await _cancel(owned.task)  # loading or replaying, or a pull the server never ended
-
-
-async def _cancel(task: asyncio.Task[None] | None) -> None:
-    if task is None or task.done() or task is asyncio.current_task():
-        return
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task

@@ -38,10 +38,12 @@ FORMAT = 1
 
 @dataclass(frozen=True, slots=True)
 class PartitionSnapshot:
-    """One partition's windows per slot and the last stream sequence they hold."""
+    """One partition's windows per slot and the last stream sequence they hold; ``mismatched``:
+    the slots decode skipped as their geometry differs from this gateway's model."""
 
     sequence: int
     states: Mapping[str, WindowState]
+    mismatched: tuple[str, ...] = ()
 
 
 def subset(state: WindowState, sensor_ids: Collection[str]) -> WindowState:
@@ -187,6 +189,7 @@ def _decode(
         meta = _meta(archive)
         sequence = _sequence(meta)
         states: dict[str, WindowState] = {}
+        mismatched: list[str] = []
         for slot, info in meta["slots"].items():
             if not isinstance(info, dict):
                 raise CorruptSnapshotError(f"snapshot slot {slot!r} is not an object")
@@ -196,6 +199,8 @@ def _decode(
                 or geometry.period_seconds != info.get("period_seconds")
                 or list(geometry.channels) != info.get("channels")
             ):
+                if geometry is not None:
+                    mismatched.append(str(slot))
                 continue  # a model that changed since: its windows start anew
             index = info.get("index")
             if isinstance(index, bool) or not isinstance(index, int):
@@ -203,4 +208,4 @@ def _decode(
             state = window_state(info, state_arrays(archive, f"s{index}_"), geometry)
             state.check_shapes()
             states[slot] = state
-    return PartitionSnapshot(sequence=sequence, states=states)
+    return PartitionSnapshot(sequence=sequence, states=states, mismatched=tuple(mismatched))

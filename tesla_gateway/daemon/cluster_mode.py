@@ -40,7 +40,7 @@ class _Service(Protocol):
     @property
     def publisher(self) -> Publisher | None: ...
 
-    def _ingest(self, reading: Reading) -> None: ...
+    def _ingest(self, reading: Reading) -> bool: ...
 
 
 def make_publisher(config: GatewayConfig, set_aside: SetAsideLog) -> Publisher:
@@ -87,6 +87,7 @@ def make_member(
         on_dropped=moved_away,
         on_taken=taken,
         rejects=service.rejects,
+        max_sensors=config.sensors.max_sensors,
         clock=clock,
     )
 

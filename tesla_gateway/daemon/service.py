@@ -399,10 +399,11 @@ class GatewayService:
             for _ in range(min(queue.qsize(), _INGEST_BURST)):
                 self._ingest(queue.get_nowait())
 
-    def _ingest(self, reading: Reading) -> None:
+    def _ingest(self, reading: Reading) -> bool:
+        """Into the windows; False when admission refused it ([sensors])."""
         self._progress.ingest_beat = time.monotonic()
         if not self.admission.admit(reading):
-            return
+            return False
         if self.publisher is not None:
             self.publisher.sensor_seen(reading.sensor_id)
         self.monitor.observe_reading(reading, self.ticker.ingest(reading))
@@ -411,6 +412,7 @@ class GatewayService:
         # models per reading: 2.6 % of the busy samples in a py-spy profile under load).
         if wanted is not None and not wanted.is_set() and self.ticker.has_closed_periods:
             wanted.set()
+        return True
 
     async def _tick_loop(self, publisher: Publisher) -> None:
         assert self._tick_wanted is not None

@@ -73,7 +73,7 @@ class WindowKeeper:
                 self._ticker.install(slot, restored)
         self._admission.adopt_windows()  # restored windows count toward sensors.max_sensors
 
-    def replay_ingest_log(self, ingest: Callable[[Reading], None]) -> None:
+    def replay_ingest_log(self, ingest: Callable[[Reading], object]) -> None:
         """Feed the acknowledged readings no snapshot holds through the normal ingest path."""
         for reading in self._ingest_log.replay():
             ingest(reading)
