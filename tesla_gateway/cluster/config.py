@@ -12,12 +12,27 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["EXTRA_HINT", "ClusterConfig"]
+__all__ = ["EXTRA_HINT", "GATEWAY_TOKEN", "MAX_PIN_TTL_S", "ClusterConfig", "gateway_id_problem"]
 
 EXTRA_HINT = "pip install 'tesla-gateway[cluster]' (nats-py 2.16+, nats-server 2.11+)"
 _NAME = r"^[A-Za-z0-9_-]{1,32}$"  # stream, bucket and consumer names: no '.', '*', '>'
 _SUBJECT = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"  # a NATS subject prefix without wildcards
 _TOPIC = re.compile(r"^[^#+/][^#+]*[^#+/]$|^[^#+/]$")
+# A gateway's id in cluster mode: one NATS subject token (its key is member.<id>), a valid key.
+GATEWAY_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+MAX_PIN_TTL_S = 120.0
+
+
+def gateway_id_problem(gateway_id: str) -> str | None:
+    """Why ``gateway_id`` cannot name a cluster member (None: it can). A dotted id would make
+    ``member.<id>`` several subject tokens deep, listed by no member (its gateway sits idle)."""
+    if GATEWAY_TOKEN.fullmatch(gateway_id):
+        return None
+    return (
+        f"gateway_id = {gateway_id!r}: cluster mode needs a gateway_id of letters, digits, "
+        "'_' and '-' only (no '.': the NATS subject member.<gateway_id> takes it as one level), "
+        f"e.g. {re.sub(r'[^A-Za-z0-9_-]', '-', gateway_id)!r}"
+    )
 
 
 class ClusterConfig(BaseModel):
@@ -86,7 +101,7 @@ class ClusterConfig(BaseModel):
     pin_ttl_s: float = Field(
         default=5.0,
         ge=1,
-        le=120,
+        le=MAX_PIN_TTL_S,
         description=(
             "A silent owner loses its partitions' pins (and its leases) after this long: the "
             "failover time, roughly."

@@ -5,6 +5,11 @@ The engine does the coordinating: a lease is a KV key ``lease.<p>`` created with
 ``member.<gateway>`` with the same TTL. A dead gateway's keys vanish by themselves. The only
 rule of ours is :func:`plan`: with G members alive, nobody holds more than ceil(P/G) partitions,
 so a gateway over its share releases the extra and one under it takes free ones.
+
+Anybody who can publish to the bucket can write any key (a hand-made key has no TTL, an MQTT
+publish no TTL and any bytes), so a key counts only if it is what a gateway writes and was
+stored within a TTL by the server's clock; anything else is counted, logged once and ignored:
+a lease of it is free (taken by compare-and-set on its revision), a member key of it deleted.
 """
 
 from __future__ import annotations
@@ -15,10 +20,16 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import structlog
+
+from tesla_gateway.cluster.config import GATEWAY_TOKEN, MAX_PIN_TTL_S, gateway_id_problem
 from tesla_gateway.cluster.engine import WRONG_LAST_SEQUENCE, Engine, transient
-from tesla_gateway.cluster.errors import DuplicateGatewayError
+from tesla_gateway.cluster.errors import ClusterRefusedError, DuplicateGatewayError
+from tesla_gateway.cluster.stored import StoredKey, read_key, stream_now
 
 __all__ = ["Leases", "Plan", "plan"]
+
+_log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +77,15 @@ class Leases:
     """This gateway's member key and partition leases in the cluster's KV bucket."""
 
     def __init__(self, engine: Engine, me: str, ttl_s: float) -> None:
+        if (problem := gateway_id_problem(me)) is not None:
+            raise ClusterRefusedError(problem)
         self._engine = engine
         self.me = me
         self._ttl_s = ttl_s
         self._revisions: dict[int, int] = {}  # partition -> revision of our lease
+        self._takeable: dict[int, int] = {}  # partition -> revision of a bad or stale lease
+        self._reported: dict[str, int] = {}  # key -> revision of the bad value logged
+        self.bad_keys = 0  # bad or stale values met (each key's revision once)
 
     @property
     def held(self) -> list[int]:
@@ -116,54 +132,62 @@ class Leases:
             await asyncio.sleep(self._ttl_s / 10)
 
     async def members(self) -> list[str]:
-        """The members whose key is alive (the bucket's subjects, then each key's value: a
-        member that left has a delete marker)."""
-        from nats.js.errors import KeyNotFoundError
-
-        bucket = self._engine.subjects.config.bucket
-        info = await self._engine.js.stream_info(
-            f"KV_{bucket}", subjects_filter=f"$KV.{bucket}.member.*"
-        )
+        """The members whose key is alive: named by a gateway id, holding that id, and stored
+        within a TTL by the server's clock. Any other member key is deleted (by
+        compare-and-set: a gateway renewing it meanwhile keeps it)."""
+        now, keys = await self._keys("member.*")
         alive: list[str] = []
-        for subject in info.state.subjects or {}:
-            key = subject.removeprefix(f"$KV.{bucket}.")
-            try:
-                entry = await self._engine.kv.get(key)
-            except KeyNotFoundError:
+        for key in keys:
+            stored = await read_key(self._engine, key)
+            if stored is None or stored.value is None:
+                continue  # gone, or left (a delete marker)
+            name = key.removeprefix("member.")
+            if not GATEWAY_TOKEN.fullmatch(name) or stored.value != name.encode():
+                self._report(stored, "not the gateway id its key names")
+            elif not self._fresh(stored, now):
+                self._report(stored, f"not renewed within {self._ttl_s} s (no TTL?)")
+            else:
+                alive.append(name)
                 continue
-            if entry.value:
-                alive.append(key.removeprefix("member."))
+            await self._delete(key, stored.revision)
         return sorted(alive)
 
     async def holders(self, partitions: int) -> dict[int, str | None]:
-        """Who holds each partition's lease now (None: nobody)."""
-        from nats.js.errors import KeyNotFoundError
-
+        """Who holds each partition's lease now (None: nobody, or a bad or stale value, which
+        :meth:`acquire` may then take over)."""
+        now, keys = await self._keys("lease.*")
+        present = set(keys)
         found: dict[int, str | None] = {}
+        takeable: dict[int, int] = {}
         for partition in range(partitions):
-            try:
-                entry = await self._engine.kv.get(f"lease.{partition}")
-            except KeyNotFoundError:
-                found[partition] = None
+            key = f"lease.{partition}"
+            stored = await read_key(self._engine, key) if key in present else None
+            found[partition] = None
+            if stored is None or stored.value is None:
                 continue
-            found[partition] = entry.value.decode() if entry.value else None
+            holder = _holder(stored.value)
+            if holder is None:
+                self._report(stored, "not a gateway id")
+            elif not self._fresh(stored, now):
+                self._report(stored, f"not renewed within {self._ttl_s} s (no TTL?)")
+            else:
+                found[partition] = holder
+                continue
+            takeable[partition] = stored.revision
+        self._takeable = takeable
         return found
 
     async def acquire(self, partition: int) -> bool:
-        """Create the lease; False when another gateway holds it."""
-        from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+        """Create the lease, or take over one :meth:`holders` found bad or stale, by
+        compare-and-set on the revision read; False when another gateway holds it."""
+        from nats.js.errors import KeyWrongLastSequenceError
 
         key = f"lease.{partition}"
-        last = 0
-        try:
-            entry = await self._engine.kv.get(key)
-        except KeyNotFoundError as absent:  # never made, expired, or released (a delete)
-            if absent.entry is not None:
-                last = int(absent.entry.revision or 0)
-        else:
-            if entry.value:
-                return False
-            last = int(entry.revision or 0)
+        stored = await read_key(self._engine, key)
+        last = 0 if stored is None else stored.revision
+        held = stored is not None and stored.value is not None and _holder(stored.value)
+        if held and self._takeable.get(partition) != last:  # a fresh lease of a gateway
+            return False
         try:
             self._revisions[partition] = await self._publish(key, self.me.encode(), last)
         except KeyWrongLastSequenceError:
@@ -172,7 +196,35 @@ class Leases:
             if getattr(exc, "err_code", None) in WRONG_LAST_SEQUENCE:
                 return False
             raise
+        self._takeable.pop(partition, None)
         return True
+
+    async def _keys(self, pattern: str) -> tuple[float, list[str]]:
+        """The server's time now and the bucket's keys matching ``pattern``."""
+        bucket = self._engine.subjects.config.bucket
+        now, subjects = await stream_now(self._engine, f"KV_{bucket}", f"$KV.{bucket}.{pattern}")
+        return now, [subject.removeprefix(f"$KV.{bucket}.") for subject in subjects]
+
+    def _fresh(self, stored: StoredKey, now: float) -> bool:
+        """Stored within a TTL (this gateway's, or the key's own up to the largest pin TTL: a
+        member configured with a longer one renews less often) by the server's clock."""
+        limit = max(self._ttl_s, min(stored.ttl_s or 0.0, MAX_PIN_TTL_S))
+        return now - stored.stored_at <= limit
+
+    def _report(self, stored: StoredKey, why: str) -> None:
+        """Count and log a bad or stale value once (per key and revision)."""
+        if self._reported.get(stored.key) == stored.revision:
+            return
+        self._reported[stored.key] = stored.revision
+        self.bad_keys += 1
+        _log.warning(
+            "cluster_bad_key",
+            key=stored.key,
+            revision=stored.revision,
+            value=repr((stored.value or b"")[:64]),
+            why=why,
+            action="ignored; a lease of it is taken over, a member key of it deleted",
+        )
 
     async def renew(self) -> list[int]:
         """Renew every lease by compare-and-set; the partitions whose lease was lost.
@@ -197,7 +249,7 @@ class Leases:
             if self._revisions.get(partition) == revision:
                 self._revisions[partition] = renewed
             elif partition not in self._revisions:  # released meanwhile: give this one back
-                await self._delete_lease(partition, renewed)
+                await self._delete(f"lease.{partition}", renewed)
         return lost
 
     async def release(self, partition: int) -> None:
@@ -205,12 +257,15 @@ class Leases:
         revision = self._revisions.pop(partition, None)
         if revision is None:
             return
-        await self._delete_lease(partition, revision)
+        await self._delete(f"lease.{partition}", revision)
 
-    async def _delete_lease(self, partition: int, revision: int) -> None:
-        """Delete the lease if ``revision`` is still its last (a refusal: it is not ours)."""
+    async def _delete(self, key: str, revision: int) -> None:
+        """Delete the key if ``revision`` is still its last (a refusal: somebody wrote it since).
+        A plain publish of the delete marker: nats-py's own refuses keys an MQTT topic made."""
+        bucket = self._engine.subjects.config.bucket
+        headers = {"KV-Operation": "DEL", "Nats-Expected-Last-Subject-Sequence": str(revision)}
         try:
-            await self._engine.kv.delete(f"lease.{partition}", last=revision)
+            await self._engine.js.publish(f"$KV.{bucket}.{key}", b"", headers=headers)
         except transient() as exc:
             if getattr(exc, "err_code", None) not in WRONG_LAST_SEQUENCE:
                 raise
@@ -220,3 +275,9 @@ class Leases:
         for partition in list(self._revisions):
             await self.release(partition)
         await self._engine.kv.delete(f"member.{self.me}")
+
+
+def _holder(value: bytes) -> str | None:
+    """The gateway id a lease's value names (None: it names none, whatever its bytes are)."""
+    text = value.decode("ascii", errors="replace")
+    return text if GATEWAY_TOKEN.fullmatch(text) else None

@@ -5,7 +5,7 @@ A snapshot up to ``max_kv_value_bytes`` is the value of ``snap.<p>``; a larger o
 object store and ``snap.<p>`` points at it (with the sequence it covers). A snapshot replaces
 only one covering an earlier stream sequence. The readings after it are read from the stream by
 an ephemeral consumer starting at the snapshot's sequence + 1, or, without a snapshot, at
-``N x period`` ago.
+``(N + 2) x period`` ago by the server's clock (a gateway's clock hours ahead replayed nothing).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from tesla_gateway.cluster import window_parts
 from tesla_gateway.cluster.engine import WRONG_LAST_SEQUENCE, Engine, transient
 from tesla_gateway.cluster.errors import ClusterError
 from tesla_gateway.cluster.puller import StreamMessage
+from tesla_gateway.cluster.stored import stream_now
 from tesla_gateway.windows.snapshots import CorruptSnapshotError
 
 __all__ = ["SnapshotStore", "replay"]
@@ -191,10 +192,11 @@ async def replay(
     partition: int,
     *,
     after_sequence: int | None,
-    since: float | None,
+    span_s: float,
 ) -> AsyncIterator[list[StreamMessage]]:
-    """The partition's readings after ``after_sequence`` (or stored since ``since``, Unix s), in
-    stream order, up to the end of the stream as it is now, in batches."""
+    """The partition's readings after ``after_sequence`` (without one: stored in the last
+    ``span_s`` seconds by the server's clock), in stream order, up to the end of the stream as
+    it is now, in batches."""
     from nats.errors import TimeoutError as NatsTimeoutError
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
@@ -205,9 +207,10 @@ async def replay(
             "opt_start_seq": after_sequence + 1,
         }
     else:
+        now, _ = await stream_now(engine, config.readings_stream)
         start = {
             "deliver_policy": DeliverPolicy.BY_START_TIME,
-            "opt_start_time": datetime.datetime.fromtimestamp(since or 0.0, datetime.UTC),
+            "opt_start_time": datetime.datetime.fromtimestamp(now - span_s, datetime.UTC),
         }
     consumer = ConsumerConfig(
         ack_policy=AckPolicy.NONE,
