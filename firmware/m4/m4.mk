@@ -95,7 +95,7 @@ $(M4_KEY):
 # Per model: generated constants, the factory image, the node and the board layer.
 define M4_MODEL_RULES
 $(M4_BUILD)/$(1)/src/model_constants.h: $(M4_MODEL_ROOT)/$(1)/manifest.json $(M4_MODEL_ROOT)/$(1)/model_int8.tflite $(M4_KEY) \
-    ../training/firmware_constants.py
+    ../training/firmware_constants.py ../tesla_gateway/ota/descriptor.py
 	cd .. && $(abspath $(PYTHON)) -m training firmware-constants --model $(M4_MODEL_ROOT)/$(1) \
 	  --out $(abspath $(M4_BUILD))/$(1)/src/model_constants.h --public-key $(abspath $(M4_KEY)) \
 	  --model-data $(abspath $(M4_BUILD))/$(1)/model_data.cpp

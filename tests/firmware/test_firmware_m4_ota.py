@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
+import select
+import time
+import tty
 from dataclasses import dataclass
 from pathlib import Path
 
+import paho.mqtt.client as paho
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from devkit.broker import Mosquitto
 from devkit.pty import PtySerial
@@ -23,6 +30,7 @@ from tesla_gateway.ota.release import key_id, load_public_key
 from tests.firmware.qemu_node import (
     FIRMWARE,
     build,
+    float_bits,
     missing_prerequisite,
     node_behind_tap,
     node_on_pty,
@@ -202,3 +210,67 @@ def test_the_emulated_node_refuses_an_image_larger_than_its_slot(
         "or repartition the flash"
     ), states
     assert "verified" not in states and not any(s.startswith("transferring") for s in states)
+
+
+def _young_window_calibrated(device: Path, periods: int) -> bool:
+    """Whether the node calibrates its own window after ``periods`` periods of readings (its
+    answer to ``#W``: ``#W,<history>,-`` when it does not), asked over the pty the gateway
+    closed. Every update reboots the node, so each call starts from an empty window."""
+    fd = os.open(device, os.O_RDWR | os.O_NOCTTY)
+    try:
+        tty.setraw(fd)
+        lines = [f"#A,{1000 + p},{float_bits(20.0)}\n" for p in range(periods)] + ["#W\n"]
+        os.write(fd, "".join(lines).encode("ascii"))
+        seen = b""
+        deadline = time.monotonic() + 30
+        while (answer := re.search(rb"(?m)^#W,([^\r\n]*)\r?\n", seen)) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no #W answer from the emulated node: {seen[-200:]!r}")
+            if select.select([fd], [], [], 1.0)[0]:
+                seen += os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    history, result = answer.group(1).decode("ascii").split(",")[:2]
+    assert int(history) == periods, answer.group(0)
+    return result != "-"
+
+
+def _forget_node_status(broker: Mosquitto) -> None:
+    """Clears the retained status of the node (an empty retained message, as an operator would)."""
+    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2)
+    client.connect(broker.host, broker.port)
+    client.loop_start()
+    try:
+        client.publish(f"{STATUS_PREFIX}/node/{NODE_ID}", b"", qos=1, retain=True).wait_for_publish(
+            10
+        )
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def test_the_emulated_node_calibrates_young_windows_only_as_the_installed_model_allows(
+    kit: ReleaseKit, mosquitto: Mosquitto, firmware: Path, tmp_path: Path
+) -> None:
+    """The factory model calibrates from 1 period (its kMinHistoryPeriods). An OTA model trained
+    for whole windows (descriptor: min_history N) must not calibrate a 3-period window; the next
+    one, from 1 period, does; a later release that fails its self-test is rolled back and the
+    rule of the model that serves again (1) applies, not the failed one's (N)."""
+    whole = {"min_history_periods": None}  # the manifest's "whole windows only": N on the node
+    young = {"min_history_periods": 1}
+    wrong = MODELS / "pm2_5-antwerp-1h" / "model_int8.tflite"  # fails the self-test
+    port = NodePort(tmp_path / "ttyNODE0")
+    v = kit.base_version
+    steps = [
+        (kit.release(v + 11, manifest_update=whole), v + 11, "active", False),
+        (kit.release(v + 12, manifest_update=young), v + 12, "active", True),
+        (kit.release(v + 13, image=wrong, manifest_update=whole), v + 12, "rolled back", True),
+    ]
+    with node_on_pty(firmware, port.path):
+        assert _young_window_calibrated(port.path, 3)  # the factory model's own rule
+        for release, serving, outcome, calibrated in steps:
+            _forget_node_status(mosquitto)  # else the last update's retained outcome settles it
+            states = asyncio.run(_update(kit, mosquitto, port, release, serving))
+            assert states[-2] == outcome, states
+            assert f"{serving}" in states[-1], states
+            assert _young_window_calibrated(port.path, 3) is calibrated, (release.name, states)
