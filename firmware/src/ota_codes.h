@@ -44,7 +44,7 @@ constexpr OtaStatusInfo kOtaStatusTable[] = {
     {10, "bad_frame", "malformed OTA frame; check that gateway and firmware speak the same protocol version"},
     {11, "bad_magic", "handshake magic is not TOTA; the sender is not an OTA gateway"},
     {12, "unsupported_version", "OTA protocol version not supported; update the gateway or the node firmware so both speak the same version"},
-    {13, "bad_descriptor", "image descriptor malformed; re-create the release with `tesla-train release --target node`"},
+    {13, "bad_descriptor", "image descriptor malformed, or of a format the node's firmware predates (format 2 states min_history); reflash the node with current firmware, or re-create the release with `tesla-train release --target node`"},
     {14, "bad_signature", "descriptor signature does not verify with the node's public key; sign the release with the key the firmware was built with"},
     {15, "downgrade", "model version is not newer than the one running; publish a higher version"},
     {16, "incompatible", "model is for another model name, window length or a larger arena than this firmware has; build firmware for it or release a compatible model"},

@@ -89,8 +89,9 @@ _MESSAGES: dict[OtaStatus, str] = {
     OtaStatus.BAD_MAGIC: "handshake magic is not TOTA; the sender is not an OTA gateway",
     OtaStatus.UNSUPPORTED_VERSION: "OTA protocol version not supported; update the gateway or "
     "the node firmware so both speak the same version",
-    OtaStatus.BAD_DESCRIPTOR: "image descriptor malformed; re-create the release with "
-    "`tesla-train release --target node`",
+    OtaStatus.BAD_DESCRIPTOR: "image descriptor malformed, or of a format the node's firmware "
+    "predates (format 2 states min_history); reflash the node with current firmware, or "
+    "re-create the release with `tesla-train release --target node`",
     OtaStatus.BAD_SIGNATURE: "descriptor signature does not verify with the node's public key; "
     "sign the release with the key the firmware was built with",
     OtaStatus.DOWNGRADE: "model version is not newer than the one running; publish a higher "
