@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import socket
 import subprocess
@@ -48,6 +49,14 @@ ROOT = Path(__file__).resolve().parents[2]
 LEAF_CONF = ROOT / "deploy" / "nats" / "leaf.conf"
 HUB_CONF = ROOT / "deploy" / "nats" / "hub.conf"
 EDGE_SCRIPT = ROOT / "deploy" / "nats" / "edge_streams.py"
+USERS_CONF = ROOT / "deploy" / "nats" / "users.conf"
+# The environment deploy/nats/users.conf and the leaf's uplink read (a systemd EnvironmentFile).
+PASSWORDS = {
+    "TESLA_NATS_GATEWAY_PASSWORD": "gateway-secret",
+    "TESLA_NATS_NODE_PASSWORD": "node-secret",
+    "TESLA_NATS_READER_PASSWORD": "reader-secret",
+    "TESLA_NATS_LEAF_PASSWORD": "leaf-secret",
+}
 SENSORS = ["e1", "e2", "e3", "e4"]
 DOMAIN = "edge1"
 
@@ -127,7 +136,16 @@ def _render_leaf_conf(leaf: NatsServer, uplink_port: int) -> str:
     for pattern, replacement in swaps:
         text, count = re.subn(pattern, replacement, text)
         assert count == 1, f"deploy/nats/leaf.conf no longer has {pattern!r}"
+    (leaf.config_path.parent / "users.conf").write_text(  # included from beside it
+        USERS_CONF.read_text(encoding="utf-8"), encoding="utf-8"
+    )
     return text
+
+
+def _as_gateway(url: str) -> str:
+    """A client URL of the leaf with the gateway role of users.conf (the deploy script's)."""
+    password = PASSWORDS["TESLA_NATS_GATEWAY_PASSWORD"]
+    return url.replace("nats://", f"nats://gateway:{password}@", 1)
 
 
 def _edge_streams(side: str, server: str) -> str:
@@ -219,6 +237,7 @@ class Node:
         self._client = mqtt.Client(
             CallbackAPIVersion.VERSION2, client_id="edge-node", protocol=mqtt.MQTTv311
         )
+        self._client.username_pw_set("node", PASSWORDS["TESLA_NATS_NODE_PASSWORD"])
         self._client.connect("127.0.0.1", port)
         self._client.loop_start()
 
@@ -243,9 +262,11 @@ class Node:
 
 
 def test_shipped_configs_are_valid() -> None:
+    uplinks = {f"TESLA_NATS_UPLINK_{n}": f"nats-leaf://leaf:x@hub{n}:7422" for n in (1, 2, 3)}
     for conf in (HUB_CONF, LEAF_CONF):
         checked = subprocess.run(  # fixed argv
             [str(nats_server_executable()), "-t", "-c", str(conf)],
+            env={**os.environ, **PASSWORDS, **uplinks},
             capture_output=True,
             text=True,
             check=False,
@@ -254,8 +275,10 @@ def test_shipped_configs_are_valid() -> None:
 
 
 def test_leaf_readings_reach_the_hub_once_after_an_outage(
-    model_factory: ModelFactory, tmp_path: Path
+    model_factory: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    for name, value in PASSWORDS.items():  # the leaf's users.conf reads them at start
+        monkeypatch.setenv(name, value)
     model = model_factory.get(window_length=WINDOW, period_seconds=PERIOD_S).path
     nats_cluster = _hub(tmp_path / "hub")
     hub = nats_cluster.servers[0]
@@ -271,7 +294,7 @@ def test_leaf_readings_reach_the_hub_once_after_an_outage(
     ):
         gateway.wait_ready(wait_sources=False)
         wait_for(lambda: balanced([gateway]), "the gateway owning every partition")
-        assert "created" in _edge_streams("leaf", leaf.url)
+        assert "created" in _edge_streams("leaf", _as_gateway(leaf.url))
         assert "source added" in _edge_streams("hub", nats_cluster.urls[1])
         assert "already sourced" in _edge_streams("hub", nats_cluster.urls[2])
         wait_for(lambda: _leaves(nats_cluster) == 1, "the leaf attached to the hub")
