@@ -58,5 +58,6 @@ def test_descriptor_of_an_image_is_built_from_its_manifest() -> None:
         image_sha256=hashlib.sha256(image).digest(),
         window_length=model.window_length,
         arena_bytes=1234,
+        min_history_periods=model.calibrates_from,
     )
     assert ImageDescriptor.decode(descriptor.encode()) == descriptor
