@@ -148,7 +148,16 @@ def test_a_partition_consumer_with_another_filter_is_refused_not_rewritten(
             await first.request("$JS.API.CONSUMER.DELETE.TESLA_READINGS.part-0", {})
             body = {
                 "stream_name": "TESLA_READINGS",
-                "config": {"durable_name": "part-0", "filter_subject": "sensors.part.1.*"},
+                "config": {  # the gateway's settings but the filter, as old code rewrote
+                    "durable_name": "part-0",
+                    "filter_subject": "sensors.part.1.*",
+                    "deliver_policy": "all",
+                    "ack_policy": "explicit",
+                    "max_waiting": 64,
+                    "priority_groups": ["owners"],
+                    "priority_policy": "pinned_client",
+                    "priority_timeout": config.pin_ttl_ns,
+                },
             }
             await first.request("$JS.API.CONSUMER.CREATE.TESLA_READINGS.part-0", body)
             with pytest.raises(SettingsMismatchError, match=r"part-0.*sensors\.part\.1\.\*"):
