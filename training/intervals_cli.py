@@ -2,8 +2,9 @@
 
 The model's training config comes from ``--run`` (a run directory's ``config.json``) or, for a
 committed default, from training/defaults.py with the seed its manifest records; the epochs the
-folds train for from the run's history, ``--fold-epochs``, or the folds already trained. Prints
-the per-unit report as JSON and writes it with ``--report``.
+folds train for from ``--fold-epochs``, else the manifest (``trained_epochs``, so a fresh clone
+with no runs can recalibrate), else the run's history or the folds already trained. Prints the
+per-unit report as JSON and writes it with ``--report``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 from training.errors import DataError
 
 if TYPE_CHECKING:  # training.train loads TensorFlow: not for every `python -m training` call
+    from tesla_gateway.contract.manifest import Manifest
     from training.pool_folds import KeptEpochs
     from training.train import TrainConfig
 
@@ -53,7 +55,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--fold-epochs",
         type=int,
         help="epochs every fold trains for: the epoch the model's weights are from (its best "
-        "validation epoch; default: read from --run's history, else recorded by earlier folds)",
+        "validation epoch; default: the manifest's trained_epochs, else --run's history, else "
+        "recorded by earlier folds)",
     )
     parser.add_argument(
         "--fold-fine-tune-epochs",
@@ -86,41 +89,63 @@ def model_config(model_dir: Path, run_dir: Path | None, data: Path | None) -> Tr
                 f"{model_dir} ({manifest.name}) is not a committed default: pass --run, the run "
                 "directory it was exported from"
             )
-        config = default.config.model_copy(
-            update={"seed": int(manifest.hyperparameters.get("seed", default.config.seed))}
+        seed = (
+            manifest.trained_epochs.seed
+            if manifest.trained_epochs is not None
+            else int(manifest.hyperparameters.get("seed", default.config.seed))
         )
+        config = default.config.model_copy(update={"seed": seed})
     return config if data is None else config.model_copy(update={"data_path": data})
 
 
 def fold_epochs(
-    epochs: int | None, fine_tune_epochs: int, run_dir: Path | None, folds_dir: Path
+    epochs: int | None,
+    fine_tune_epochs: int,
+    run_dir: Path | None,
+    folds_dir: Path,
+    *,
+    manifest: Manifest,
 ) -> KeptEpochs:
-    """The epochs the folds train for: given, else the run's kept epochs, else those the
-    folds already under ``folds_dir`` were trained for."""
-    from training.pool_folds import KeptEpochs, kept_epochs, recorded_epochs
+    """The epochs the folds train for: given, else those the manifest records (checked against
+    the run's when both are there), else the run's kept epochs, else those the folds already
+    under ``folds_dir`` were trained for."""
+    from training.pool_folds import KeptEpochs, kept_epochs, manifest_epochs, recorded_epochs
 
     if epochs is not None:
         return KeptEpochs(epochs=epochs, fine_tune_epochs=fine_tune_epochs)
-    if run_dir is not None and (run_dir / "history.json").is_file():
-        return kept_epochs(run_dir)
-    recorded = recorded_epochs(folds_dir)
-    if recorded is None:
+    recorded = manifest_epochs(manifest)
+    has_history = run_dir is not None and (run_dir / "history.json").is_file()
+    from_run = kept_epochs(run_dir) if run_dir is not None and has_history else None
+    if recorded is not None and from_run is not None and from_run != recorded:
         raise DataError(
-            "the folds train for the epochs the model's weights are from, and neither a run's "
-            f"history nor folds under {folds_dir} record them: pass --run RUN, or --fold-epochs "
-            "E (its best validation epoch) and --fold-fine-tune-epochs F (the short-history "
-            "fine-tuning epoch it kept, 0 for none)"
+            f"{manifest.name}'s manifest says its weights are from epochs {recorded}, the run "
+            f"{run_dir} kept {from_run}: was the model exported from that run? Pass the right "
+            "--run, or --fold-epochs and --fold-fine-tune-epochs"
         )
-    return recorded
+    chosen = recorded if recorded is not None else from_run
+    if chosen is not None:
+        return chosen
+    trained = recorded_epochs(folds_dir)
+    if trained is None:
+        raise DataError(
+            "the folds train for the epochs the model's weights are from, and neither its "
+            "manifest (exported before it recorded trained_epochs), a run's history nor folds "
+            f"under {folds_dir} record them: pass --run RUN, or --fold-epochs E (its best "
+            "validation epoch) and --fold-fine-tune-epochs F (the short-history fine-tuning "
+            "epoch it kept, 0 for none)"
+        )
+    return trained
 
 
 def run(args: argparse.Namespace) -> int:
     from tesla_gateway.contract.manifest import load_manifest
 
     config = model_config(args.model, args.run, args.data)
-    name = load_manifest(args.model).name
-    folds_dir = args.folds_dir or Path("runs") / "interval-folds" / name
-    kept = fold_epochs(args.fold_epochs, args.fold_fine_tune_epochs, args.run, folds_dir)
+    manifest = load_manifest(args.model)
+    folds_dir = args.folds_dir or Path("runs") / "interval-folds" / manifest.name
+    kept = fold_epochs(
+        args.fold_epochs, args.fold_fine_tune_epochs, args.run, folds_dir, manifest=manifest
+    )
     from training.calibrate_intervals import calibrate_model_dir  # TensorFlow: to train the folds
 
     report = calibrate_model_dir(args.model, config, folds_dir, kept=kept, level=args.level)
@@ -159,26 +184,28 @@ def after_export(args: argparse.Namespace) -> None:
         or not (args.out / "manifest.json").is_file()
     ):
         return
-    if load_manifest(args.out).architecture != "tesla":
+    manifest = load_manifest(args.out)
+    if manifest.architecture != "tesla":
         print("intervals across units: only for TESLA models, kept as exported", file=sys.stderr)
         return
     config = model_config(args.out, args.run, None)
     folds_dir = args.run / "interval-folds"
-    kept = fold_epochs(None, 0, args.run, folds_dir)
+    kept = fold_epochs(None, 0, args.run, folds_dir, manifest=manifest)
     report = calibrate_model_dir(args.out, config, folds_dir, kept=kept)
     print(json.dumps(report.as_json(), indent=2))
 
 
 def calibrate_default(model_dir: Path, data: Path | None, runs: Path) -> dict[str, object]:
     """A committed default's intervals across units (``default-models``), folds under
-    ``runs/interval-folds/<name>``, reused when their config matches; the kept epochs from
-    its run ``runs/<name>-seed<seed>`` when there, else those its folds were trained for."""
+    ``runs/interval-folds/<name>``, reused when their config matches; the kept epochs from its
+    manifest, else its run ``runs/<name>-seed<seed>``, else those its folds were trained for."""
     from tesla_gateway.contract.manifest import load_manifest
     from training.calibrate_intervals import calibrate_model_dir
 
     config = model_config(model_dir, None, data)
-    name = load_manifest(model_dir).name
-    folds_dir = runs / "interval-folds" / name
-    kept = fold_epochs(None, 0, runs / f"{name}-seed{config.seed}", folds_dir)
+    manifest = load_manifest(model_dir)
+    folds_dir = runs / "interval-folds" / manifest.name
+    run_dir = runs / f"{manifest.name}-seed{config.seed}"
+    kept = fold_epochs(None, 0, run_dir, folds_dir, manifest=manifest)
     report = calibrate_model_dir(model_dir, config, folds_dir, kept=kept)
     return report.as_json()

@@ -35,6 +35,7 @@ from training.fine_tune import write_keras
 from training.harm import check_not_harmful, compare_on
 from training.history import history_fields
 from training.metrics import LinearCalibration
+from training.pool_folds import trained_epochs
 from training.train import (
     load_run,
     predict_windows,
@@ -131,7 +132,8 @@ def export_run(
     """Export the run's model, verify the files, and write the manifest last.
 
     Refuses (before converting anything) a model worse than raw or linear on the validation
-    sensor unless ``force``; fits the prediction intervals on the same sensor's residuals.
+    sensor unless ``force``; fits the prediction intervals on the same sensor's residuals and
+    records the epochs and seed the weights come from (``trained_epochs``).
     """
     config, model, metrics = load_run(run_dir)
     prepared = prepare_data(config)
@@ -207,6 +209,8 @@ def export_run(
         target_range=target_range(prepared.train),
         device_graph_absent=exported.device_graph_absent,
         sensor=prepared.data.sensor,  # the loader's sensor and value set (None: unknown)
+        # what calibrate-intervals' folds retrain for once the run is gone
+        trained_epochs=trained_epochs(run_dir, config.seed),
         **short,
     )
     write_manifest(model_dir, manifest)

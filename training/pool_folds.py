@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
+from tesla_gateway.contract.manifest import Manifest, TrainedEpochs
 from tesla_gateway.contract.series import GapPolicy
 from training.data import WindowSet, clean, load_dataset, to_grid
 from training.errors import DataError
@@ -50,8 +51,10 @@ __all__ = [
     "PoolFold",
     "fold_predictor",
     "kept_epochs",
+    "manifest_epochs",
     "recorded_epochs",
     "train_pool_folds",
+    "trained_epochs",
 ]
 
 FOLD_FILE = "fold.json"
@@ -119,6 +122,24 @@ def kept_epochs(run_dir: Path) -> KeptEpochs:
         ) from exc
     finite = [v if np.isfinite(v) else np.inf for v in val_loss]
     return KeptEpochs(epochs=int(np.argmin(finite)) + 1, fine_tune_epochs=round(float(chosen[0])))
+
+
+def trained_epochs(run_dir: Path, seed: int) -> TrainedEpochs | None:
+    """What the manifest records of a run trained with ``seed``: its kept epochs, or None for
+    a run fine-tuned from another model (``init.json``: its weights did not start from the
+    seed, so no peer trained from it for these epochs would be one)."""
+    if (run_dir / "init.json").is_file():
+        return None
+    kept = kept_epochs(run_dir)
+    return TrainedEpochs(epochs=kept.epochs, fine_tune_epochs=kept.fine_tune_epochs, seed=seed)
+
+
+def manifest_epochs(manifest: Manifest) -> KeptEpochs | None:
+    """The kept epochs the manifest records (written at export; None before it did)."""
+    recorded = manifest.trained_epochs
+    if recorded is None:
+        return None
+    return KeptEpochs(epochs=recorded.epochs, fine_tune_epochs=recorded.fine_tune_epochs)
 
 
 def recorded_epochs(folds_dir: Path) -> KeptEpochs | None:

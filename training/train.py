@@ -126,8 +126,8 @@ class TrainConfig(BaseModel):
     left_out_sensors: tuple[str, ...] = Field(
         default=(),
         description=(
-            "Training sensors left out of this run: the leave-sensor-out folds that calibrate "
-            "prediction intervals across units (training/cross_conformal.py)."
+            "Training sensors left out: the earlier folds of one unit fewer. No training sets it "
+            "now; kept so their runs and every run's config.json (extra keys forbidden) load."
         ),
     )
 

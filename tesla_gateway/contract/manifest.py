@@ -48,6 +48,7 @@ __all__ = [
     "PredictionIntervals",
     "TargetRange",
     "TestMetrics",
+    "TrainedEpochs",
     "UnitCoverage",
     "load_manifest",
     "sha256_file",
@@ -176,6 +177,19 @@ class CandidateScore(_Strict):
     note: str | None = Field(default=None, description="Why it was not fitted, or how it was.")
 
 
+class TrainedEpochs(_Strict):
+    """The epochs and seed the exported weights come from: what retraining a peer of the model
+    needs (``calibrate-intervals``' folds train for exactly these) once the run is gone."""
+
+    epochs: int = Field(
+        ge=1, description="Training epochs the weights are from (early stopping's best epoch)."
+    )
+    fine_tune_epochs: int = Field(
+        default=0, ge=0, description="Short-history fine-tuning epochs kept after them (0: none)."
+    )
+    seed: int = Field(description="The training seed.")
+
+
 class DataSummary(_Strict):
     """Where the training data came from and how much of it survived cleaning."""
 
@@ -278,6 +292,13 @@ class Manifest(_Strict):
         description=(
             "Intervals for short histories, by ascending min_periods; windows of N periods (and "
             "any history past the last entry's bucket) take ``intervals``."
+        ),
+    )
+    trained_epochs: TrainedEpochs | None = Field(
+        default=None,
+        description=(
+            "The epochs and seed the weights come from; absent in manifests written before it "
+            "existed and for weights not trained from scratch (fine-tuned, retrained, classical)."
         ),
     )
     # bounded far above what train writes (6 candidates, a sentence): reports, not payloads

@@ -94,20 +94,24 @@ def test_the_folds_train_for_the_epochs_the_exported_weights_are_from(tmp_path: 
 def test_the_fold_epochs_come_from_the_flags_the_run_or_the_folds_already_trained(
     tmp_path: Path,
 ) -> None:
+    """A manifest exported before it recorded its epochs: the run's or the folds' are used."""
+    old = load_manifest(MODELS / "pm2_5-antwerp-1h").model_copy(update={"trained_epochs": None})
     run, folds = tmp_path / "run", tmp_path / "folds"
     with pytest.raises(DataError, match="--fold-epochs E"):
-        fold_epochs(None, 0, None, folds)  # a committed default whose run is gone, no folds
-    assert fold_epochs(7, 2, run, folds) == KeptEpochs(epochs=7, fine_tune_epochs=2)
+        fold_epochs(None, 0, None, folds, manifest=old)  # a default whose run is gone, no folds
+    assert fold_epochs(7, 2, run, folds, manifest=old) == KeptEpochs(epochs=7, fine_tune_epochs=2)
     run.mkdir()
     (run / "history.json").write_text(json.dumps({"loss": [1, 1], "val_loss": [2.0, 1.0]}))
-    assert fold_epochs(None, 0, run, folds) == KeptEpochs(epochs=2)
+    assert fold_epochs(None, 0, run, folds, manifest=old) == KeptEpochs(epochs=2)
     record = {"config": TrainConfig(dataset="synthetic").model_dump(mode="json"),
               "train_units": ["a", "c"], "left_out": "b",
               "kept": {"epochs": 5, "fine_tune_epochs": 1}}  # fmt: skip
     for left_out in ("a", "b"):
         (folds / f"pool-without-{left_out}-e5+1-seed0").mkdir(parents=True)
         (folds / f"pool-without-{left_out}-e5+1-seed0" / FOLD_FILE).write_text(json.dumps(record))
-    assert fold_epochs(None, 0, None, folds) == KeptEpochs(epochs=5, fine_tune_epochs=1)
+    assert fold_epochs(None, 0, None, folds, manifest=old) == KeptEpochs(
+        epochs=5, fine_tune_epochs=1
+    )
     other = {**record, "kept": {"epochs": 6, "fine_tune_epochs": 1}}
     (folds / "pool-without-b-e5+1-seed0" / FOLD_FILE).write_text(json.dumps(other))
     assert recorded_epochs(folds) is None  # folds of two trainings: which is the model's?

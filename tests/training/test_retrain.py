@@ -294,6 +294,8 @@ def test_a_challenger_claims_only_the_short_histories_it_was_measured_on(
     assert result.accepted, result.reason
     assert result.model_dir is not None
     manifest = load_manifest(result.model_dir)
+    # the champion's epochs and seed describe its training: a recalibration must not use them
+    assert champion.trained_epochs is not None and manifest.trained_epochs is None
     if share == 0.0:
         assert manifest.min_history_periods is None
         assert manifest.history_curve is None and manifest.history_intervals is None

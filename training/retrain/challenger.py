@@ -321,6 +321,8 @@ def _trust_fields(inputs: Inputs, challenger: Challenger) -> dict[str, Any]:
         "min_history_periods": None,
         "history_curve": None,
         "history_intervals": None,
+        # the champion's epochs and seed: no recalibration may retrain the challenger's from them
+        "trained_epochs": None,
     }
     validation = inputs.sets.validation
     if validation is None:
