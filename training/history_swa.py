@@ -12,7 +12,11 @@ same way (in-sample: a tie-breaker only) and on the test sensor (reported, never
 choose), and can write a chosen candidate as a run directory that ``export`` reads.
 
 ``python -m training.history_swa phase-one --run-dir D`` trains (or reuses) the first phase;
-``... fine-tune --phase-one D --out O --learning-rate 3e-5 --epochs 10`` the rest.
+``... fine-tune --phase-one D --out O --learning-rate 3e-4 --epochs 10`` the rest and scores the
+candidates; ``... score --keras models/M/model.keras --out B.json`` scores the committed model the
+same way; ``... select --baseline B.json O1 O2 ...`` applies the choice rule (:func:`select`);
+``... write-run`` writes the chosen one as a run directory for ``export``. The runs and the
+outcome: docs/benchmarks/partial-history/README.md, "Weight averaging of the fine-tuning".
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ __all__ = [
     "candidates",
     "curves",
     "phase_one",
+    "select",
     "swa_fine_tune",
     "train_sample",
     "write_candidate_run",
@@ -61,6 +66,10 @@ Weights = list[npt.NDArray[np.float32]]
 POINTS = (1, 2, 4, 7, 15, 26, 60, 97, 180, 360)
 EMA_DECAYS = (0.999, 0.9998)  # per batch: horizons of ~0.65 and ~3.3 epochs of 1,529 batches
 TRAIN_SAMPLE = 8000  # training windows scored per candidate (in-sample tie-breaker)
+# The choice: not worse than the baseline by more than this at K = 1 and K = N (validation) ...
+KEEP_TOLERANCE = 0.01
+# ... and among the best mean short-history RMSE within this share, the best on training windows
+TIE = 0.005
 
 
 class WeightSnapshots(keras.callbacks.Callback):
@@ -228,6 +237,57 @@ def _score_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def select(baseline: dict[str, Any], scored: dict[str, dict[str, Any]]) -> list[str]:
+    """The averaged candidates (``swa``/``ema``) that pass against ``baseline`` on validation
+    (better at K = 60 and 180, within :data:`KEEP_TOLERANCE` at K = 1 and N), best first: by mean
+    validation RMSE over the shorter histories, those within :data:`TIE` of the best ordered by
+    the same mean on the training windows (in-sample, a tie-breaker only)."""
+    ref = baseline["validation"]
+    n = str(max(POINTS))
+
+    def passes(curve: dict[str, float]) -> bool:
+        return (
+            curve["60"] < ref["60"]
+            and curve["180"] < ref["180"]
+            and curve["1"] <= (1 + KEEP_TOLERANCE) * ref["1"]
+            and curve[n] <= (1 + KEEP_TOLERANCE) * ref[n]
+        )
+
+    passing = {
+        name: score
+        for name, score in scored.items()
+        if name.split(": ")[-1].startswith(("swa", "ema")) and passes(score["validation"])
+    }
+    if not passing:
+        return []
+    best = min(score["validation_short_mean"] for score in passing.values())
+    tied = sorted(
+        (name for name, s in passing.items() if s["validation_short_mean"] <= (1 + TIE) * best),
+        key=lambda name: passing[name]["train_short_mean"],
+    )
+    rest = sorted(set(passing) - set(tied), key=lambda name: passing[name]["validation_short_mean"])
+    return tied + rest
+
+
+def _select_command(args: argparse.Namespace) -> int:
+    baseline = json.loads(args.baseline.read_text(encoding="utf-8"))
+    scored = {}
+    for folder in args.runs:
+        described = json.loads((folder / "candidates.json").read_text(encoding="utf-8"))
+        scored.update({f"{folder}: {name}": s for name, s in described["scores"].items()})
+    ranked = select(baseline, scored)
+    for name in ranked:
+        score = scored[name]
+        curve = " / ".join(f"{score['validation'][str(k)]:.3f}" for k in (1, 60, 180, 360))
+        print(
+            f"{name}: validation K = 1 / 60 / 180 / 360 {curve}, short mean "
+            f"{score['validation_short_mean']:.3f}, train {score['train_short_mean']:.3f}"
+        )
+    if not ranked:
+        print("no averaged candidate passes against the baseline on validation")
+    return 0
+
+
 def _fine_tune_command(args: argparse.Namespace) -> int:
     config, model, metrics = load_run(args.phase_one)
     default = next(d for d in DEFAULT_MODELS if d.name == args.model).config
@@ -331,6 +391,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     score = sub.add_parser("score", help="score a Keras model the way candidates are scored")
     score.add_argument("--keras", type=Path, required=True, help="e.g. models/M/model.keras")
     score.add_argument("--out", type=Path, required=True, help="JSON to write")
+    choose = sub.add_parser("select", help="rank the candidates that pass (validation only)")
+    choose.add_argument("--baseline", type=Path, required=True, help="a `score` JSON")
+    choose.add_argument("runs", type=Path, nargs="+", help="fine-tune --out folders")
     write = sub.add_parser("write-run", help="a candidate as a run directory for `export`")
     write.add_argument("--phase-one", type=Path, required=True)
     write.add_argument("--source", type=Path, required=True, help="a fine-tune --out folder")
@@ -345,6 +408,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fine_tune_command(args)
     if args.command == "score":
         return _score_command(args)
+    if args.command == "select":
+        return _select_command(args)
     return _write_run_command(args)
 
 

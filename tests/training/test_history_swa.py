@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from training.history_swa import WeightSnapshots, average_weights
+from training.history_swa import WeightSnapshots, average_weights, select
 
 
 def _tiny() -> keras.Model:
@@ -48,3 +48,24 @@ def test_the_average_is_the_element_wise_mean_and_loads_into_the_same_model() ->
     model.set_weights(averaged)  # same shapes: the same graph
     with pytest.raises(ValueError, match="nothing to average"):
         average_weights([])
+
+
+def _score(curve: tuple[float, ...], short: float, train: float) -> dict[str, object]:
+    """Validation RMSE at K = 1, 60, 180, 360, the short-history mean, the training windows'."""
+    validation = dict(zip(("1", "60", "180", "360"), curve, strict=True))
+    return {"validation": validation, "validation_short_mean": short, "train_short_mean": train}
+
+
+def test_the_choice_ranks_only_averages_that_pass_on_validation_ties_on_training_windows() -> None:
+    baseline = _score((6.62, 6.34, 5.62, 3.38), 6.32, 6.78)
+    scored = {
+        "a: epoch 4": _score((6.60, 6.00, 5.00, 3.30), 6.00, 6.50),  # a single epoch: not eligible
+        "a: swa 2..8": _score((6.64, 6.28, 5.44, 3.40), 6.297, 6.724),
+        "a: ema 0.999": _score((6.64, 6.18, 5.40, 3.34), 6.262, 6.672),
+        "b: ema 0.999": _score((6.64, 6.22, 5.43, 3.34), 6.270, 6.600),  # tied, better in-sample
+        "b: swa 5..10": _score((6.64, 6.20, 5.40, 3.45), 6.230, 6.600),  # K = N 2 % worse
+        "c: swa 1..10": _score((6.72, 6.20, 5.40, 3.38), 6.250, 6.600),  # K = 1 1.5 % worse
+        "c: ema 0.9998": _score((6.60, 6.35, 5.40, 3.30), 6.250, 6.600),  # not better at K = 60
+    }
+    assert select(baseline, scored) == ["b: ema 0.999", "a: ema 0.999", "a: swa 2..8"]
+    assert select(baseline, {"x: swa 1..2": _score((7, 7, 7, 7), 7, 7)}) == []
