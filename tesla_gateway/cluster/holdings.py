@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tesla_gateway.cluster.cancels import cancel
 from tesla_gateway.cluster.puller import PartitionPuller
 from tesla_gateway.windows.ring import ModelWindows
 from tesla_gateway.windows.state import WindowState
 from tesla_gateway.windows.store import WindowStore
 
-__all__ = ["Counters", "Owned", "WindowOwner", "cancel", "stop_pulling"]
+__all__ = ["Counters", "Owned", "WindowOwner", "stop_pulling"]
 
 _STOP_WAIT_S = 5.0  # a stopped puller's last pull ends by then (its expiry + 2 s), else cancelled
 
@@ -73,11 +73,3 @@ async def stop_pulling(owned: Owned, *, lost: bool = False) -> None:
             return
         await asyncio.wait({owned.task}, timeout=_STOP_WAIT_S)
     await cancel(owned.task)  # loading or replaying, or a pull the server never ended
-
-
-async def cancel(task: asyncio.Task[None] | None) -> None:
-    if task is None or task.done() or task is asyncio.current_task():
-        return
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task

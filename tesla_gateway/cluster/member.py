@@ -22,9 +22,10 @@ import structlog
 
 from tesla_gateway.cluster import window_parts
 from tesla_gateway.cluster.agreement import Agreement, shared_settings
+from tesla_gateway.cluster.cancels import cancel, checkpoint, give_up_after
 from tesla_gateway.cluster.config import ClusterConfig
 from tesla_gateway.cluster.engine import Engine, connect, transient
-from tesla_gateway.cluster.holdings import Counters, Owned, WindowOwner, cancel, stop_pulling
+from tesla_gateway.cluster.holdings import Counters, Owned, WindowOwner, stop_pulling
 from tesla_gateway.cluster.ownership import Leases, plan
 from tesla_gateway.cluster.puller import PartitionPuller, PinLostError, StreamMessage
 from tesla_gateway.cluster.room import NoRoomError, Room
@@ -43,6 +44,11 @@ _RETRY_S = 1.0
 _DRAIN_POLL_S = 0.05
 _SNAPSHOT_WAIT_S = 5.0  # then the snapshot holds the periods still waiting
 _INSTALL_WAIT_S = 30.0  # then the windows are rebuilt anyway (logged)
+# SIGTERM's budget (devkit and tests wait 30 s, systemd 90 s): the last tick's calibrated values
+# (traffic.FINAL_PUBLISH_S), the leave (snapshots, unpins, leases) and the connection's close are
+# each bounded; what does not fit is abandoned with a warning, the others take over by the TTL.
+LEAVE_S = 10.0
+CLOSE_S = 3.0
 
 
 class ClusterMember:
@@ -61,9 +67,11 @@ class ClusterMember:
         on_taken: Callable[[dict[str, float]], None] | None = None,
         max_sensors: int | None = None,
         clock: Callable[[], float] = time.time,
+        stopping: Callable[[], bool] = lambda: False,
     ) -> None:
         """``ingest`` returns False for a reading the windows refused ([sensors] admission);
-        ``max_sensors`` bounds the sensors of the partitions this gateway takes."""
+        ``max_sensors`` bounds the sensors of the partitions this gateway takes; ``stopping``:
+        the daemon is shutting down (retries end within traffic.FINAL_PUBLISH_S)."""
         self.config = config
         self.gateway_id = gateway_id
         self._ticker = ticker
@@ -79,7 +87,7 @@ class ClusterMember:
         self._snapshots: SnapshotStore | None = None
         self._agreement: Agreement | None = None
         self._room = Room(max_sensors)
-        self.traffic = Traffic(config, rejects, clock=clock)
+        self.traffic = Traffic(config, rejects, clock=clock, stopping=stopping)
         self.counters = Counters()
         self.connected = asyncio.Event()
         self._group: asyncio.TaskGroup | None = None
@@ -95,7 +103,11 @@ class ClusterMember:
     async def forward_local(self, queue: asyncio.Queue[Reading]) -> None:
         """Readings this gateway received itself (serial, fleet sources) into the stream, so
         their sensors are partitioned like every other."""
-        await self.connected.wait()
+        try:
+            await self.connected.wait()
+        except asyncio.CancelledError:  # stopped before the servers were ever reached
+            self.traffic.abandon(queue)
+            raise
         assert self._engine is not None
         await self.traffic.forward_local(self._engine, queue)
 
@@ -148,6 +160,8 @@ class ClusterMember:
                 finally:  # with the pullers still running, to wait out their last pulls
                     await cancel(snapshots)
                     await asyncio.shield(self._leave(engine))
+                    for owned in list(self._owned.values()):  # what the leave left (logged)
+                        await cancel(owned.task)
         finally:
             self._group = None
 
@@ -169,6 +183,7 @@ class ClusterMember:
                     raise
                 # unreachable servers, a stream electing a leader
                 _log.warning("cluster_connect_failed", error=str(exc) or type(exc).__name__)
+            checkpoint()
             await asyncio.sleep(_RETRY_S)
 
     async def _agree(self, engine: Engine) -> None:
@@ -182,16 +197,22 @@ class ClusterMember:
         await self._agreement.join()
 
     async def _leave(self, engine: Engine) -> None:
-        """A clean shutdown: every partition handed back with a fresh snapshot."""
+        """A clean shutdown: every partition handed back with a fresh snapshot, within
+        LEAVE_S; what is left then is abandoned (the others take it over by the TTL), and the
+        connection closed within CLOSE_S."""
         try:
-            async with asyncio.timeout(10.0):
+            async with asyncio.timeout(LEAVE_S):
                 await self._release(list(self._owned))
                 if self._leases is not None:
                     await self._leases.leave()
         except transient() as exc:  # the others take over by TTL anyway
-            _log.warning("cluster_leave_incomplete", error=str(exc) or type(exc).__name__)
-        with contextlib.suppress(*transient()):
-            await engine.close()
+            _log.warning(
+                "cluster_leave_incomplete",
+                error=str(exc) or type(exc).__name__,
+                abandoned=sorted(self._owned),
+                action="the other gateways take these partitions over when their leases expire",
+            )
+        await give_up_after(engine.nc.close(), CLOSE_S, "cluster_close")  # not drain: see there
 
     async def _heartbeat_loop(self) -> None:
         assert self._leases is not None and self._agreement is not None
@@ -215,6 +236,7 @@ class ClusterMember:
             except transient() as exc:  # a server busy electing, a reconnect: next beat
                 self.counters.errors += 1
                 _log.warning("cluster_heartbeat_failed", error=str(exc) or type(exc).__name__)
+            checkpoint()  # a SIGTERM's cancellation a reply swallowed ends the beats here
             await asyncio.sleep(interval)
 
     # -- taking, losing, giving back --------------------------------------------------------
@@ -269,6 +291,7 @@ class ClusterMember:
         ):
             self.counters.replayed += len(batch)
             self._handle(partition, batch)
+        checkpoint()  # not pulling for a partition given back meanwhile
         owned.ready = True
         if self._on_taken is not None:  # its sensors are this gateway's to speak for now
             ends, now = self._ticker.last_seen(), self._clock()
@@ -378,6 +401,7 @@ class ClusterMember:
 
     async def _snapshot_loop(self) -> None:
         while True:
+            checkpoint()
             await asyncio.sleep(self.config.snapshot_interval_s)
             ready = {p: owned for p, owned in self._owned.items() if owned.ready}
             try:

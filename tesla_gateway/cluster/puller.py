@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from tesla_gateway.cluster.cancels import checkpoint
 from tesla_gateway.cluster.engine import GROUP, Engine, transient
 
 if TYPE_CHECKING:
@@ -95,6 +96,7 @@ class PartitionPuller:
         subscription = await self._engine.nc.subscribe(inbox, cb=arrived.put)
         try:
             while not self._stopping:
+                checkpoint()  # a cancellation a reply swallowed: no further pull
                 request: dict[str, object] = {
                     "batch": self._batch,
                     "expires": int(self._expires_s * _NS),
@@ -108,7 +110,8 @@ class PartitionPuller:
                 with contextlib.suppress(*transient()):  # else it ends with the pin TTL
                     await self._engine.unpin(self.partition)
         finally:
-            await subscription.unsubscribe()
+            with contextlib.suppress(*transient()):  # a closed connection has no interest left
+                await subscription.unsubscribe()
 
     async def _status(self, status: str, message: Msg) -> bool:
         """A status message: True when it ends the pull; 423 raises :class:`PinLostError`."""

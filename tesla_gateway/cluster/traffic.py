@@ -8,6 +8,10 @@ reading's id is ``<sensor>.<timestamp>``, so a retried publish is stored once to
 A sensor id is one subject token here (:func:`token_problem`): a token that is no sensor id is
 rejected at the decode, and a local reading whose id has a '.' at the forward, each counted as
 ``bad_sensor_id``. A local reading no stream takes is dropped and counted, not retried forever.
+
+Once the daemon is stopping, a calibrated value still failing after :data:`FINAL_PUBLISH_S`
+is given up (counted): the next owner replays its period from the last snapshot and publishes
+it. The local readings still queued at the shutdown are dropped with a warning.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from tesla_gateway.cluster.cancels import checkpoint
 from tesla_gateway.cluster.config import ClusterConfig
 from tesla_gateway.cluster.engine import Engine, transient
 from tesla_gateway.contract.calibrated import CalibratedReading
@@ -38,12 +43,14 @@ if TYPE_CHECKING:
     from tesla_gateway.cluster.engine import Engine
     from tesla_gateway.cluster.puller import StreamMessage
 
-__all__ = ["SOURCE_NAME", "Traffic", "calibrated_id", "token_problem"]
+__all__ = ["FINAL_PUBLISH_S", "SOURCE_NAME", "Traffic", "calibrated_id", "token_problem"]
 
 SOURCE_NAME = "cluster"
 _log = structlog.get_logger(__name__)
 _CONCURRENT = 256  # publishes awaiting their acknowledgement at once
 _GIVE_UP_S = 60.0
+FINAL_PUBLISH_S = 5.0  # once stopping: a publish still failing then is given up
+_PUBLISH_TIMEOUT_S = 5.0
 _RETRY_S = 0.5
 _CLUSTER_IDS = "cluster mode takes sensor ids of letters, digits, '_' and '-' (no '.'), up to 64"
 
@@ -86,8 +93,12 @@ class Traffic:
         rejects: RejectCounter,
         *,
         clock: Callable[[], float] = time.time,
+        stopping: Callable[[], bool] = lambda: False,
     ) -> None:
+        """``stopping`` says the daemon is shutting down: retries then end soon."""
         self._config = config
+        self._stopping = stopping
+        self._stop_seen: float | None = None  # monotonic s when a retry first saw it
         self._rejects = rejects
         self._rules = MqttSourceConfig().payload_rules()
         self._clock = clock
@@ -99,6 +110,7 @@ class Traffic:
         self.local_rejected = 0  # an id that cannot be one subject token
         self.local_refused = 0  # no stream takes its subject
         self.local_failed = 0  # still failing after a minute connected
+        self.local_abandoned = 0  # still queued when the daemon stopped
 
     def decode(self, message: StreamMessage) -> Sequence[Reading]:
         """The readings of one stream message; rejects are counted as the MQTT source would."""
@@ -136,8 +148,18 @@ class Traffic:
         self, engine: Engine, readings: Sequence[CalibratedReading]
     ) -> None:
         """Every value into the calibrated stream; retried (the id makes a retry harmless)
-        until stored or for a minute, then counted as failed."""
+        until stored or for a minute, then counted as failed; stopping, for FINAL_PUBLISH_S
+        in all, and the chunks not tried by then are counted as failed too."""
         for start in range(0, len(readings), _CONCURRENT):
+            if time.monotonic() > self._give_up_at(float("inf")):
+                self.calibrated_failed += len(readings) - start
+                _log.error(
+                    "cluster_calibrated_publish_failed",
+                    values=len(readings) - start,
+                    error="not tried: the gateway is stopping and its publishes keep failing",
+                    stopping=True,
+                )
+                return
             chunk = readings[start : start + _CONCURRENT]
             await asyncio.gather(*(self._publish_one(engine, reading) for reading in chunk))
 
@@ -148,13 +170,21 @@ class Traffic:
         deadline = time.monotonic() + _GIVE_UP_S
         while True:
             try:
-                ack = await engine.js.publish(subject, payload, headers=headers, timeout=5.0)
+                ack = await engine.js.publish(
+                    subject, payload, headers=headers, timeout=self._timeout(deadline)
+                )
             except transient() as exc:  # no leader for a few seconds, a reconnect
-                if time.monotonic() > deadline:
+                if time.monotonic() > self._give_up_at(deadline):
                     self.calibrated_failed += 1
-                    _log.error("cluster_calibrated_publish_failed", id=headers, error=str(exc))
+                    _log.error(
+                        "cluster_calibrated_publish_failed",
+                        id=headers,
+                        error=str(exc) or type(exc).__name__,
+                        stopping=self._stop_seen is not None,
+                    )
                     return
-                await asyncio.sleep(0.5)
+                checkpoint()
+                await asyncio.sleep(_RETRY_S)
                 continue
             if ack.duplicate:
                 self.calibrated_duplicates += 1
@@ -162,9 +192,46 @@ class Traffic:
                 self.calibrated_published += 1
             return
 
+    def _give_up_at(self, deadline: float) -> float:
+        """``deadline``, or FINAL_PUBLISH_S after the shutdown was first seen if sooner."""
+        if self._stop_seen is None and self._stopping():
+            self._stop_seen = time.monotonic()
+        if self._stop_seen is None:
+            return deadline
+        return min(deadline, self._stop_seen + FINAL_PUBLISH_S)
+
+    def _timeout(self, deadline: float) -> float:
+        """One publish's wait for its acknowledgement: within what is left of the retries."""
+        left = self._give_up_at(deadline) - time.monotonic()
+        return min(_PUBLISH_TIMEOUT_S, max(left, _RETRY_S))
+
     async def forward_local(self, engine: Engine, queue: asyncio.Queue[Reading]) -> None:
-        """Publish the gateway's own readings into the readings stream, in order."""
+        """Publish the gateway's own readings into the readings stream, in order; cancelled
+        (the shutdown), what is still queued is dropped with a warning."""
+        try:
+            await self._forward_queue(engine, queue)
+        finally:
+            self.abandon(queue)
+
+    def abandon(self, queue: asyncio.Queue[Reading]) -> None:
+        """The shutdown: the readings still queued are dropped, counted and logged. Taken out
+        of the queue: the daemon's last ingest-log checkpoint counts what is queued as in the
+        log, which in cluster mode it is not (a negative sequence: exit 1 after the stop)."""
+        queued = 0
+        while not queue.empty():
+            queue.get_nowait()
+            queued += 1
+        if queued:
+            self.local_abandoned += queued
+            _log.warning(
+                "cluster_local_readings_abandoned",
+                readings=queued,
+                why="the gateway stopped before the readings stream took them",
+            )
+
+    async def _forward_queue(self, engine: Engine, queue: asyncio.Queue[Reading]) -> None:
         while True:
+            checkpoint()  # a cancellation a reply swallowed: the shutdown goes on
             reading = await queue.get()
             problem = token_problem(reading.sensor_id)
             if problem is None:
@@ -190,6 +257,7 @@ class Traffic:
         payload = local_payload(reading)
         failing_s = 0.0
         while True:
+            checkpoint()  # else, swallowed while the server is down, it retried forever
             started, connected = time.monotonic(), engine.nc.is_connected
             try:
                 await engine.js.publish(subject, payload, headers=headers, timeout=5.0)
@@ -241,4 +309,5 @@ class Traffic:
             "local_rejected": self.local_rejected,
             "local_refused": self.local_refused,
             "local_failed": self.local_failed,
+            "local_abandoned": self.local_abandoned,
         }

@@ -39,6 +39,8 @@ class _Service(Protocol):
     def rejects(self) -> RejectCounter: ...
     @property
     def publisher(self) -> Publisher | None: ...
+    @property
+    def _stop(self) -> asyncio.Event | None: ...
 
     def _ingest(self, reading: Reading) -> bool: ...
 
@@ -89,6 +91,7 @@ def make_member(
         rejects=service.rejects,
         max_sensors=config.sensors.max_sensors,
         clock=clock,
+        stopping=lambda: service._stop is not None and service._stop.is_set(),  # SIGTERM's
     )
 
 
