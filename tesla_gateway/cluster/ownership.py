@@ -206,10 +206,12 @@ class Leases:
         return now, [subject.removeprefix(f"$KV.{bucket}.") for subject in subjects]
 
     def _fresh(self, stored: StoredKey, now: float) -> bool:
-        """Stored within a TTL (this gateway's, or the key's own up to the largest pin TTL: a
-        member configured with a longer one renews less often) by the server's clock."""
-        limit = max(self._ttl_s, min(stored.ttl_s or 0.0, MAX_PIN_TTL_S))
-        return now - stored.stored_at <= limit
+        """A key with a TTL up to the largest pin TTL (as every gateway writes them) is the
+        server's to expire; one without (hand-made, or an MQTT publish) counts only while
+        stored within this gateway's TTL by the server's clock."""
+        if stored.ttl_s is not None and 0 < stored.ttl_s <= MAX_PIN_TTL_S:
+            return True
+        return now - stored.stored_at <= self._ttl_s
 
     def _report(self, stored: StoredKey, why: str) -> None:
         """Count and log a bad or stale value once (per key and revision)."""
