@@ -149,19 +149,22 @@ class Traffic:
     ) -> None:
         """Every value into the calibrated stream; retried (the id makes a retry harmless)
         until stored or for a minute, then counted as failed; stopping, for FINAL_PUBLISH_S
-        in all, and the chunks not tried by then are counted as failed too."""
+        in all (the values then given up or not tried are counted and logged once)."""
+        failed = self.calibrated_failed
         for start in range(0, len(readings), _CONCURRENT):
             if time.monotonic() > self._give_up_at(float("inf")):
                 self.calibrated_failed += len(readings) - start
-                _log.error(
-                    "cluster_calibrated_publish_failed",
-                    values=len(readings) - start,
-                    error="not tried: the gateway is stopping and its publishes keep failing",
-                    stopping=True,
-                )
-                return
+                break
             chunk = readings[start : start + _CONCURRENT]
             await asyncio.gather(*(self._publish_one(engine, reading) for reading in chunk))
+        if self._stop_seen is not None and self.calibrated_failed > failed:
+            _log.warning(
+                "cluster_calibrated_publish_abandoned",
+                values=self.calibrated_failed - failed,
+                of=len(readings),
+                action="the gateway is stopping; the next owner of their partitions replays "
+                "and publishes them",
+            )
 
     async def _publish_one(self, engine: Engine, reading: CalibratedReading) -> None:
         subject = engine.subjects.calibrated(reading.sensor_id, reading.feature)
@@ -176,11 +179,12 @@ class Traffic:
             except transient() as exc:  # no leader for a few seconds, a reconnect
                 if time.monotonic() > self._give_up_at(deadline):
                     self.calibrated_failed += 1
+                    if self._stop_seen is not None:  # logged once, by publish_calibrated
+                        return
                     _log.error(
                         "cluster_calibrated_publish_failed",
                         id=headers,
                         error=str(exc) or type(exc).__name__,
-                        stopping=self._stop_seen is not None,
                     )
                     return
                 checkpoint()
