@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,8 @@ from typing import Any
 __all__ = ["StoredMessage", "no_stale_pulls", "read_stream", "sensor_partitions"]
 
 _BATCH = 1000
+_READ_ATTEMPTS = 10
+_READ_PAUSE_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +26,20 @@ class StoredMessage:
 
 
 def read_stream(servers: Sequence[str], stream: str) -> list[StoredMessage]:
-    """Every message of ``stream`` in stream order (an ephemeral consumer, then gone)."""
+    """Every message of ``stream`` in stream order (an ephemeral consumer, then gone).
+
+    An R3 stream whose leader is being elected, or a server slow under load, answers a
+    JetStream request with "no responders" or not at all for a moment (seen in the demo's test
+    before any gateway stopped): the whole read is asked again, a few times, before it fails.
+    """
+    from nats.errors import TimeoutError as NatsTimeoutError
+    from nats.js.errors import ServiceUnavailableError
+
+    for _ in range(_READ_ATTEMPTS - 1):
+        try:
+            return asyncio.run(_read(servers, stream))
+        except (ServiceUnavailableError, NatsTimeoutError):
+            time.sleep(_READ_PAUSE_S)
     return asyncio.run(_read(servers, stream))
 
 
