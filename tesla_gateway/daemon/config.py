@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tesla_gateway.cluster.config import ClusterConfig
+from tesla_gateway.cluster.config import ClusterConfig, gateway_id_problem
 from tesla_gateway.contract.readings import GATEWAY_ID_PATTERN, Feature
 from tesla_gateway.daemon.config_errors import explain, input_hint, tag_key
 from tesla_gateway.daemon.config_paths import locate
@@ -267,6 +267,8 @@ class GatewayConfig(_Section):
                 "nats-server's MQTT listener): remove the mqtt [[sources]]"
             )
         if self.cluster is not None:
+            if (problem := gateway_id_problem(self.gateway_id)) is not None:
+                raise ValueError(problem)
             own = self.publisher.topic_prefix or f"tesla/{self.gateway_id}"
             if shares_levels(own, self.cluster.calibrated_topic_prefix):
                 raise ValueError(
