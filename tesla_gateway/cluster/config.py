@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from pathlib import Path
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from tesla_gateway.errors import ConfigError
 
 __all__ = ["EXTRA_HINT", "GATEWAY_TOKEN", "MAX_PIN_TTL_S", "ClusterConfig", "gateway_id_problem"]
 
@@ -43,6 +46,17 @@ class ClusterConfig(BaseModel):
     servers: list[str] = Field(
         min_length=1,
         description="NATS server URLs of the cluster, e.g. ['nats://10.0.0.1:4222', ...].",
+    )
+    user: str | None = Field(
+        default=None,
+        min_length=1,
+        description="NATS user of the gateways (deploy/nats/users.conf: 'gateway').",
+    )
+    password: SecretStr | None = Field(
+        default=None, description="Its password; password_file keeps it out of the config."
+    )
+    password_file: Path | None = Field(
+        default=None, description="File whose first line is the password (e.g. a systemd secret)."
     )
     readings_stream: str = Field(
         default="TESLA_READINGS", pattern=_NAME, description="The stream of raw readings."
@@ -136,6 +150,15 @@ class ClusterConfig(BaseModel):
 
     @model_validator(mode="after")
     def _usable(self) -> Self:
+        if self.password is not None and self.password_file is not None:
+            raise ValueError("give either password or password_file, not both")
+        if (self.password is not None or self.password_file is not None) and self.user is None:
+            raise ValueError("a password needs a user")
+        if any("@" in server for server in self.servers):
+            raise ValueError(
+                "servers: put no credentials in a URL (they would be logged and shown): "
+                "use user and password_file"
+            )
         if not _TOPIC.fullmatch(self.calibrated_topic_prefix):
             raise ValueError(
                 f"calibrated_topic_prefix = {self.calibrated_topic_prefix!r}: an MQTT topic "
@@ -146,6 +169,22 @@ class ClusterConfig(BaseModel):
         if importlib.util.find_spec("nats") is None:
             raise ValueError(f"[cluster] needs the 'cluster' extra: {EXTRA_HINT}")
         return self
+
+    def credentials(self) -> tuple[str | None, str | None]:
+        """``user`` and password for nats-py, reading ``password_file`` at each connect (so a
+        rotated password is picked up by the next start)."""
+        if self.user is None:
+            return None, None
+        password = self.password.get_secret_value() if self.password is not None else None
+        if self.password_file is not None:
+            try:
+                text = self.password_file.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise ConfigError(
+                    f"[cluster] password_file {self.password_file} cannot be read: {exc.strerror}"
+                ) from exc
+            password = (text.splitlines() or [""])[0]
+        return self.user, password
 
     @property
     def pin_ttl_ns(self) -> int:

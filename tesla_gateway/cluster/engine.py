@@ -9,14 +9,19 @@ are plain ``$JS.API`` requests). The calibrated stream deduplicates by ``Nats-Ms
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from tesla_gateway.cluster.config import ClusterConfig
 from tesla_gateway.cluster.errors import (
+    ClusterAuthError,
     ClusterError,
     PartitionsMismatchError,
     ServerTooOldError,
@@ -43,6 +48,7 @@ __all__ = [
 MIN_API_LEVEL = 1  # nats-server 2.11: priority groups, per-message TTL
 GROUP = "owners"  # the priority group every partition consumer has
 WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream's refusal of a compare-and-set
+_log = structlog.get_logger(__name__)
 _REQUEST_S = 10.0
 _NS = 1_000_000_000
 
@@ -120,16 +126,9 @@ async def connect(
     """Connect, refuse a server older than 2.11, and make (or find) every object; ``agree``
     (the member's check of the cluster's shared settings) runs before the partition consumers
     are made or updated, so a refused gateway changes none of them."""
-    import nats
     from nats.js.api import KeyValueConfig, ObjectStoreConfig
 
-    nc = await nats.connect(
-        servers=list(config.servers),
-        name=name,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        connect_timeout=5,
-    )
+    nc = await _open(config, name)
     try:
         js = nc.jetstream(timeout=_REQUEST_S)
         engine = Engine(nc, js, None, None, Subjects(config), 0)  # type: ignore[arg-type]
@@ -151,6 +150,56 @@ async def connect(
         await nc.close()
         raise
     return engine
+
+
+async def _open(config: ClusterConfig, name: str) -> Client:
+    """The connection, retried while servers are unreachable (as before), but refused at once
+    with :class:`ClusterAuthError` when a server refuses the credentials: nats-py would retry
+    those forever too, saying nothing."""
+    import nats.aio.client
+
+    client = nats.aio.client.Client()
+    user, password = config.credentials()
+    refused: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
+
+    async def on_error(exc: Exception) -> None:
+        if "authorization violation" in str(exc).lower():
+            if not refused.done():
+                refused.set_result(exc)
+            _log.warning("cluster_nats_refused_credentials", error=str(exc))
+
+    connecting = asyncio.ensure_future(
+        client.connect(
+            servers=list(config.servers),
+            name=name,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,  # type: ignore[arg-type]  # a float works; typed int
+            connect_timeout=5,
+            error_cb=on_error,
+            user=user,
+            password=password,
+        )
+    )
+    try:
+        waited: list[asyncio.Future[Any]] = [connecting, refused]
+        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not connecting.done():
+            connecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, *transient()):
+                await connecting
+    if not connecting.cancelled() and connecting.exception() is None:
+        return client
+    error = None if connecting.cancelled() else connecting.exception()
+    await client.close()
+    if refused.done():
+        raise ClusterAuthError(
+            f"the NATS servers refused this gateway's credentials ({refused.result()}): set "
+            "[cluster] user and password_file to the gateways' user of the servers' "
+            "configuration (deploy/nats/users.conf: user 'gateway', $TESLA_NATS_GATEWAY_PASSWORD)"
+        ) from error
+    assert error is not None  # connecting ended by itself, or refused is done
+    raise error
 
 
 def check_api_level(info: dict[str, Any], version: str, where: str) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tesla_gateway.errors import GatewayError
 
 __all__ = [
+    "ClusterAuthError",
     "ClusterError",
     "ClusterRefusedError",
     "DuplicateGatewayError",
@@ -20,6 +21,10 @@ class ClusterError(GatewayError):
 
 class ClusterRefusedError(GatewayError):
     """Cluster mode cannot run as configured: asking again will not help (never transient)."""
+
+
+class ClusterAuthError(ClusterRefusedError):
+    """The NATS servers refused the gateway's user or password (``[cluster] user``)."""
 
 
 class ServerTooOldError(ClusterRefusedError):

@@ -275,3 +275,54 @@ def test_a_leaf_without_the_leaf_password_is_refused(
     with intruder:
         _wait(lambda: "Authorization Violation" in intruder.log_tail(50), "the hub's refusal")
         assert _leaves(hub) == 1  # the deployed leaf only
+
+
+def test_a_gateway_joins_with_its_user_and_is_told_when_refused(
+    servers: tuple[NatsServer, NatsServer], tmp_path: Path
+) -> None:
+    from tesla_gateway.cluster.config import ClusterConfig
+    from tesla_gateway.cluster.engine import connect
+    from tesla_gateway.cluster.errors import ClusterAuthError
+
+    hub, _ = servers
+    secret = tmp_path / "nats-password"
+    secret.write_text(PASSWORDS["TESLA_NATS_GATEWAY_PASSWORD"] + "\n", encoding="utf-8")
+    base = {  # beside the fixture's own stream and bucket
+        "servers": [hub.url],
+        "partitions": 2,
+        "replicas": 1,
+        "readings_stream": "GW_READINGS",
+        "readings_subject": "gw",
+        "calibrated_stream": "GW_CALIBRATED",
+        "calibrated_subject": "gw_calibrated",
+        "bucket": "gw_cluster",
+    }
+
+    async def join(config: ClusterConfig) -> list[str]:
+        engine = await connect(config, "tesla-gateway-g1")
+        try:
+            names = await engine.js.streams_info()
+            return sorted(info.config.name or "" for info in names)
+        finally:
+            await engine.close()
+
+    joined = ClusterConfig.model_validate(base | {"user": "gateway", "password_file": secret})
+    assert "GW_CALIBRATED" in _run(join(joined))
+    for wrong in ({}, {"user": "gateway", "password": "guess"}, {"user": "node"}):
+        with pytest.raises(ClusterAuthError, match=r"\[cluster\] user and password_file"):
+            _run(join(ClusterConfig.model_validate(base | wrong)))
+
+
+def test_cluster_credentials_stay_out_of_urls_and_logs() -> None:
+    from pydantic import ValidationError
+
+    from tesla_gateway.cluster.config import ClusterConfig
+
+    with pytest.raises(ValidationError, match="no credentials in a URL"):
+        ClusterConfig.model_validate({"servers": ["nats://gateway:secret@10.0.0.1:4222"]})
+    with pytest.raises(ValidationError, match="a password needs a user"):
+        ClusterConfig.model_validate({"servers": ["nats://10.0.0.1:4222"], "password": "secret"})
+    config = ClusterConfig.model_validate(
+        {"servers": ["nats://10.0.0.1:4222"], "user": "gateway", "password": "secret"}
+    )
+    assert "secret" not in repr(config)
