@@ -158,7 +158,7 @@ def compare(model_dir: Path, folds_dir: Path) -> dict[str, Any]:
     windows = sensor_windows(config, summary.train_sensors)
     old = _unit_fold_predictors(folds_dir, summary.train_sensors, config)
     earlier = [_residuals(s, "train", old[s], windows[s]) for s in summary.train_sensors]
-    kept = fold_epochs(None, 0, None, folds_dir)
+    kept = fold_epochs(None, 0, None, folds_dir, manifest=manifest)
     pool = [*summary.train_sensors, summary.validation_sensor]
     runs = train_pool_folds(config, pool, summary.train_sensors, kept, folds_dir)
     peers = [

@@ -13,7 +13,6 @@ import asyncio
 import io
 import json
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -32,31 +31,10 @@ from tesla_gateway.contract.readings import Reading
 from tesla_gateway.contract.series import GapPolicy
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.windows.ring import ModelWindows
-from tesla_gateway.windows.state import WindowState
-from tesla_gateway.windows.store import WindowStore
+from tests.cluster.owners import StoreOwner
 
 _GEOMETRY = WindowGeometry(4, 60, ("pm10",), GapPolicy(max_interpolated_periods=2))
 _WAIT_S = 30.0  # an upper bound on slow CI, never a timing assertion
-
-
-class _Owner:
-    """The part of the daemon's ticker a member works with, over a real window store."""
-
-    def __init__(self) -> None:
-        self.store = WindowStore()
-        self.store.ensure("pm10", _GEOMETRY)
-
-    def snapshot(self) -> list[tuple[str, WindowState]]:
-        return [(slot, windows.export_state()) for slot, windows in self.store.items()]
-
-    def install(self, slot: str, windows: ModelWindows) -> None:
-        self.store.install(slot, windows)
-
-    def remove_sensors(self, sensor_ids: Iterable[str]) -> int:
-        return self.store.remove_sensors(sensor_ids)
-
-    def last_seen(self) -> dict[str, float]:
-        return self.store.last_seen()
 
 
 def _config(url: str, **overrides: Any) -> ClusterConfig:
@@ -71,7 +49,7 @@ def _config(url: str, **overrides: Any) -> ClusterConfig:
 
 
 def _member(config: ClusterConfig, gateway_id: str = "g0") -> ClusterMember:
-    owner = _Owner()
+    owner = StoreOwner()
 
     def ingest(reading: Reading) -> None:
         owner.store.add(reading, arrival=time.time())

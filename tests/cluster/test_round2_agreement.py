@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -29,34 +28,13 @@ from tesla_gateway.contract.readings import Reading
 from tesla_gateway.contract.series import GapPolicy
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.windows.ring import ModelWindows
-from tesla_gateway.windows.state import WindowState
-from tesla_gateway.windows.store import WindowStore
+from tests.cluster.owners import StoreOwner, stats_of
 
 _WAIT_S = 30.0  # an upper bound on slow CI, never a timing assertion
 
 
 def _geometry(window: int = 4, period: int = 60) -> WindowGeometry:
     return WindowGeometry(window, period, ("pm10",), GapPolicy(max_interpolated_periods=2))
-
-
-class _Owner:
-    """The part of the daemon's ticker a member works with, over a real window store."""
-
-    def __init__(self, geometry: WindowGeometry) -> None:
-        self.store = WindowStore()
-        self.store.ensure("pm10", geometry)
-
-    def snapshot(self) -> list[tuple[str, WindowState]]:
-        return [(slot, windows.export_state()) for slot, windows in self.store.items()]
-
-    def install(self, slot: str, windows: ModelWindows) -> None:
-        self.store.install(slot, windows)
-
-    def remove_sensors(self, sensor_ids: Iterable[str]) -> int:
-        return self.store.remove_sensors(sensor_ids)
-
-    def last_seen(self) -> dict[str, float]:
-        return self.store.last_seen()
 
 
 def _config(url: str, **overrides: Any) -> ClusterConfig:
@@ -71,7 +49,7 @@ def _config(url: str, **overrides: Any) -> ClusterConfig:
 
 
 def _member(config: ClusterConfig, gateway_id: str, geometry: WindowGeometry) -> ClusterMember:
-    owner = _Owner(geometry)
+    owner = StoreOwner(geometry)
 
     def ingest(reading: Reading) -> bool:
         owner.store.add(reading, arrival=time.time())
@@ -110,7 +88,7 @@ async def _refused(member: ClusterMember) -> SettingsMismatchError:
     done, _ = await asyncio.wait({task}, timeout=_WAIT_S)
     if not done:
         await _stop(task)
-        raise AssertionError(f"{member.gateway_id} joined the cluster: {member.stats()}")
+        raise AssertionError(f"{member.gateway_id} joined the cluster: {stats_of(member)}")
     error = task.exception()
     assert isinstance(error, SettingsMismatchError), repr(error)
     return error
@@ -189,10 +167,10 @@ def test_a_member_with_other_shared_settings_is_refused(
         first = _member(_config(nats_server.url), "g0", _geometry())
         task = asyncio.create_task(first.run())
         try:
-            await _until(task, lambda: len(first.stats()["partitions"]) == 2, "g0 owning all")
+            await _until(task, lambda: len(stats_of(first)["partitions"]) == 2, "g0 owning all")
             error = await _refused(_member(_config(nats_server.url, **change), "g1", geometry))
             assert "stop every gateway" in str(error)
-            assert len(first.stats()["partitions"]) == 2 and not task.done()
+            assert len(stats_of(first)["partitions"]) == 2 and not task.done()
         finally:
             await _stop(task)
 
@@ -212,12 +190,12 @@ def test_settings_change_once_no_member_runs_and_versions_never_count(
     async def run() -> None:
         first = _member(_config(nats_server.url), "g0", _geometry())
         task = asyncio.create_task(first.run())
-        await _until(task, lambda: first.stats()["partitions"], "g0 owning")
+        await _until(task, lambda: stats_of(first)["partitions"], "g0 owning")
         await _stop(task)  # a clean leave: no member left
         second = _member(_config(nats_server.url, pin_ttl_s=2.0), "g1", _geometry())
         task = asyncio.create_task(second.run())
         try:
-            await _until(task, lambda: len(second.stats()["partitions"]) == 2, "g1 owning all")
+            await _until(task, lambda: len(stats_of(second)["partitions"]) == 2, "g1 owning all")
             engine = await connect(_config(nats_server.url, pin_ttl_s=2.0), "reader")
             try:
                 recorded = json.loads((await engine.kv.get(SETTINGS_KEY)).value or b"")
@@ -253,8 +231,8 @@ def test_a_snapshot_of_another_window_is_a_cold_takeover(nats_server: NatsServer
         member = _member(config, "g6", _geometry(window=6))
         task = asyncio.create_task(member.run())
         try:
-            await _until(task, lambda: member.stats()["acquired"] >= 1, "partition 0 taken")
-            stats = member.stats()
+            await _until(task, lambda: stats_of(member)["acquired"] >= 1, "partition 0 taken")
+            stats = stats_of(member)
             assert (stats["warm_takeovers"], stats["cold_takeovers"]) == (0, 1)
             assert stats["mismatched_snapshots"] == 1
         finally:

@@ -30,20 +30,17 @@ from tesla_gateway.contract.series import GapPolicy
 from tesla_gateway.ingest.admission import SensorAdmission
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.ingest.sensor_policy import SensorPolicy
-from tesla_gateway.windows.ring import ModelWindows
-from tesla_gateway.windows.state import WindowState
-from tesla_gateway.windows.store import WindowStore
+from tests.cluster.owners import StoreOwner
 
 _GEOMETRY = WindowGeometry(4, 60, ("pm10",), GapPolicy(max_interpolated_periods=2))
 _WAIT_S = 30.0  # an upper bound on slow CI, never a timing assertion
 
 
-class _Gateway:
+class _Gateway(StoreOwner):
     """A member over a real window store behind the daemon's admission (``max_sensors``)."""
 
     def __init__(self, config: ClusterConfig, gateway_id: str, max_sensors: int) -> None:
-        self.store = WindowStore()
-        self.store.ensure("pm10", _GEOMETRY)
+        super().__init__(_GEOMETRY)
         self.admission = SensorAdmission(
             SensorPolicy(max_sensors=max_sensors), self, RejectCounter()
         )
@@ -66,19 +63,6 @@ class _Gateway:
         self.store.add(reading, arrival=time.time())
         self.ingested[reading.sensor_id] += 1
         return True
-
-    # the ticker's side
-    def snapshot(self) -> list[tuple[str, WindowState]]:
-        return [(slot, windows.export_state()) for slot, windows in self.store.items()]
-
-    def install(self, slot: str, windows: ModelWindows) -> None:
-        self.store.install(slot, windows)
-
-    def remove_sensors(self, sensor_ids: Iterable[str]) -> int:
-        return self.store.remove_sensors(sensor_ids)
-
-    def last_seen(self) -> dict[str, float]:
-        return self.store.last_seen()
 
     def windows(self) -> set[str]:
         return {s for _, windows in self.store.items() for s in windows.sensor_ids}

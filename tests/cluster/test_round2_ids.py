@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,33 +29,11 @@ from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import Reading, RejectReason
 from tesla_gateway.contract.series import GapPolicy
 from tesla_gateway.ingest.rejects import RejectCounter
-from tesla_gateway.windows.ring import ModelWindows
-from tesla_gateway.windows.state import WindowState
-from tesla_gateway.windows.store import WindowStore
+from tests.cluster.owners import StoreOwner, stats_of
 
 _GEOMETRY = WindowGeometry(4, 60, ("pm10",), GapPolicy(max_interpolated_periods=2))
 _WAIT_S = 40.0  # an upper bound on slow CI, never a timing assertion
 _ODD_TOKENS = ["*", ">", "caf\u00e9", "a" * 300, "room//2", "_x", "-x", "x%2Fy", "\u202e"]
-
-
-class _Owner:
-    """The part of the daemon's ticker a member works with, over a real window store."""
-
-    def __init__(self) -> None:
-        self.store = WindowStore()
-        self.store.ensure("pm10", _GEOMETRY)
-
-    def snapshot(self) -> list[tuple[str, WindowState]]:
-        return [(slot, windows.export_state()) for slot, windows in self.store.items()]
-
-    def install(self, slot: str, windows: ModelWindows) -> None:
-        self.store.install(slot, windows)
-
-    def remove_sensors(self, sensor_ids: Iterable[str]) -> int:
-        return self.store.remove_sensors(sensor_ids)
-
-    def last_seen(self) -> dict[str, float]:
-        return self.store.last_seen()
 
 
 def _config(url: str) -> ClusterConfig:
@@ -105,13 +83,13 @@ def test_odd_ids_in_the_stream_are_rejected_counted_and_acked_beside_clean_ones(
     subjects published by a plain client reach the member's decode; only the clean sensor
     reaches the windows, every odd message is counted by reason and acknowledged."""
     config = _config(nats_server.url)
-    owner, rejects = _Owner(), RejectCounter()
+    owner, rejects = StoreOwner(), RejectCounter()
     member = ClusterMember(
         config,
         gateway_id="g0",
         ticker=owner,
         tick_lock=asyncio.Lock(),
-        ingest=lambda reading: owner.store.add(reading, arrival=time.time()),
+        ingest=owner.ingest,
         on_dropped=lambda sensors: None,
         rejects=rejects,
     )
@@ -122,7 +100,7 @@ def test_odd_ids_in_the_stream_are_rejected_counted_and_acked_beside_clean_ones(
         task = asyncio.create_task(member.run())
         try:
             await _until(
-                lambda: member.stats()["partitions"].get("0", {}).get("ready"), "owning", task
+                lambda: stats_of(member)["partitions"].get("0", {}).get("ready"), "owning", task
             )
             now = time.time()
             document = json.dumps({"ts": now, "pm10": 20.0}).encode()
@@ -148,7 +126,7 @@ def test_odd_ids_in_the_stream_are_rejected_counted_and_acked_beside_clean_ones(
             assert {"sensors.*.raw", "sensors.>.raw"} <= set(stored)
             assert set(owner.store.last_seen()) == {"ok-1"}
             assert rejects.count(RejectReason.BAD_SENSOR_ID, source=SOURCE_NAME) == expected
-            assert member.stats()["decoded"] == 1
+            assert stats_of(member)["decoded"] == 1
             info = await engine.js.consumer_info(config.readings_stream, "part-0")
             deadline = time.monotonic() + _WAIT_S
             while info.num_ack_pending or info.num_pending:  # acked: they never come back

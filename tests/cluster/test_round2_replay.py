@@ -21,8 +21,8 @@ from tesla_gateway.cluster.member import ClusterMember
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.series import GapPolicy
 from tesla_gateway.ingest.rejects import RejectCounter
-from tesla_gateway.windows.store import WindowStore
-from tests.cluster.test_member_attacks import _config, _Owner, _until
+from tests.cluster.owners import StoreOwner, stats_of
+from tests.cluster.test_member_attacks import _config, _until
 
 pytest.importorskip("nats")
 
@@ -31,12 +31,11 @@ _SPAN_S = (2 + 2) * 1  # the fallback replay: (N + 2) periods of 1 s
 _SENSORS = ("c0", "c1", "c2")
 
 
-class _ShortOwner(_Owner):
+class _ShortOwner(StoreOwner):
     """Windows of 2 periods of 1 s, so N + 2 periods pass within the test."""
 
-    def __init__(self) -> None:  # not the parent's windows of 60 s periods
-        self.store = WindowStore()
-        self.store.ensure("pm10", _GEOMETRY)
+    def __init__(self) -> None:
+        super().__init__(_GEOMETRY)
 
 
 async def _feed(engine: Engine, rounds: int) -> int:
@@ -65,7 +64,7 @@ def test_a_cold_takeover_replays_the_last_periods_by_the_servers_clock(
                 gateway_id="skewed",
                 ticker=owner,
                 tick_lock=asyncio.Lock(),
-                ingest=lambda reading: owner.store.add(reading, arrival=time.time()),
+                ingest=owner.ingest,
                 on_dropped=lambda sensors: None,
                 rejects=RejectCounter(),
                 clock=lambda: time.time() + offset_s,
@@ -74,10 +73,10 @@ def test_a_cold_takeover_replays_the_last_periods_by_the_servers_clock(
             try:
                 await _until(
                     task,
-                    lambda: member.stats()["partitions"].get("0", {}).get("ready"),
+                    lambda: stats_of(member)["partitions"].get("0", {}).get("ready"),
                     "partition 0 taken",
                 )
-                stats = member.stats()
+                stats = stats_of(member)
                 assert stats["cold_takeovers"] == 1
                 assert stats["replayed"] == recent  # the span's readings, not 0 nor all
             finally:

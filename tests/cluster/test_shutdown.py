@@ -100,7 +100,7 @@ def test_a_cancellation_lost_in_a_release_still_ends_the_member(
         first, second = _member(config, "g0"), _member(config, "g1")
         task = asyncio.create_task(first.run())
         await _until(task, lambda: _owned(first) == 2, "both partitions owned by g0")
-        unpin, raced = Engine.unpin, []
+        unpin, raced = Engine.unpin, list[int]()
 
         async def unpin_racing(engine: Engine, partition: int) -> None:
             await unpin(engine, partition)
