@@ -42,11 +42,18 @@ from training.data import WindowSet, clean, load_dataset, to_grid
 from training.errors import DataError
 from training.history import Predict
 from training.models import build_model
-from training.train import TrainConfig, WindowBatches, covariate_scales, input_range
+from training.train import (
+    TrainConfig,
+    WindowBatches,
+    covariate_scales,
+    input_range,
+    training_indices,
+)
 
 __all__ = [
     "EXTRA_SEEDS",
     "FOLD_FILE",
+    "NOT_FROM_SEED",
     "KeptEpochs",
     "PoolFold",
     "fold_predictor",
@@ -60,6 +67,10 @@ __all__ = [
 FOLD_FILE = "fold.json"
 DIVERGED_FILE = "diverged.json"
 EXTRA_SEEDS = 5  # Antwerp's feed-forward model diverges in its first batches on some seeds
+# A run holding one of these is not its config's schedule from its seed: ``init.json``, fine-tuned
+# from another model (train --init-from); ``candidate.json``, a weight average or moving average
+# written by ``history_swa write-run`` (its history.json is the first phase's alone).
+NOT_FROM_SEED = ("init.json", "candidate.json")
 
 
 class KeptEpochs(BaseModel):
@@ -126,9 +137,9 @@ def kept_epochs(run_dir: Path) -> KeptEpochs:
 
 def trained_epochs(run_dir: Path, seed: int) -> TrainedEpochs | None:
     """What the manifest records of a run trained with ``seed``: its kept epochs, or None for
-    a run fine-tuned from another model (``init.json``: its weights did not start from the
-    seed, so no peer trained from it for these epochs would be one)."""
-    if (run_dir / "init.json").is_file():
+    a run whose weights are not that schedule's (:data:`NOT_FROM_SEED`: no peer trained from
+    the seed for these epochs would be one)."""
+    if any((run_dir / marker).is_file() for marker in NOT_FROM_SEED):
         return None
     kept = kept_epochs(run_dir)
     return TrainedEpochs(epochs=kept.epochs, fine_tune_epochs=kept.fine_tune_epochs, seed=seed)
@@ -266,8 +277,9 @@ def _diverged(run_dir: Path, record: _FoldRecord) -> bool:
 def _train(
     record: _FoldRecord, windows: WindowSet, run_dir: Path, verbose: int | str
 ) -> _FoldRecord | None:
-    """Train one fold as ``training.train.train`` trains the exported model, for the kept
-    epochs and without validation; None (recorded) when it diverged."""
+    """Train one fold as ``training.train.train`` trains the exported model (on the same
+    ``training_indices``: its ``max_train_windows`` sample), for the kept epochs and without
+    validation; None (recorded) when it diverged."""
     config = record.config
     started = time.monotonic()
     keras.utils.set_random_seed(config.seed)
@@ -280,7 +292,7 @@ def _train(
         channel_scales=covariate_scales(config, windows, input_scale),
     )
     model.compile(optimizer=keras.optimizers.Adam(config.learning_rate), loss="mse")
-    indices = np.arange(len(windows), dtype=np.int64)
+    indices = training_indices(config, windows)
     two_phases = config.partial_history_fraction > 0 and config.partial_history_epochs > 0
     first = 0.0 if two_phases else config.partial_history_fraction
     losses = _fit(model, WindowBatches(windows, indices, config.batch_size, config.seed, first),

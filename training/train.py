@@ -60,6 +60,7 @@ __all__ = [
     "prepare_data",
     "target_range",
     "train",
+    "training_indices",
     "write_run",
 ]
 
@@ -301,7 +302,8 @@ def covariate_scales(
     return (input_scale, *covariates)
 
 
-def _training_indices(config: TrainConfig, windows: WindowSet) -> npt.NDArray[np.int64]:
+def training_indices(config: TrainConfig, windows: WindowSet) -> npt.NDArray[np.int64]:
+    """The windows a run trains on: all, or a seeded sample of ``max_train_windows``."""
     indices = np.arange(len(windows), dtype=np.int64)
     if config.max_train_windows is not None and len(indices) > config.max_train_windows:
         rng = np.random.default_rng(config.seed)
@@ -334,16 +336,12 @@ def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") ->
     input_scale = config.input_scale or max(1.0, prepared.input_range.p99)
     channel_scales = covariate_scales(config, prepared.train, input_scale)
     model = build_model(
-        config.model,
-        config.window_length,
-        len(config.channels),
-        input_scale,
+        config.model, config.window_length, len(config.channels), input_scale,
         channel_scales=channel_scales,
-    )
+    )  # fmt: skip
     model.compile(optimizer=keras.optimizers.Adam(config.learning_rate), loss="mse")
-
     validation_x, validation_y = prepared.validation.gather(np.arange(len(prepared.validation)))
-    indices = _training_indices(config, prepared.train)
+    indices = training_indices(config, prepared.train)
     two_phases = config.partial_history_fraction > 0 and config.partial_history_epochs > 0
     history = model.fit(
         WindowBatches(

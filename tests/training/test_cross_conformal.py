@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -89,6 +90,41 @@ def test_the_folds_train_for_the_epochs_the_exported_weights_are_from(tmp_path: 
     (tmp_path / "history.json").write_text("{}")
     with pytest.raises(DataError, match="--fold-epochs"):
         kept_epochs(tmp_path)
+
+
+def test_a_fold_trains_on_the_windows_the_exported_model_samples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``max_train_windows`` the exported model trains on a seeded sample of its windows;
+    a fold that trained on all of them (as it did) would see several times more batches per
+    epoch than its peer. The batches per epoch are counted on the real fit."""
+    from training import pool_folds
+
+    config = TrainConfig(
+        dataset="synthetic",
+        dataset_options={"n_sensors": 3, "days": 1, "period_seconds": 60, "seed": 2},
+        window_length=16,
+        max_interpolated_periods=10,
+        model=TeslaConfig(d_model=8, heads=2),
+        batch_size=32,
+        max_train_windows=96,
+        seed=5,
+    )
+    pool = sorted(pool_folds._grid(config))
+    seen: list[int] = []
+    fit = pool_folds._fit
+
+    def counting_fit(model: Any, batches: Any, epochs: int, verbose: int | str) -> list[float]:
+        seen.append(len(batches))
+        return fit(model, batches, epochs, verbose)
+
+    monkeypatch.setattr(pool_folds, "_fit", counting_fit)
+    [fold] = pool_folds.train_pool_folds(
+        config, pool, pool[:1], KeptEpochs(epochs=1), tmp_path, verbose=0
+    )
+    assert fold.train_units == tuple(pool[1:])
+    assert seen == [96 // 32]  # one phase (no partial-history epochs), three batches
+    assert (fold.run_dir / "model.keras").is_file()
 
 
 def test_the_fold_epochs_come_from_the_flags_the_run_or_the_folds_already_trained(

@@ -76,6 +76,16 @@ def test_a_run_fine_tuned_from_another_model_records_no_epochs(tmp_path: Path) -
     assert trained_epochs(tmp_path, 4) is None
 
 
+def test_a_weight_average_candidate_run_records_no_epochs(tmp_path: Path) -> None:
+    """``history_swa write-run`` writes an averaged or moving-average candidate with the first
+    phase's history.json: the phase-one epochs retrained from the seed are not its peer."""
+    history = {"loss": [1.0] * 3, "val_loss": [3.0, 2.0, 2.5]}
+    (tmp_path / "history.json").write_text(json.dumps(history))
+    assert trained_epochs(tmp_path, 0) is not None
+    (tmp_path / "candidate.json").write_text(json.dumps({"candidate": "swa 2..8"}))
+    assert trained_epochs(tmp_path, 0) is None
+
+
 @pytest.mark.slow
 def test_a_fresh_clone_recalibrates_from_the_manifest_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
