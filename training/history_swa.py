@@ -74,13 +74,12 @@ TIE = 0.005
 
 class WeightSnapshots(keras.callbacks.Callback):
     """Every epoch's end weights, and per decay an exponential moving average over batches
-    (its value at every epoch's end too)."""
+    (:attr:`ema`: its value at the end of training, the one candidate it makes)."""
 
     def __init__(self, decays: Sequence[float] = EMA_DECAYS) -> None:
         super().__init__()
         self.decays = tuple(decays)
         self.epochs: list[Weights] = []
-        self.ema_epochs: dict[float, list[Weights]] = {d: [] for d in self.decays}
         self._ema: dict[float, Weights] = {}
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -96,8 +95,11 @@ class WeightSnapshots(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.epochs.append(_copy(self.model.get_weights()))
-        for decay, ema in self._ema.items():
-            self.ema_epochs[decay].append(_copy(ema))
+
+    @property
+    def ema(self) -> dict[float, Weights]:
+        """Per decay, a copy of the moving average as it stands (after training: at its end)."""
+        return {decay: _copy(ema) for decay, ema in self._ema.items()}
 
 
 def _copy(weights: Sequence[npt.ArrayLike]) -> Weights:
@@ -187,8 +189,8 @@ def candidates(phase_one_weights: Weights, snapshots: WeightSnapshots) -> dict[s
     spans = {(1, e), (2, e), (2, min(8, e)), (max(1, e // 2), e)}
     for first, last in sorted(spans):
         found[f"swa {first}..{last}"] = average_weights(snapshots.epochs[first - 1 : last])
-    for decay, per_epoch in snapshots.ema_epochs.items():
-        found[f"ema {decay}"] = per_epoch[-1]
+    for decay, ema in snapshots.ema.items():
+        found[f"ema {decay}"] = ema
     return found
 
 

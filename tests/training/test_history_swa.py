@@ -33,10 +33,13 @@ def test_snapshots_hold_each_epochs_end_weights_and_the_moving_average() -> None
     assert not np.allclose(snapshots.epochs[0][0], snapshots.epochs[-1][0])  # it trained
     # a decay near 1 barely leaves the start; 0.5 follows the last batches
     final = model.get_weights()[0]
-    np.testing.assert_allclose(snapshots.ema_epochs[0.999999][-1][0], start[0], atol=1e-3)
-    fast = snapshots.ema_epochs[0.5][-1][0]
+    np.testing.assert_allclose(snapshots.ema[0.999999][0], start[0], atol=1e-3)
+    fast = snapshots.ema[0.5][0]
     assert np.abs(fast - final).max() < np.abs(start[0] - final).max() / 4
-    assert len(snapshots.ema_epochs[0.5]) == 3
+    # one moving average per decay, at the end of training; a copy, not the running buffer
+    assert set(snapshots.ema) == {0.5, 0.999999}
+    snapshots.ema[0.5][0] += 1.0
+    np.testing.assert_array_equal(snapshots.ema[0.5][0], fast)
 
 
 def test_the_average_is_the_element_wise_mean_and_loads_into_the_same_model() -> None:
