@@ -147,7 +147,7 @@ class ClusterMember:
 
     async def run(self) -> None:
         engine = self._engine = await self._connect()
-        self._leases = Leases(engine, self.gateway_id, self.config.pin_ttl_s)
+        assert self._leases is not None  # _agree's, on this engine: one count of bad keys
         self._snapshots = SnapshotStore(engine, self.gateway_id)
         self._drop_all_windows()  # windows restored from local files belong to nobody here
         self.connected.set()
@@ -169,19 +169,11 @@ class ClusterMember:
         """Connect, and refuse to join if a live gateway has this id (before the first
         heartbeat, which would renew its key); what may pass is asked again."""
         while True:
-            engine: Engine | None = None
-            try:
-                engine = await connect(
+            try:  # connect() closes its connection on any failure
+                return await connect(
                     self.config, f"tesla-gateway-{self.gateway_id}", agree=self._agree
                 )
-                return engine
-            except BaseException as exc:
-                if engine is not None:
-                    with contextlib.suppress(*transient()):
-                        await engine.close()
-                if not isinstance(exc, transient()):  # ClusterRefusedError is not
-                    raise
-                # unreachable servers, a stream electing a leader
+            except transient() as exc:  # unreachable servers, a stream electing a leader
                 _log.warning("cluster_connect_failed", error=str(exc) or type(exc).__name__)
             checkpoint()
             await asyncio.sleep(_RETRY_S)
@@ -189,7 +181,7 @@ class ClusterMember:
     async def _agree(self, engine: Engine) -> None:
         """Before the partition consumers are touched: no live twin, and this gateway's
         shared settings are the cluster's (:mod:`.agreement`)."""
-        leases = Leases(engine, self.gateway_id, self.config.pin_ttl_s)
+        leases = self._leases = Leases(engine, self.gateway_id, self.config.pin_ttl_s)
         await leases.refuse_a_twin()
         geometries = {slot: windows.geometry for slot, windows in self._ticker.store.items()}
         settings = shared_settings(self.config, geometries)
@@ -212,7 +204,7 @@ class ClusterMember:
                 abandoned=sorted(self._owned),
                 action="the other gateways take these partitions over when their leases expire",
             )
-        await give_up_after(engine.nc.close(), CLOSE_S, "cluster_close")  # not drain: see there
+        await give_up_after(engine.close(), CLOSE_S, "cluster_close")
 
     async def _heartbeat_loop(self) -> None:
         assert self._leases is not None and self._agreement is not None
