@@ -28,17 +28,17 @@ class StoredMessage:
 def read_stream(servers: Sequence[str], stream: str) -> list[StoredMessage]:
     """Every message of ``stream`` in stream order (an ephemeral consumer, then gone).
 
-    An R3 stream whose leader is being elected, or a server slow under load, answers a
-    JetStream request with "no responders" or not at all for a moment (seen in the demo's test
-    before any gateway stopped): the whole read is asked again, a few times, before it fails.
+    An R3 stream whose leader is being elected, a server slow under load or one that just died
+    answers with "no responders", not at all, or refuses the connection for a moment (seen in
+    the demo's test before any gateway stopped): the whole read is asked again, a few times,
+    before it fails.
     """
-    from nats.errors import TimeoutError as NatsTimeoutError
-    from nats.js.errors import ServiceUnavailableError
+    import nats.errors
 
     for _ in range(_READ_ATTEMPTS - 1):
         try:
             return asyncio.run(_read(servers, stream))
-        except (ServiceUnavailableError, NatsTimeoutError):
+        except (nats.errors.Error, TimeoutError):
             time.sleep(_READ_PAUSE_S)
     return asyncio.run(_read(servers, stream))
 

@@ -33,6 +33,7 @@ PASSWORDS = {
 }
 STREAM = "TESLA_READINGS"
 BUCKET = "tesla_cluster"
+LEAF_STREAM = "TESLA_EDGE"
 
 
 def _render(conf: str, server: NatsServer, swaps: list[tuple[str, str]]) -> None:
@@ -218,21 +219,61 @@ def test_a_node_publishes_readings_and_nothing_else(
     servers: tuple[NatsServer, NatsServer], where: str
 ) -> None:
     hub, leaf = servers
-    node = MqttClient((hub if where == "hub" else leaf).mqtt_port, "node")
+    local = hub if where == "hub" else leaf
+    if where == "leaf":  # the Pi's own store, the target a node on its LAN reaches first
+        _run(_add_stream(leaf.url, LEAF_STREAM))
+    watcher = MqttClient(hub.mqtt_port, "reader")  # would see a forged calibrated value
+    node = MqttClient(local.mqtt_port, "node")
     try:
+        assert watcher.subscribe("tesla/#") == ["Granted QoS 1"]
         assert node.connected == "Success"
         if where == "hub":
             node.reading("n1")
             _wait(lambda: _run(_state(hub.url))[0] == 1, "the node's reading stored")
         node.publish_then_a_reading(f"$JS/API/STREAM/DELETE/{STREAM}")
+        node.publish_then_a_reading(f"$JS/API/STREAM/DELETE/{LEAF_STREAM}")
         node.publish_then_a_reading(f"$KV/{BUCKET}/lease/0")
         node.publish_then_a_reading("tesla/calibrated/n1/pm10")
         assert node.subscribe("tesla/#") == ["Unspecified error"]
+        _run(_sentinel(local.url))  # published after the node's, on the same server
+        _wait(lambda: "tesla/sentinel" in watcher.messages, "the sentinel")
     finally:
         node.close()
+        watcher.close()
+    assert "tesla/calibrated/n1/pm10" not in watcher.messages, "a node forged a value"
     messages, lease = _run(_state(hub.url))
     assert messages is not None, "a node deleted the readings stream"
     assert lease == b"g1", "a node overwrote a lease"
+    if where == "leaf":
+        assert _run(_has_stream(leaf.url, LEAF_STREAM)), "a node deleted the Pi's stream"
+
+
+async def _add_stream(url: str, name: str) -> None:
+    client = await _connect(url, "gateway")
+    try:
+        await client.jetstream(timeout=10).add_stream(name=name, subjects=["edge.>"])
+    finally:
+        await client.close()
+
+
+async def _has_stream(url: str, name: str) -> bool:
+    client = await _connect(url, "gateway")
+    try:
+        await client.jetstream(timeout=10).stream_info(name)
+        return True
+    except nats.js.errors.NotFoundError:
+        return False
+    finally:
+        await client.close()
+
+
+async def _sentinel(url: str) -> None:
+    client = await _connect(url, "gateway")
+    try:
+        await client.publish("tesla.sentinel", b"{}")
+        await client.flush()
+    finally:
+        await client.close()
 
 
 def test_a_reader_reads_calibrated_topics_and_publishes_nothing(
