@@ -436,9 +436,9 @@ class ClusterMember:
         return superseded
 
     @contextlib.asynccontextmanager
-    async def _drained(self, wait_s: float) -> AsyncIterator[bool]:
-        """Hold the tick lock at a moment no closed period waits for the tick (True), or, after
-        ``wait_s``, whatever waits (False).
+    async def _drained(self, wait_s: float) -> AsyncIterator[None]:
+        """Hold the tick lock at a moment no closed period waits for the tick, or, after
+        ``wait_s``, with whatever waits.
 
         A window's export keeps every closed period still waiting (WindowState.waiting), so
         no moment loses one; taken while nothing waits, a snapshot also holds no period this
@@ -454,7 +454,7 @@ class ClusterMember:
             self._tick_lock.release()
             await asyncio.sleep(_DRAIN_POLL_S)
         try:
-            yield drained
+            yield
         finally:
             self._tick_lock.release()
 

@@ -52,7 +52,6 @@ class SnapshotStore:
         self._objects: dict[int, str] = {}  # partition -> the object that revision points at
         self.saved_bytes = 0
         self.in_object_store = 0
-        self.discarded = 0
 
     async def save(self, partition: int, blob: bytes, sequence: int) -> bool:
         """Store the partition's snapshot covering ``sequence``; False when the stored one
@@ -165,10 +164,8 @@ class SnapshotStore:
         try:
             await self._engine.kv.delete(f"snap.{partition}", last=revision)
         except APIError as exc:
-            if exc.err_code not in WRONG_LAST_SEQUENCE:
+            if exc.err_code not in WRONG_LAST_SEQUENCE:  # else replaced meanwhile: kept
                 raise
-            return
-        self.discarded += 1
 
 
 def _pointer(value: bytes, partition: int) -> tuple[str, int | None]:
