@@ -1,5 +1,6 @@
 """Members that disagree on what the cluster shares, against a real nats-server (issue 29,
-round 2: subject_mismatch.py, window_mismatch.py, config_mismatch.py in /tmp/attack29b).
+round 2: subject_mismatch.py, window_mismatch.py, config_mismatch.py:
+an attacker's reproduction scripts, not shipped).
 
 Before: a gateway with another ``readings_subject`` rewrote every partition consumer's filter
 (the last to start won; every period missing, no error); gateways with other model windows or

@@ -1,5 +1,6 @@
 """A failover past ``[sensors] max_sensors``, against a real nats-server (issue 29, round 2:
-capacity_failover.py and big_partition.py in /tmp/attack29b).
+capacity_failover.py and big_partition.py:
+an attacker's reproduction scripts, not shipped).
 
 Before: the survivor took every partition, installed their windows whatever their number, then
 acknowledged and rejected (``unknown_sensor``) the readings of the sensors admission had no room
