@@ -6,7 +6,8 @@ out-of-unit residuals, whole windows:
 
 * ``unit-folds``: the earlier folds (training/unit_folds.py before this module), each trained
   on one unit fewer than the exported model, early-stopped on the validation sensor, the better
-  of two seeds; run directories ``without-<units>-seed<S>`` under the folds directory.
+  of two seeds; run directories ``without-<units>-seed<S>`` under the folds directory. Nothing
+  trains them any more: without them (a fresh clone) the row is left out, with a note.
 * ``pool-folds``: the folds exchangeable with the exported model (training/pool_folds.py).
 * ``pool-folds, level for 90 % held out``: the pool folds' residuals at the level whose mean
   leave-one-unit-out coverage over the *other* units is 90 % (nested: the scored unit chooses
@@ -97,9 +98,10 @@ def _residuals(
 
 def _unit_fold_predictors(
     folds_dir: Path, sensors: Sequence[str], config: TrainConfig
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """The earlier folds' models of this config (the better seed on validation per left-out
-    group; a directory may still hold an older config's run beside a later divergence)."""
+    group; a directory may still hold an older config's run beside a later divergence); None
+    when there are none (nothing trains them any more: a fresh clone has none)."""
     best: dict[str, tuple[float, Path]] = {}
     for metrics in folds_dir.glob("without-*-seed*/metrics.json"):
         run = metrics.parent
@@ -111,6 +113,8 @@ def _unit_fold_predictors(
         rmse = float(json.loads(metrics.read_text(encoding="utf-8"))["validation"]["rmse"])
         if group not in best or rmse < best[group][0]:
             best[group] = (rmse, run)
+    if not best:
+        return None
     out = {}
     for group, (_, run) in best.items():
         predict = _predict(keras.models.load_model(run / "model.keras"))
@@ -144,6 +148,28 @@ def _row(name: str, units: Sequence[UnitResiduals], test: UnitResiduals) -> dict
     }
 
 
+def _unit_folds_row(
+    folds_dir: Path,
+    config: TrainConfig,
+    windows: dict[str, Any],
+    validation: UnitResiduals,
+    test: UnitResiduals,
+) -> dict[str, Any] | None:
+    """The ``unit-folds`` row over the units of ``windows`` (the training sensors), or None
+    (with a note on stderr) when no earlier fold exists."""
+    sensors = list(windows)
+    old = _unit_fold_predictors(folds_dir, sensors, config)
+    if old is None:
+        print(
+            f"note: no earlier folds (without-*-seed*) of this config under {folds_dir}; "
+            "the unit-folds candidate is left out",
+            file=sys.stderr,
+        )
+        return None
+    earlier = [_residuals(s, "train", old[s], windows[s]) for s in sensors]
+    return _row("unit-folds", [*earlier, validation], test)
+
+
 def compare(model_dir: Path, folds_dir: Path) -> dict[str, Any]:
     """Every candidate's per-unit figures for one model directory."""
     manifest = load_manifest(model_dir)
@@ -156,8 +182,7 @@ def compare(model_dir: Path, folds_dir: Path) -> dict[str, Any]:
     )
     test = _residuals(summary.test_sensor, "test", calibrator.calibrate, prepared.test)
     windows = sensor_windows(config, summary.train_sensors)
-    old = _unit_fold_predictors(folds_dir, summary.train_sensors, config)
-    earlier = [_residuals(s, "train", old[s], windows[s]) for s in summary.train_sensors]
+    unit_folds = _unit_folds_row(folds_dir, config, windows, validation, test)
     kept = fold_epochs(None, 0, None, folds_dir, manifest=manifest)
     pool = [*summary.train_sensors, summary.validation_sensor]
     runs = train_pool_folds(config, pool, summary.train_sensors, kept, folds_dir)
@@ -165,10 +190,8 @@ def compare(model_dir: Path, folds_dir: Path) -> dict[str, Any]:
         _residuals(run.left_out, "train", fold_predictor(run), windows[run.left_out])
         for run in runs
     ]
-    rows = [
-        _row("unit-folds", [*earlier, validation], test),
-        _row("pool-folds", [*peers, validation], test),
-    ]
+    rows = [] if unit_folds is None else [unit_folds]
+    rows.append(_row("pool-folds", [*peers, validation], test))
     units = [*peers, validation]
     nested = nested_level_held_out(units)
     level = level_for_mean_coverage(units)

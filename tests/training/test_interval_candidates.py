@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import keras
 import numpy as np
 import pytest
 
 from training.cross_conformal import UnitResiduals
-from training.interval_candidates import held_out, level_for_mean_coverage, nested_level_held_out
+from training.errors import DataError
+from training.interval_candidates import (
+    _unit_folds_row,
+    held_out,
+    level_for_mean_coverage,
+    nested_level_held_out,
+)
+from training.train import TrainConfig
 
 
 def unit(name: str, scale: float, seed: int) -> UnitResiduals:
@@ -27,3 +38,23 @@ def test_the_level_is_the_one_whose_held_out_mean_coverage_is_the_target() -> No
     # the unit scored never chooses its level: its own errors do not change it
     wilder = [*units[:4], unit("u4", 5.0, 4)]
     assert nested_level_held_out(wilder)[4][0] == nested[4][0]
+
+
+def test_without_earlier_folds_the_unit_folds_row_is_left_out_with_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing trains the earlier ``without-*-seed*`` folds any more: on a fresh clone the
+    comparison used to stop there. Some of them present, but not for every unit, still stops."""
+    config = TrainConfig(dataset="synthetic", window_length=8)
+    validation, test = unit("v", 1.0, 7), unit("t", 1.0, 8)
+    windows = {"a": None, "b": None}
+    assert _unit_folds_row(tmp_path, config, windows, validation, test) is None
+    assert "unit-folds candidate is left out" in capsys.readouterr().err
+    run = tmp_path / "without-a-seed0"
+    run.mkdir()
+    left_out = config.model_copy(update={"left_out_sensors": ("a",)})
+    (run / "config.json").write_text(left_out.model_dump_json())
+    (run / "metrics.json").write_text(json.dumps({"validation": {"rmse": 1.0}}))
+    keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]).save(run / "model.keras")
+    with pytest.raises(DataError, match=r"left out \['b'\]"):
+        _unit_folds_row(tmp_path, config, windows, validation, test)
