@@ -15,21 +15,22 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from tesla_gateway.errors import ConfigError
 
-__all__ = ["EXTRA_HINT", "GATEWAY_TOKEN", "MAX_PIN_TTL_S", "ClusterConfig", "gateway_id_problem"]
+__all__ = ["EXTRA_HINT", "MAX_PIN_TTL_S", "SUBJECT_TOKEN", "ClusterConfig", "gateway_id_problem"]
 
 EXTRA_HINT = "pip install 'tesla-gateway[cluster]' (nats-py 2.16+, nats-server 2.11+)"
 _NAME = r"^[A-Za-z0-9_-]{1,32}$"  # stream, bucket and consumer names: no '.', '*', '>'
 _SUBJECT = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"  # a NATS subject prefix without wildcards
 _TOPIC = re.compile(r"^[^#+/][^#+]*[^#+/]$|^[^#+/]$")
-# A gateway's id in cluster mode: one NATS subject token (its key is member.<id>), a valid key.
-GATEWAY_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+# A gateway's or a sensor's id in cluster mode: one NATS subject token (member.<id>,
+# <subject>.<sensor>.raw) and a valid key: the shared sensor-id rule without '.'.
+SUBJECT_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 MAX_PIN_TTL_S = 120.0
 
 
 def gateway_id_problem(gateway_id: str) -> str | None:
     """Why ``gateway_id`` cannot name a cluster member (None: it can). A dotted id would make
     ``member.<id>`` several subject tokens deep, listed by no member (its gateway sits idle)."""
-    if GATEWAY_TOKEN.fullmatch(gateway_id):
+    if SUBJECT_TOKEN.fullmatch(gateway_id):
         return None
     return (
         f"gateway_id = {gateway_id!r}: cluster mode needs a gateway_id of letters, digits, "

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from tesla_gateway.cluster.config import GATEWAY_TOKEN, MAX_PIN_TTL_S, gateway_id_problem
+from tesla_gateway.cluster.config import MAX_PIN_TTL_S, SUBJECT_TOKEN, gateway_id_problem
 from tesla_gateway.cluster.engine import WRONG_LAST_SEQUENCE, Engine, transient
 from tesla_gateway.cluster.errors import ClusterRefusedError, DuplicateGatewayError
 from tesla_gateway.cluster.stored import StoredKey, read_key, stream_now
@@ -142,7 +142,7 @@ class Leases:
             if stored is None or stored.value is None:
                 continue  # gone, or left (a delete marker)
             name = key.removeprefix("member.")
-            if not GATEWAY_TOKEN.fullmatch(name) or stored.value != name.encode():
+            if not SUBJECT_TOKEN.fullmatch(name) or stored.value != name.encode():
                 self._report(stored, "not the gateway id its key names")
             elif not self._fresh(stored, now):
                 self._report(stored, f"not renewed within {self._ttl_s} s (no TTL?)")
@@ -282,4 +282,4 @@ class Leases:
 def _holder(value: bytes) -> str | None:
     """The gateway id a lease's value names (None: it names none, whatever its bytes are)."""
     text = value.decode("ascii", errors="replace")
-    return text if GATEWAY_TOKEN.fullmatch(text) else None
+    return text if SUBJECT_TOKEN.fullmatch(text) else None

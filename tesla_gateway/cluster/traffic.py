@@ -25,11 +25,10 @@ from typing import TYPE_CHECKING
 import structlog
 
 from tesla_gateway.cluster.cancels import checkpoint
-from tesla_gateway.cluster.config import ClusterConfig
+from tesla_gateway.cluster.config import SUBJECT_TOKEN, ClusterConfig
 from tesla_gateway.cluster.engine import Engine, transient
 from tesla_gateway.contract.calibrated import CalibratedReading
 from tesla_gateway.contract.readings import (
-    SENSOR_ID_PATTERN,
     Reading,
     ReadingRejectedError,
     RejectReason,
@@ -64,10 +63,8 @@ def token_problem(sensor_id: str) -> str | None:
         return f"sensor id {shown!r} (an MQTT topic level; NATS spells it {sensor_id[:80]!r}): " + (
             f"{_CLUSTER_IDS}; rename the node"
         )
-    if not SENSOR_ID_PATTERN.fullmatch(sensor_id):
-        return f"sensor id {sensor_id[:80]!r} must match {SENSOR_ID_PATTERN.pattern}"
-    if "." in sensor_id:
-        return f"sensor id {sensor_id!r} has a '.': {_CLUSTER_IDS}; rename the node"
+    if not SUBJECT_TOKEN.fullmatch(sensor_id):
+        return f"sensor id {sensor_id[:80]!r}: {_CLUSTER_IDS}; rename the node"
     return None
 
 
