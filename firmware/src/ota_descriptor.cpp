@@ -42,9 +42,13 @@ bool decode_descriptor(const uint8_t* data, size_t length, ImageDescriptor* out)
   return true;
 }
 
-uint32_t image_min_history(const ImageDescriptor& image, const ImageDescriptor& factory,
+uint32_t image_min_history(const ImageDescriptor& image, const uint8_t* factory_raw,
                            uint32_t built_in) {
-  const bool is_factory = image.model_version == factory.model_version &&
+  // The factory image is special because a boot record left by older firmware may hold a
+  // format-1 factory descriptor, which states no rule: the built-in value is its rule.
+  ImageDescriptor factory;
+  const bool is_factory = decode_descriptor(factory_raw, kDescriptorSize, &factory) &&
+                          image.model_version == factory.model_version &&
                           strcmp(image.model_name, factory.model_name) == 0 &&
                           memcmp(image.image_sha256, factory.image_sha256, 32) == 0;
   if (is_factory) return built_in;

@@ -28,9 +28,10 @@ bool decode_descriptor(const uint8_t* data, size_t length, ImageDescriptor* out)
 
 // The periods of history from which the node calibrates a young window while `image` is the
 // active model: `built_in` (model_constants.h kMinHistoryPeriods, generated from that model's
-// manifest) when it is the firmware's factory image; otherwise what its signed descriptor
-// states, and whole windows (window_length) when it states nothing (format 1).
-uint32_t image_min_history(const ImageDescriptor& image, const ImageDescriptor& factory,
+// manifest) when it is the firmware's factory image (`factory_raw`, its kDescriptorSize bytes);
+// otherwise what its signed descriptor states, and whole windows (window_length) when it
+// states nothing (format 1).
+uint32_t image_min_history(const ImageDescriptor& image, const uint8_t* factory_raw,
                            uint32_t built_in);
 
 }  // namespace tesla

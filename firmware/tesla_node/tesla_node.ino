@@ -89,16 +89,6 @@ bool load_and_test(int slot) {
   return runner.load(slots.image(slot)) && runner.self_test(input_window);
 }
 
-// The young-window rule of the image that serves (docs/ota-protocol.md section 3): the built-in
-// value for the factory image, the signed descriptor's for an OTA image; a rollback boots the
-// other slot, whose descriptor the boot record kept, so its own rule comes back with it.
-void apply_min_history() {
-  tesla::ImageDescriptor factory;
-  tesla::decode_descriptor(kModelDescriptor, tesla::kDescriptorSize, &factory);
-  window.set_min_history(
-      tesla::image_min_history(active, factory, tesla::model::kMinHistoryPeriods));
-}
-
 void boot_model() {
   switch (tesla::boot_from_slots(slots, kModelDescriptor, kModelData, kModelDataSize,
                                  load_and_test)) {
@@ -199,7 +189,10 @@ void setup() {
   flash.begin();
   environment.begin();  // absent or failed: readings simply carry no rh/temp_c
   boot_model();
-  apply_min_history();
+  // The young-window rule of the image that serves (docs/ota-protocol.md section 3); after a
+  // rollback the boot record's descriptor of the other slot brings its own rule back.
+  window.set_min_history(
+      tesla::image_min_history(active, kModelDescriptor, tesla::model::kMinHistoryPeriods));
   receiver = new (receiver_storage)
       tesla::OtaReceiver(kProfile, verifier, slots, active.model_version);
   tesla::OtaStatus trial_report;

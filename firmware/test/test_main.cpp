@@ -378,12 +378,11 @@ bool young_window_calibrated(tesla::SlotManager& slots, const uint8_t* factory_r
                              bool (*self_test)(int), int periods) {
   tesla::boot_from_slots(slots, factory_raw, factory_image.data(), uint32_t(factory_image.size()),
                          self_test);
-  tesla::ImageDescriptor active, factory;
+  tesla::ImageDescriptor active;
   if (!slots.descriptor(slots.active(), &active)) return false;
-  tesla::decode_descriptor(factory_raw, tesla::kDescriptorSize, &factory);
   std::vector<float> storage(360);
   tesla::Window window(storage.data(), 360, 1, 30, built_in);  // as the boards build it
-  window.set_min_history(tesla::image_min_history(active, factory, built_in));
+  window.set_min_history(tesla::image_min_history(active, factory_raw, built_in));
   for (int p = 0; p < periods; ++p) window.add(1000 + p, 0, 20.0f);
   return window.valid();
 }
@@ -428,13 +427,12 @@ void test_min_history_follows_the_active_image() {
   }
   // The built-in value is the factory image's own: a factory model built for whole windows
   // does not calibrate young windows even if its descriptor said otherwise.
-  tesla::ImageDescriptor image, factory;
+  tesla::ImageDescriptor image;
   std::vector<uint8_t> raw = descriptor_bytes(1, 0x5A, 1);
   CHECK(tesla::decode_descriptor(raw.data(), 88, &image) && image.min_history == 1, "decodes");
-  factory = image;
-  CHECK(tesla::image_min_history(image, factory, 360) == 360, "factory: built-in wins");
-  factory.model_version = 9;
-  CHECK(tesla::image_min_history(image, factory, 360) == 1, "other image: its descriptor");
+  CHECK(tesla::image_min_history(image, raw.data(), 360) == 360, "factory: built-in wins");
+  std::vector<uint8_t> other = descriptor_bytes(9, 0x5A, 1);  // same image, another version
+  CHECK(tesla::image_min_history(image, other.data(), 360) == 1, "other image: its descriptor");
   std::vector<float> storage(24);
   tesla::Window window(storage.data(), 24, 1, 30, 1);
   window.set_min_history(0);
