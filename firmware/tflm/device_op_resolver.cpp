@@ -353,7 +353,6 @@ void DeviceOpResolver::add(AddToLibrary add_to_library) {
   if constexpr (kOp == tflite::BuiltinOperator_STRIDED_SLICE) {
     strided_slice_ = tflite::micro::RegisterOp(nullptr, strided_slice_prepare, strided_slice_eval);
     strided_slice_.builtin_code = tflite::BuiltinOperator_STRIDED_SLICE;
-    has_strided_slice_ = true;
   } else {
     add_to_library(library_ops_);
   }
@@ -398,7 +397,7 @@ DeviceOpResolver::DeviceOpResolver() {
 
 const TfLiteRegistration* DeviceOpResolver::FindOp(tflite::BuiltinOperator op) const {
   if (op == tflite::BuiltinOperator_STRIDED_SLICE) {
-    return has_strided_slice_ ? &strided_slice_ : nullptr;
+    return strided_slice_.invoke != nullptr ? &strided_slice_ : nullptr;
   }
   const TfLiteRegistration* found = library_ops_.FindOp(op);
   if (found != nullptr && op == tflite::BuiltinOperator_TRANSPOSE) return &transpose_;
@@ -417,7 +416,7 @@ const TfLiteRegistration* DeviceOpResolver::FindOp(const char* op) const {
 tflite::TfLiteBridgeBuiltinParseFunction DeviceOpResolver::GetOpDataParser(
     tflite::BuiltinOperator op) const {
   if (op == tflite::BuiltinOperator_STRIDED_SLICE) {
-    return has_strided_slice_ ? tflite::ParseStridedSlice : nullptr;
+    return strided_slice_.invoke != nullptr ? tflite::ParseStridedSlice : nullptr;
   }
   return library_ops_.GetOpDataParser(op);
 }

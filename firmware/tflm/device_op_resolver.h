@@ -48,7 +48,6 @@ class DeviceOpResolver : public tflite::MicroOpResolver {
 
   tflite::MicroMutableOpResolver<model::kOpCount> library_ops_;
   TfLiteRegistration strided_slice_{};
-  bool has_strided_slice_ = false;
   TfLiteRegistration transpose_;
   TfLiteRegistration rsqrt_;
   TfLiteRegistration fully_connected_;
