@@ -19,9 +19,7 @@ import tty
 from dataclasses import dataclass
 from pathlib import Path
 
-import paho.mqtt.client as paho
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
 
 from devkit.broker import Mosquitto
 from devkit.pty import PtySerial
@@ -39,6 +37,7 @@ from tests.firmware.serial_tap import LineFaults
 from tests.gateway.io.helpers import broker_config, collecting, eventually
 from tests.gateway.ota.harness import STATUS_PREFIX, gateway, node_states, ota_config
 from tests.support.releases import ReleaseKit
+from tests.support.retained import publish_retained
 from training.release import KeyPair
 
 NODE_ID = "node-m4"  # firmware/m4/node_main.cpp kNodeId
@@ -235,20 +234,6 @@ def _young_window_calibrated(device: Path, periods: int) -> bool:
     return result != "-"
 
 
-def _forget_node_status(broker: Mosquitto) -> None:
-    """Clears the retained status of the node (an empty retained message, as an operator would)."""
-    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2)
-    client.connect(broker.host, broker.port)
-    client.loop_start()
-    try:
-        client.publish(f"{STATUS_PREFIX}/node/{NODE_ID}", b"", qos=1, retain=True).wait_for_publish(
-            10
-        )
-    finally:
-        client.disconnect()
-        client.loop_stop()
-
-
 def test_the_emulated_node_calibrates_young_windows_only_as_the_installed_model_allows(
     kit: ReleaseKit, mosquitto: Mosquitto, firmware: Path, tmp_path: Path
 ) -> None:
@@ -269,7 +254,8 @@ def test_the_emulated_node_calibrates_young_windows_only_as_the_installed_model_
     with node_on_pty(firmware, port.path):
         assert _young_window_calibrated(port.path, 3)  # the factory model's own rule
         for release, serving, outcome, calibrated in steps:
-            _forget_node_status(mosquitto)  # else the last update's retained outcome settles it
+            # Cleared, else the last update's retained outcome settles it.
+            publish_retained(mosquitto, f"{STATUS_PREFIX}/node/{NODE_ID}", b"")
             states = asyncio.run(_update(kit, mosquitto, port, release, serving))
             assert states[-2] == outcome, states
             assert f"{serving}" in states[-1], states

@@ -10,9 +10,7 @@ import asyncio
 import shutil
 from pathlib import Path
 
-import paho.mqtt.client as paho
 import structlog
-from paho.mqtt.enums import CallbackAPIVersion
 
 from devkit.broker import Mosquitto
 from tesla_gateway.ota.refusals import RefusalMemory
@@ -20,6 +18,7 @@ from tesla_gateway.ota.release import RELEASE_FILENAME, encode_bundle, read_rele
 from tests.gateway.io.helpers import broker_config, collecting, eventually
 from tests.gateway.ota.harness import STATUS_PREFIX, gateway, gateway_states, ota_config
 from tests.support.releases import ReleaseKit
+from tests.support.retained import publish_retained
 from training.release import push_release
 
 
@@ -27,18 +26,6 @@ def _bundle(release: Path) -> bytes:
     """The MQTT payload ``push`` would send for ``release``."""
     _, files = read_release_dir(release)
     return encode_bundle((release / RELEASE_FILENAME).read_bytes(), files)
-
-
-def _publish_retained(broker: Mosquitto, topic: str, payload: bytes) -> None:
-    """What ``push`` does, on a topic of our choosing (push derives it from the release)."""
-    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2)
-    client.connect(broker.host, broker.port)
-    client.loop_start()
-    try:
-        client.publish(topic, payload, qos=1, retain=True).wait_for_publish(10)
-    finally:
-        client.disconnect()
-        client.loop_stop()
 
 
 def test_a_release_refused_on_the_node_topic_still_installs_from_the_gateway_topic(
@@ -55,10 +42,10 @@ def test_a_release_refused_on_the_node_topic_still_installs_from_the_gateway_top
                 ota_config(release_kit, mosquitto), None, model_dirs={"pm10": serving}
             ) as gw:
                 payload = _bundle(release)
-                await asyncio.to_thread(_publish_retained, mosquitto, wrong_topic, payload)
+                await asyncio.to_thread(publish_retained, mosquitto, wrong_topic, payload)
                 await eventually(lambda: len(gateway_states(collector)) == 1, 10)
                 # The same bytes again on the wrong topic (a redelivery): nothing new to say.
-                await asyncio.to_thread(_publish_retained, mosquitto, wrong_topic, payload)
+                await asyncio.to_thread(publish_retained, mosquitto, wrong_topic, payload)
                 await asyncio.to_thread(push_release, release, broker_config(mosquitto))
                 await eventually(lambda: len(gateway_states(collector)) >= 2, 10)
                 await asyncio.sleep(0.3)  # room for a late, unwanted answer
