@@ -40,7 +40,7 @@ class _Service(Protocol):
     @property
     def publisher(self) -> Publisher | None: ...
     @property
-    def _stop(self) -> asyncio.Event | None: ...
+    def stopping(self) -> bool: ...
 
     def _ingest(self, reading: Reading) -> bool: ...
 
@@ -91,7 +91,7 @@ def make_member(
         rejects=service.rejects,
         max_sensors=config.sensors.max_sensors,
         clock=clock,
-        stopping=lambda: service._stop is not None and service._stop.is_set(),  # SIGTERM's
+        stopping=lambda: service.stopping,  # SIGTERM's
     )
 
 

@@ -174,6 +174,10 @@ class GatewayService:
             _log.info("shutdown_requested", reason=reason)
             self._stop.set()
 
+    @property
+    def stopping(self) -> bool:  # a stop was requested (SIGTERM): the cluster's last publishes
+        return self._stop is not None and self._stop.is_set()
+
     def request_reload(self) -> None:
         if self._reload is not None:
             _log.info("reload_requested")
