@@ -8,15 +8,13 @@ settings under ``config`` (a create: one wins), and a member whose settings diff
 start, naming each difference, while any other member runs. With none running, the record is
 replaced by compare-and-set (that is how a shared setting changes: stop every gateway, change
 it, start them). Two gateways replacing it in the same instant: each checks the record again
-every heartbeat for a pin TTL after joining, and the one whose settings are no longer recorded
-stops with the same error (by then its heartbeats list it as running, so no joiner replaces it).
+every heartbeat, and the one whose settings are no longer recorded stops with the same error.
 A model's version is no shared setting (an OTA rollout runs two at once), its geometry is.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -100,15 +98,11 @@ class Agreement:
         me: str,
         settings: dict[str, Any],
         others: Callable[[], Awaitable[list[str]]],
-        *,
-        verify_for_s: float,
     ) -> None:
         self._engine = engine
         self._me = me
         self._settings = settings
         self._others = others  # the live members, maybe this one among them
-        self._verify_for_s = verify_for_s
-        self._joined_at: float | None = None
 
     async def join(self) -> None:
         """Before the first heartbeat: record the settings, or find them recorded alike;
@@ -116,7 +110,6 @@ class Agreement:
         no gateway wrote is replaced)."""
         from nats.js.errors import KeyWrongLastSequenceError
 
-        self._joined_at = time.monotonic()
         for _ in range(_ATTEMPTS):
             revision, recorded = await self._read()
             try:
@@ -150,11 +143,8 @@ class Agreement:
         raise ClusterError(f"{SETTINGS_KEY}: the record kept changing under {_ATTEMPTS} joins")
 
     async def verify(self) -> None:
-        """Every heartbeat for ``verify_for_s`` after the join (then a no-op, no bucket read):
-        :class:`SettingsMismatchError` if the record differs from this member's settings
-        (another gateway replaced it while this one was joining)."""
-        if self._joined_at is not None and time.monotonic() - self._joined_at >= self._verify_for_s:
-            return
+        """Every heartbeat: :class:`SettingsMismatchError` if the record differs from this
+        member's settings (another gateway replaced it while this one was joining)."""
         revision, recorded = await self._read()
         if revision is None or recorded is None:
             return  # deleted by hand: the next member to join records its own

@@ -185,9 +185,7 @@ class ClusterMember:
         await leases.refuse_a_twin()
         geometries = {slot: windows.geometry for slot, windows in self._ticker.store.items()}
         settings = shared_settings(self.config, geometries)
-        self._agreement = Agreement(
-            engine, self.gateway_id, settings, leases.members, verify_for_s=self.config.pin_ttl_s
-        )
+        self._agreement = Agreement(engine, self.gateway_id, settings, leases.members)
         await self._agreement.join()
 
     async def _leave(self, engine: Engine) -> None:

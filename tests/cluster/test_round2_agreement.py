@@ -240,36 +240,3 @@ def test_a_snapshot_of_another_window_is_a_cold_takeover(nats_server: NatsServer
             await _stop(task)
 
     asyncio.run(run())
-
-
-def test_the_record_is_checked_again_only_while_a_join_could_race(
-    nats_server: NatsServer,
-) -> None:
-    """Within ``verify_for_s`` of its join, a member whose settings another gateway replaced
-    is refused at the next beat; after it, the beat reads nothing (the KV get every heartbeat,
-    forever, only ever guarded that race)."""
-    from tesla_gateway.cluster.agreement import SETTINGS_KEY, Agreement, shared_settings
-
-    config = _config(nats_server.url)
-    settings = shared_settings(config, {"pm10": _geometry()})
-
-    async def others() -> list[str]:
-        return ["g0", "g1"]
-
-    async def run() -> None:
-        engine = await connect(config, "agreement")
-        try:
-            early = Agreement(engine, "g0", settings, others, verify_for_s=3600.0)
-            late = Agreement(engine, "g1", settings, others, verify_for_s=0.0)
-            await early.join()
-            await late.join()
-            await early.verify()  # the record is still theirs
-            replaced = {**settings, "partitions": settings["partitions"] + 1}
-            await engine.kv.put(SETTINGS_KEY, json.dumps(replaced, sort_keys=True).encode())
-            with pytest.raises(SettingsMismatchError, match="partitions"):
-                await early.verify()
-            await late.verify()  # past its window: not read again
-        finally:
-            await engine.close()
-
-    asyncio.run(run())
