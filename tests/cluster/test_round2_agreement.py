@@ -240,3 +240,32 @@ def test_a_snapshot_of_another_window_is_a_cold_takeover(nats_server: NatsServer
             await _stop(task)
 
     asyncio.run(run())
+
+
+def test_a_member_whose_record_another_gateway_replaced_is_refused_at_the_next_beat(
+    nats_server: NatsServer,
+) -> None:
+    """Two gateways replacing the record at one instant: the one whose settings are gone
+    stops at its next heartbeat's check."""
+    from tesla_gateway.cluster.agreement import SETTINGS_KEY, Agreement, shared_settings
+
+    config = _config(nats_server.url)
+    settings = shared_settings(config, {"pm10": _geometry()})
+
+    async def others() -> list[str]:
+        return ["g0", "g1"]
+
+    async def run() -> None:
+        engine = await connect(config, "agreement")
+        try:
+            agreement = Agreement(engine, "g0", settings, others)
+            await agreement.join()
+            await agreement.verify()  # the record is still this member's
+            replaced = {**settings, "partitions": settings["partitions"] + 1}
+            await engine.kv.put(SETTINGS_KEY, json.dumps(replaced, sort_keys=True).encode())
+            with pytest.raises(SettingsMismatchError, match="partitions"):
+                await agreement.verify()
+        finally:
+            await engine.close()
+
+    asyncio.run(run())
