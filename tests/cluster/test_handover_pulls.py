@@ -27,7 +27,7 @@ from tesla_gateway.cluster.config import ClusterConfig
 from tesla_gateway.cluster.engine import Engine, connect
 from tesla_gateway.cluster.member import ClusterMember
 from tesla_gateway.cluster.puller import PartitionPuller
-from tests.cluster.test_member_attacks import _member, _until
+from tests.cluster.owners import make_member, until
 
 pytest.importorskip("nats")
 
@@ -97,31 +97,29 @@ async def _scenario(url: str) -> _Result:
         snapshot_interval_s=3600.0,  # snapshots only when partitions are handed over
     )
     engine = await connect(config, "feeder")
-    first = _member(config, "g1")
+    first = make_member(config, "g1")
     first_task = asyncio.create_task(first.run())
     result = _Result()
     period_start = time.time() // 60 * 60 - 60  # the period before this one: never closed
     try:
-        await _until(first_task, lambda: _ready(first) == PARTITIONS, "g1 owning every partition")
+        await until(first_task, lambda: _ready(first) == PARTITIONS, "g1 owning every partition")
         for _ in range(HANDOVERS):
             released = first.counters.released
-            second = _member(config, "g2")
+            second = make_member(config, "g2")
             second_task = asyncio.create_task(second.run())
             try:
-                await _until(
+                await until(
                     first_task, lambda n=released: first.counters.released > n, "g1 handing over"
                 )
                 result.published = await _feed(engine, period_start, result.published)
                 fed_at = time.monotonic()
-                await _until(
-                    second_task, lambda g=second: _ready(g) == PARTITIONS // 2, "g2's half"
-                )
+                await until(second_task, lambda g=second: _ready(g) == PARTITIONS // 2, "g2's half")
                 await _settled(engine)
                 result.settle_s.append(time.monotonic() - fed_at)
             finally:
                 second_task.cancel()  # g2 leaves: g1 takes everything back, pulling with no pin
                 await asyncio.gather(second_task, return_exceptions=True)
-            await _until(first_task, lambda: _ready(first) == PARTITIONS, "g1 taking all back")
+            await until(first_task, lambda: _ready(first) == PARTITIONS, "g1 taking all back")
         result.consumers = await _consumers(engine)
     finally:
         first_task.cancel()

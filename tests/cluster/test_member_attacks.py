@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import time
 from typing import Any
 
 import numpy as np
@@ -21,7 +20,6 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from devkit.nats_servers import NatsServer
 from tesla_gateway.cluster import window_parts
-from tesla_gateway.cluster.config import ClusterConfig
 from tesla_gateway.cluster.engine import Engine, connect
 from tesla_gateway.cluster.errors import DuplicateGatewayError, PartitionsMismatchError
 from tesla_gateway.cluster.member import ClusterMember
@@ -29,55 +27,14 @@ from tesla_gateway.cluster.warm import SnapshotStore
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.contract.series import GapPolicy
-from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.windows.ring import ModelWindows
-from tests.cluster.owners import StoreOwner
+from tests.cluster.owners import make_member, member_config, until
 
 _GEOMETRY = WindowGeometry(4, 60, ("pm10",), GapPolicy(max_interpolated_periods=2))
-_WAIT_S = 30.0  # an upper bound on slow CI, never a timing assertion
-
-
-def _config(url: str, **overrides: Any) -> ClusterConfig:
-    settings: dict[str, Any] = {
-        "servers": [url],
-        "partitions": 1,
-        "replicas": 1,
-        "pin_ttl_s": 1.0,
-        "snapshot_interval_s": 3600.0,  # snapshots only when a test says
-    }
-    return ClusterConfig(**(settings | overrides))
-
-
-def _member(config: ClusterConfig, gateway_id: str = "g0") -> ClusterMember:
-    owner = StoreOwner()
-
-    def ingest(reading: Reading) -> None:
-        owner.store.add(reading, arrival=time.time())
-
-    return ClusterMember(
-        config,
-        gateway_id=gateway_id,
-        ticker=owner,
-        tick_lock=asyncio.Lock(),
-        ingest=ingest,
-        on_dropped=lambda sensors: None,
-        rejects=RejectCounter(),
-    )
 
 
 def _stats(member: ClusterMember) -> dict[str, Any]:
     return member.stats()
-
-
-async def _until(task: asyncio.Task[None], condition: Any, what: str) -> None:
-    """Wait for ``condition()``; the member's task ending first is the failure it raised."""
-    deadline = time.monotonic() + _WAIT_S
-    while not condition():
-        if task.done():
-            task.result()
-            raise AssertionError(f"the member stopped before {what}")
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 def _snapshot(sequence: int, sensors: int = 1) -> bytes:
@@ -130,7 +87,7 @@ async def _plant(engine: Engine, kind: str) -> None:
 def test_a_corrupt_snapshot_starts_its_partition_cold_and_is_deleted(
     nats_server: NatsServer, kind: str
 ) -> None:
-    config = _config(nats_server.url, max_snapshot_bytes=64 * 1024)
+    config = member_config(nats_server.url, max_snapshot_bytes=64 * 1024)
 
     async def run() -> None:
         engine = await connect(config, "attacker")
@@ -139,9 +96,9 @@ def test_a_corrupt_snapshot_starts_its_partition_cold_and_is_deleted(
             # Taken cold, the value deleted; then, restarted, warm from the snapshot the
             # first run handed back when it stopped.
             for attempt, (cold, warm, corrupt) in enumerate([(1, 0, 1), (0, 1, 0)]):
-                member = _member(config)
+                member = make_member(config)
                 task = asyncio.create_task(member.run())
-                await _until(
+                await until(
                     task,
                     lambda m=member: m.stats()["partitions"].get("0", {}).get("ready"),
                     f"partition 0 taken (run {attempt})",
@@ -167,7 +124,7 @@ def test_a_snapshot_never_replaces_one_covering_a_later_sequence(
 ) -> None:
     """The SIGSTOP break: the old owner resumes and saves its older windows (sequence 213)
     after the new owner saved at 405; before, 405 was lost to 213."""
-    config = _config(nats_server.url, max_kv_value_bytes=kv_limit)
+    config = member_config(nats_server.url, max_kv_value_bytes=kv_limit)
     spilled = kv_limit < len(_snapshot(1))
 
     async def stored(engine: Engine) -> int:
@@ -208,25 +165,25 @@ def test_a_snapshot_never_replaces_one_covering_a_later_sequence(
 
 def test_gateways_with_different_partition_counts_are_refused(nats_server: NatsServer) -> None:
     async def run() -> None:
-        first = await connect(_config(nats_server.url, partitions=4), "first")
+        first = await connect(member_config(nats_server.url, partitions=4), "first")
         await first.close()
         with pytest.raises(PartitionsMismatchError, match=r"has 4 partitions.*partitions = 6"):
-            await connect(_config(nats_server.url, partitions=6), "second")
-        again = await connect(_config(nats_server.url, partitions=4), "same")  # still fine
+            await connect(member_config(nats_server.url, partitions=6), "second")
+        again = await connect(member_config(nats_server.url, partitions=4), "same")  # still fine
         await again.close()
 
     asyncio.run(run())
 
 
 def test_a_second_gateway_with_a_live_gateways_id_is_refused(nats_server: NatsServer) -> None:
-    config = _config(nats_server.url)
+    config = member_config(nats_server.url)
 
     async def run() -> None:
-        first = _member(config, "twin")
+        first = make_member(config, "twin")
         task = asyncio.create_task(first.run())
-        await _until(task, lambda: first.stats()["partitions"], "the first gateway's partition")
+        await until(task, lambda: first.stats()["partitions"], "the first gateway's partition")
         with pytest.raises(DuplicateGatewayError, match=r"'twin' is alive"):
-            await _member(config, "twin").run()
+            await make_member(config, "twin").run()
         assert not task.done()  # the first one is untouched
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -238,9 +195,9 @@ def test_a_second_gateway_with_a_live_gateways_id_is_refused(nats_server: NatsSe
             f"$KV.{config.bucket}.member.twin", b"twin", msg_ttl=config.pin_ttl_s
         )
         await engine.close()
-        restarted = _member(config, "twin")
+        restarted = make_member(config, "twin")
         task = asyncio.create_task(restarted.run())
-        await _until(task, lambda: restarted.stats()["partitions"], "the restart's partition")
+        await until(task, lambda: restarted.stats()["partitions"], "the restart's partition")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -254,22 +211,22 @@ def test_an_owner_finding_a_later_snapshot_gives_its_partition_up(
     """The member's side of the rule: its snapshot round meets a snapshot of a later sequence
     (another gateway owned the partition while this one was frozen): it drops the partition
     instead of writing, and takes it again from that snapshot."""
-    config = _config(nats_server.url, snapshot_interval_s=0.2)
+    config = member_config(nats_server.url, snapshot_interval_s=0.2)
 
     async def run() -> None:
         engine = await connect(config, "newer-owner")
-        member = _member(config, "frozen")
+        member = make_member(config, "frozen")
         task = asyncio.create_task(member.run())
         try:
-            await _until(task, lambda: _stats(member)["snapshots"] >= 1, "a first snapshot")
+            await until(task, lambda: _stats(member)["snapshots"] >= 1, "a first snapshot")
             newer = SnapshotStore(engine, "newer")
             await newer.load(0)
             assert await newer.save(0, _snapshot(10**6), 10**6)
-            await _until(task, lambda: _stats(member)["lost"] >= 1, "the partition given up")
+            await until(task, lambda: _stats(member)["lost"] >= 1, "the partition given up")
             blob = await SnapshotStore(engine, "reader").load(0)
             assert blob is not None
             assert window_parts.sequence_of(blob, max_bytes=1 << 20) == 10**6
-            await _until(task, lambda: _stats(member)["warm_takeovers"] >= 1, "taken again")
+            await until(task, lambda: _stats(member)["warm_takeovers"] >= 1, "taken again")
             assert _stats(member)["partitions"]["0"]["covered"] == 10**6
         finally:
             task.cancel()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import pytest
@@ -27,9 +26,8 @@ from tesla_gateway.cluster.member import ClusterMember
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.contract.series import GapPolicy
-from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.windows.ring import ModelWindows
-from tests.cluster.owners import StoreOwner, stats_of
+from tests.cluster.owners import make_member, stats_of, until
 
 _WAIT_S = 30.0  # an upper bound on slow CI, never a timing assertion
 
@@ -47,34 +45,6 @@ def _config(url: str, **overrides: Any) -> ClusterConfig:
         "snapshot_interval_s": 3600.0,
     }
     return ClusterConfig(**(settings | overrides))
-
-
-def _member(config: ClusterConfig, gateway_id: str, geometry: WindowGeometry) -> ClusterMember:
-    owner = StoreOwner(geometry)
-
-    def ingest(reading: Reading) -> bool:
-        owner.store.add(reading, arrival=time.time())
-        return True
-
-    return ClusterMember(
-        config,
-        gateway_id=gateway_id,
-        ticker=owner,
-        tick_lock=asyncio.Lock(),
-        ingest=ingest,
-        on_dropped=lambda sensors: None,
-        rejects=RejectCounter(),
-    )
-
-
-async def _until(task: asyncio.Task[None], condition: Any, what: str) -> None:
-    deadline = time.monotonic() + _WAIT_S
-    while not condition():
-        if task.done():
-            task.result()
-            raise AssertionError(f"the member stopped before {what}")
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def _stop(task: asyncio.Task[None]) -> None:
@@ -165,11 +135,11 @@ def test_a_member_with_other_shared_settings_is_refused(
     geometry = change.pop("geometry", _geometry())
 
     async def run() -> None:
-        first = _member(_config(nats_server.url), "g0", _geometry())
+        first = make_member(_config(nats_server.url), "g0", _geometry())
         task = asyncio.create_task(first.run())
         try:
-            await _until(task, lambda: len(stats_of(first)["partitions"]) == 2, "g0 owning all")
-            error = await _refused(_member(_config(nats_server.url, **change), "g1", geometry))
+            await until(task, lambda: len(stats_of(first)["partitions"]) == 2, "g0 owning all")
+            error = await _refused(make_member(_config(nats_server.url, **change), "g1", geometry))
             assert "stop every gateway" in str(error)
             assert len(stats_of(first)["partitions"]) == 2 and not task.done()
         finally:
@@ -189,14 +159,14 @@ def test_settings_change_once_no_member_runs_and_versions_never_count(
     assert "version" not in json.dumps(settings)
 
     async def run() -> None:
-        first = _member(_config(nats_server.url), "g0", _geometry())
+        first = make_member(_config(nats_server.url), "g0", _geometry())
         task = asyncio.create_task(first.run())
-        await _until(task, lambda: stats_of(first)["partitions"], "g0 owning")
+        await until(task, lambda: stats_of(first)["partitions"], "g0 owning")
         await _stop(task)  # a clean leave: no member left
-        second = _member(_config(nats_server.url, pin_ttl_s=2.0), "g1", _geometry())
+        second = make_member(_config(nats_server.url, pin_ttl_s=2.0), "g1", _geometry())
         task = asyncio.create_task(second.run())
         try:
-            await _until(task, lambda: len(stats_of(second)["partitions"]) == 2, "g1 owning all")
+            await until(task, lambda: len(stats_of(second)["partitions"]) == 2, "g1 owning all")
             engine = await connect(_config(nats_server.url, pin_ttl_s=2.0), "reader")
             try:
                 recorded = json.loads((await engine.kv.get(SETTINGS_KEY)).value or b"")
@@ -229,10 +199,10 @@ def test_a_snapshot_of_another_window_is_a_cold_takeover(nats_server: NatsServer
             await engine.kv.put("snap.0", _snapshot(_geometry(window=4), 7))
         finally:
             await engine.close()
-        member = _member(config, "g6", _geometry(window=6))
+        member = make_member(config, "g6", _geometry(window=6))
         task = asyncio.create_task(member.run())
         try:
-            await _until(task, lambda: stats_of(member)["acquired"] >= 1, "partition 0 taken")
+            await until(task, lambda: stats_of(member)["acquired"] >= 1, "partition 0 taken")
             stats = stats_of(member)
             assert (stats["warm_takeovers"], stats["cold_takeovers"]) == (0, 1)
             assert stats["mismatched_snapshots"] == 1

@@ -23,7 +23,7 @@ from tesla_gateway.cluster.engine import Engine, connect
 from tesla_gateway.cluster.errors import ClusterRefusedError
 from tesla_gateway.cluster.ownership import Leases
 from tesla_gateway.errors import ConfigError
-from tests.cluster.test_member_attacks import _config, _member, _until
+from tests.cluster.owners import make_member, member_config, until
 
 pytest.importorskip("nats")
 
@@ -52,7 +52,7 @@ def test_a_lease_of_bad_bytes_is_taken_over_by_a_gateway_and_its_restart(
     nats_server: NatsServer,
 ) -> None:
     """The crash: ``lease.0`` = b'\\xff\\xfe' raised UnicodeDecodeError out of the heartbeat."""
-    config = _config(nats_server.url, partitions=2)
+    config = member_config(nats_server.url, partitions=2)
 
     async def run() -> None:
         engine = await connect(config, "attacker")
@@ -60,9 +60,9 @@ def test_a_lease_of_bad_bytes_is_taken_over_by_a_gateway_and_its_restart(
             for attempt in range(2):  # a first run, then a restart meeting the bytes again
                 await _put(engine, "lease.0", b"\xff\xfe")
                 await _put(engine, "lease.1", b"g0\x00" + b"x" * 200)  # no gateway's id
-                member = _member(config)
+                member = make_member(config)
                 task = asyncio.create_task(member.run())
-                await _until(task, lambda m=member: _owns(m, 2), f"both partitions ({attempt})")
+                await until(task, lambda m=member: _owns(m, 2), f"both partitions ({attempt})")
                 assert await _value(engine, "lease.0") == b"g0"
                 assert await _value(engine, "lease.1") == b"g0"
                 assert member.stats()["bad_keys"] == 2
@@ -78,7 +78,7 @@ def test_a_lease_of_bad_bytes_is_taken_over_by_a_gateway_and_its_restart(
 def test_a_bad_or_stale_lease_is_free_and_taken_only_by_compare_and_set(
     nats_server: NatsServer,
 ) -> None:
-    config = _config(nats_server.url, partitions=1)
+    config = member_config(nats_server.url, partitions=1)
 
     async def run() -> None:
         engine = await connect(config, "attacker")
@@ -112,7 +112,7 @@ def test_a_bad_or_stale_lease_is_free_and_taken_only_by_compare_and_set(
 def test_a_member_key_without_ttl_counts_only_while_fresh_and_is_deleted(
     nats_server: NatsServer,
 ) -> None:
-    config = _config(nats_server.url, partitions=2)
+    config = member_config(nats_server.url, partitions=2)
 
     async def run() -> None:
         engine = await connect(config, "attacker")
@@ -137,16 +137,16 @@ def test_a_member_key_without_ttl_counts_only_while_fresh_and_is_deleted(
 
 def test_a_member_key_without_ttl_leaves_no_partition_unowned(nats_server: NatsServer) -> None:
     """ghost_member6.py: the ghost counted, g0's share was ceil(2/2) = 1, partition 1 unowned."""
-    config = _config(nats_server.url, partitions=2)
+    config = member_config(nats_server.url, partitions=2)
 
     async def run() -> None:
         engine = await connect(config, "attacker")
-        member = _member(config)
+        member = make_member(config)
         task: asyncio.Task[None] | None = None
         try:
             await _put(engine, "member.ghost", b"ghost")
             task = asyncio.create_task(member.run())
-            await _until(task, lambda: _owns(member, 2), "both partitions owned by g0")
+            await until(task, lambda: _owns(member, 2), "both partitions owned by g0")
             assert member.stats()["members"] == ["g0"]
         finally:
             if task is not None:

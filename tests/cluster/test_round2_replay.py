@@ -21,8 +21,7 @@ from tesla_gateway.cluster.member import ClusterMember
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.series import GapPolicy
 from tesla_gateway.ingest.rejects import RejectCounter
-from tests.cluster.owners import StoreOwner, stats_of
-from tests.cluster.test_member_attacks import _config, _until
+from tests.cluster.owners import StoreOwner, member_config, stats_of, until
 
 pytest.importorskip("nats")
 
@@ -50,7 +49,7 @@ async def _feed(engine: Engine, rounds: int) -> int:
 def test_a_cold_takeover_replays_the_last_periods_by_the_servers_clock(
     nats_server: NatsServer, offset_s: float
 ) -> None:
-    config = _config(nats_server.url)
+    config = member_config(nats_server.url)
 
     async def run() -> None:
         engine = await connect(config, "feeder")
@@ -71,7 +70,7 @@ def test_a_cold_takeover_replays_the_last_periods_by_the_servers_clock(
             )
             task = asyncio.create_task(member.run())
             try:
-                await _until(
+                await until(
                     task,
                     lambda: stats_of(member)["partitions"].get("0", {}).get("ready"),
                     "partition 0 taken",

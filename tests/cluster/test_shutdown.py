@@ -38,7 +38,7 @@ from tests.cluster.harness import (
     wait_for,
     write_config,
 )
-from tests.cluster.test_member_attacks import _config, _member, _until
+from tests.cluster.owners import make_member, member_config, until
 from tests.gateway.e2e.harness import SerialNode
 from tests.support.models import ModelFactory
 
@@ -74,9 +74,9 @@ def test_a_cancellation_lost_in_a_heartbeat_still_ends_the_member(
     nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def scenario() -> None:
-        member = _member(_config(nats_server.url, partitions=2))
+        member = make_member(member_config(nats_server.url, partitions=2))
         task = asyncio.create_task(member.run())
-        await _until(task, lambda: _owned(member) == 2, "both partitions owned")
+        await until(task, lambda: _owned(member) == 2, "both partitions owned")
         leases = member._leases
         assert leases is not None
         beat = leases.heartbeat
@@ -96,10 +96,10 @@ def test_a_cancellation_lost_in_a_release_still_ends_the_member(
     nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def scenario() -> None:
-        config = _config(nats_server.url, partitions=2)
-        first, second = _member(config, "g0"), _member(config, "g1")
+        config = member_config(nats_server.url, partitions=2)
+        first, second = make_member(config, "g0"), make_member(config, "g1")
         task = asyncio.create_task(first.run())
-        await _until(task, lambda: _owned(first) == 2, "both partitions owned by g0")
+        await until(task, lambda: _owned(first) == 2, "both partitions owned by g0")
         unpin, raced = Engine.unpin, list[int]()
 
         async def unpin_racing(engine: Engine, partition: int) -> None:
