@@ -1,0 +1,78 @@
+"""The hour of the day as model input channels: the rule training and the gateway share.
+
+A PM sensor's bias follows the day (humid nights, traffic hours), and a sensor that has reported
+for one period has nothing else to tell a model about it. A model may therefore read two derived
+channels, ``hour_sin`` and ``hour_cos``: the phase of the period's start in the local *standard*
+time of where the sensor is (UTC plus the zone's standard offset, daylight saving time ignored,
+because the sun and the humidity follow it, not the clocks). No sensor sends them: training
+computes them from each period's start and its site's offset, the gateway from the period and
+its configured zone, a node from the time the gateway gives it.
+
+A period whose hour is not known (a node without a clock) takes :data:`UNKNOWN_HOUR`, the
+centre of the circle, which is no hour at all; models that read the hour are trained with some
+windows set to it, so they fall back to what the PM channels alone say.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "DAY_SECONDS",
+    "HOUR_CHANNELS",
+    "UNKNOWN_HOUR",
+    "hour_channels",
+    "hour_phase",
+    "is_hour_channel",
+    "standard_offset_seconds",
+]
+
+DAY_SECONDS = 86_400
+HOUR_CHANNELS: tuple[str, str] = ("hour_sin", "hour_cos")
+UNKNOWN_HOUR: tuple[float, float] = (0.0, 0.0)
+# The offsets of real zones; a larger one is a configuration error, not a place.
+_MAX_OFFSET_SECONDS = 14 * 3600
+
+
+def is_hour_channel(name: str) -> bool:
+    """Whether a manifest channel is derived from the period's time rather than read."""
+    return name in HOUR_CHANNELS
+
+
+def _check_offset(utc_offset_s: int) -> None:
+    if not -_MAX_OFFSET_SECONDS <= utc_offset_s <= _MAX_OFFSET_SECONDS:
+        raise ValueError(f"UTC offset {utc_offset_s} s is not a zone's (at most ±14 h)")
+
+
+def hour_phase(period_start_s: float, utc_offset_s: int) -> tuple[float, float]:
+    """(sin, cos) of the local standard time of day at ``period_start_s`` (Unix seconds)."""
+    _check_offset(utc_offset_s)
+    seconds_of_day = (period_start_s + utc_offset_s) % DAY_SECONDS
+    angle = 2.0 * math.pi * seconds_of_day / DAY_SECONDS
+    return math.sin(angle), math.cos(angle)
+
+
+def hour_channels(
+    period_start_s: npt.ArrayLike, utc_offset_s: int
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """:func:`hour_phase` over an array of period starts (training's whole series)."""
+    _check_offset(utc_offset_s)
+    starts = np.asarray(period_start_s, dtype=np.float64)
+    angle = 2.0 * np.pi * np.mod(starts + utc_offset_s, DAY_SECONDS) / DAY_SECONDS
+    return np.sin(angle), np.cos(angle)
+
+
+def standard_offset_seconds(zone: str, at_s: float) -> int:
+    """The standard (non-DST) UTC offset of an IANA zone at a moment, in whole seconds.
+
+    Raises ``zoneinfo.ZoneInfoNotFoundError`` (a ``KeyError``) for an unknown zone name.
+    """
+    moment = datetime.fromtimestamp(at_s, tz=UTC).astimezone(ZoneInfo(zone))
+    offset = moment.utcoffset() or timedelta(0)
+    dst = moment.dst() or timedelta(0)
+    return int((offset - dst).total_seconds())
