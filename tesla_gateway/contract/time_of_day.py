@@ -16,8 +16,9 @@ windows set to it, so they fall back to what the PM channels alone say.
 from __future__ import annotations
 
 import math
+import time
 from datetime import UTC, datetime, timedelta
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +31,8 @@ __all__ = [
     "hour_phase",
     "is_hour_channel",
     "standard_offset_seconds",
+    "utc_offset_for",
+    "zone_problem",
 ]
 
 DAY_SECONDS = 86_400
@@ -76,3 +79,26 @@ def standard_offset_seconds(zone: str, at_s: float) -> int:
     offset = moment.utcoffset() or timedelta(0)
     dst = moment.dst() or timedelta(0)
     return int((offset - dst).total_seconds())
+
+
+def zone_problem(zone: str) -> str | None:
+    """Why ``zone`` is not an IANA zone this machine knows, or None."""
+    try:
+        ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        return (
+            f"timezone {zone!r} is not an IANA time zone this machine knows (e.g. "
+            "'Europe/Rome', 'America/New_York', 'UTC'; `timedatectl list-timezones`)"
+        )
+    return None
+
+
+def utc_offset_for(zone: str | None, at_s: float) -> int:
+    """The standard offset the hour channels use: the configured zone's, or the system's.
+
+    The system's is the C library's standard offset (``time.timezone``, from ``TZ`` or
+    /etc/localtime), which is what a Pi's ``timedatectl set-timezone`` sets.
+    """
+    if zone is None:
+        return -time.timezone
+    return standard_offset_seconds(zone, at_s)

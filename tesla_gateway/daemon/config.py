@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tesla_gateway.cluster.config import ClusterConfig, gateway_id_problem
 from tesla_gateway.contract.readings import GATEWAY_ID_PATTERN, Feature
+from tesla_gateway.contract.time_of_day import zone_problem
 from tesla_gateway.daemon.config_errors import explain, input_hint, tag_key
 from tesla_gateway.daemon.config_paths import locate
 from tesla_gateway.daemon.logging import LogFormat, LogLevel
@@ -258,6 +259,21 @@ class GatewayConfig(_Section):
             "'cluster' extra; docs/deployment.md); omit for one gateway."
         ),
     )
+    timezone: str | None = Field(
+        default=None,
+        description=(
+            "IANA zone the sensors are in (e.g. 'Europe/Rome'), for models that read the hour "
+            "of the day (hour_sin, hour_cos); its standard time is used. Default: the zone of "
+            "the gateway's system."
+        ),
+    )
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str | None) -> str | None:
+        if value is not None and (problem := zone_problem(value)) is not None:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _cluster_reads_the_stream(self) -> GatewayConfig:
