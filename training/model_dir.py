@@ -53,7 +53,8 @@ __all__ = [
     "training_hyperparameters",
 ]
 
-CHANNEL_UNITS = {"raw": "ug/m3", "rh": "%", "temp_c": "degC"}
+# the hour channels are a point on the unit circle (tesla_gateway/contract/time_of_day.py)
+CHANNEL_UNITS = {"raw": "ug/m3", "rh": "%", "temp_c": "degC", "hour_sin": "1", "hour_cos": "1"}
 REPRESENTATIVE_WINDOWS = 1000
 REPRESENTATIVE_PEAKS = 100
 CHECK_WINDOWS = 512

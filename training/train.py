@@ -9,7 +9,6 @@ memory grows with the raw series, not with N × windows.
 from __future__ import annotations
 
 import json
-import math
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from typing import Any, TypeVar
 import keras
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tesla_gateway.contract.manifest import (
     DataSummary,
@@ -29,6 +28,8 @@ from tesla_gateway.contract.manifest import (
     TestMetrics,
 )
 from tesla_gateway.contract.series import GapPolicy
+from tesla_gateway.contract.time_of_day import HOUR_CHANNELS, is_hour_channel
+from training.batches import WindowBatches
 from training.data import (
     CoLocationData,
     SensorSplit,
@@ -40,7 +41,6 @@ from training.data import (
 )
 from training.errors import DataError, DivergedTrainingError, RunDirError
 from training.harm import compare_on
-from training.history import sample_history, truncate
 from training.history_fit import fine_tune
 from training.metrics import LinearCalibration, error_metrics
 from training.models import ModelConfig, TeslaConfig, build_model
@@ -82,7 +82,9 @@ class TrainConfig(BaseModel):
         default=30, ge=0, description="Gap policy: longest gap filled by interpolation."
     )
     channels: tuple[str, ...] = Field(
-        default=("raw",), description="Input channels: 'raw' first, then covariates like 'rh'."
+        default=("raw",),
+        description="Input channels: 'raw' first, then covariates like 'rh' and/or the hour of "
+        "the day ('hour_sin', 'hour_cos', both or neither; derived from the period's start).",
     )
     model: ModelConfig = Field(default_factory=TeslaConfig)
     epochs: int = Field(default=10, ge=1, description="Paper: 10.")
@@ -124,6 +126,16 @@ class TrainConfig(BaseModel):
         description="Fine-tuned weights are kept only while the whole-window validation RMSE "
         "stays within this share of the first phase's.",
     )
+    unknown_hour_fraction: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description=(
+            "Share of training windows whose hour channels are set to UNKNOWN_HOUR over the "
+            "whole window, so the model still calibrates when the hour is not known (a node "
+            "without a clock). Needs the hour channels."
+        ),
+    )
     left_out_sensors: tuple[str, ...] = Field(
         default=(),
         description=(
@@ -131,6 +143,18 @@ class TrainConfig(BaseModel):
             "now; kept so their runs and every run's config.json (extra keys forbidden) load."
         ),
     )
+
+    @model_validator(mode="after")
+    def _hour_channels(self) -> TrainConfig:
+        hours = [name for name in self.channels if is_hour_channel(name)]
+        if hours and sorted(hours) != sorted(HOUR_CHANNELS):
+            raise ValueError(f"the hour channels go together: {HOUR_CHANNELS}, got {hours}")
+        if self.unknown_hour_fraction > 0 and not hours:
+            raise ValueError(
+                "unknown_hour_fraction withholds the hour channels: add "
+                f"{HOUR_CHANNELS} to channels or leave it at 0"
+            )
+        return self
 
 
 @dataclass(frozen=True)
@@ -151,42 +175,6 @@ class RunResult:
     validation: ErrorMetrics
     test: TestMetrics
     history: dict[str, list[float]]
-
-
-class WindowBatches(keras.utils.PyDataset):
-    """Batches gathered on demand from a WindowSet, reshuffled every epoch; with
-    ``partial_history_fraction`` that share of each batch's windows is truncated to a random
-    history (training/history.py), drawn anew every time a batch is made."""
-
-    def __init__(
-        self,
-        windows: WindowSet,
-        indices: npt.NDArray[np.int64],
-        batch_size: int,
-        seed: int,
-        partial_history_fraction: float = 0.0,
-    ) -> None:
-        super().__init__()
-        self.windows = windows
-        self.indices = indices.copy()
-        self.batch_size = batch_size
-        self.partial_history_fraction = partial_history_fraction
-        self.rng = np.random.default_rng(seed)
-        self.rng.shuffle(self.indices)
-
-    def __len__(self) -> int:
-        return math.ceil(len(self.indices) / self.batch_size)
-
-    def __getitem__(self, index: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-        chosen = self.indices[index * self.batch_size : (index + 1) * self.batch_size]
-        x, y = self.windows.gather(np.sort(chosen))
-        if self.partial_history_fraction > 0:
-            n = self.windows.window_length
-            x = truncate(x, sample_history(self.rng, len(x), n, self.partial_history_fraction))
-        return x, y
-
-    def on_epoch_end(self) -> None:
-        self.rng.shuffle(self.indices)
 
 
 def input_range(windows: WindowSet) -> InputRange:
@@ -350,6 +338,7 @@ def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") ->
             config.batch_size,
             config.seed,
             0.0 if two_phases else config.partial_history_fraction,
+            unknown_hour_fraction=config.unknown_hour_fraction,
         ),
         validation_data=(validation_x, validation_y),
         epochs=config.epochs,
@@ -367,7 +356,7 @@ def train(config: TrainConfig, run_dir: Path, *, verbose: int | str = "auto") ->
     if two_phases:
         batches = WindowBatches(
             prepared.train, indices, config.batch_size, config.seed + 1,
-            config.partial_history_fraction,
+            config.partial_history_fraction, unknown_hour_fraction=config.unknown_hour_fraction,
         )  # fmt: skip
         history_values.update(
             fine_tune(model, config, prepared, batches, verbose=verbose).as_history()

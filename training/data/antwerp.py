@@ -54,4 +54,5 @@ def load_antwerp(directory: Path, *, feature: Literal["pm2_5", "pm10"] = "pm2_5"
         attribution=ANTWERP_ATTRIBUTION,
         load_counts=LoadCounts(rows_read=rows_read),
         sensor=PMS5003_ATM,  # the PMS5003's atmospheric (ATM) channel
+        zone="Europe/Brussels",
     )

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, get_args
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import numpy as np
 import numpy.typing as npt
@@ -63,8 +64,12 @@ class CoLocationData:
     load_counts: LoadCounts | None = None
     # The low-cost sensor and value set of ``raw`` (the manifest's ``sensor``); None: not known.
     sensor: SensorKind | None = None
+    # The site's IANA time zone: the hour channels are its local standard time
+    # (tesla_gateway/contract/time_of_day.py). "UTC" when a source does not say where it was.
+    zone: str = "UTC"
 
     def __post_init__(self) -> None:
+        _check_zone(self.zone)
         if self.feature not in FEATURES:
             raise DataError(f"feature must be one of {FEATURES}, got {self.feature!r}")
         if self.period_seconds < 1:
@@ -127,6 +132,15 @@ def _as_str(values: pd.Series | str, length: int) -> pd.Series:
     if isinstance(values, str):
         return pd.Series([values] * length, dtype="str")
     return values.reset_index(drop=True).astype(str)
+
+
+def _check_zone(zone: str) -> None:
+    try:
+        ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError) as error:
+        raise DataError(
+            f"unknown time zone {zone!r}: give the site's IANA zone, e.g. 'Europe/Rome' or 'UTC'"
+        ) from error
 
 
 def _check_frame(frame: pd.DataFrame) -> None:

@@ -15,7 +15,9 @@ import numpy as np
 import numpy.typing as npt
 
 from tesla_gateway.contract.series import period_index
+from tesla_gateway.contract.time_of_day import HOUR_CHANNELS, is_hour_channel
 from training.data.frame import CoLocationData, unix_seconds
+from training.data.hours import hour_series
 
 __all__ = ["GriddedSensor", "to_grid"]
 
@@ -34,6 +36,7 @@ class GriddedSensor:
     reference: FloatArray
     observed: BoolArray  # True where at least one raw reading fell in the period
     covariates: Mapping[str, FloatArray] = field(default_factory=lambda: MappingProxyType({}))
+    zone: str = "UTC"  # the site's IANA zone: its standard offset places the hour channels
 
     def __len__(self) -> int:
         return int(self.raw.size)
@@ -45,14 +48,17 @@ class GriddedSensor:
         return periods * self.period_seconds
 
     def channel(self, name: str) -> FloatArray:
-        """A series by channel name: ``raw``, ``reference`` or a covariate."""
+        """A series by channel name: ``raw``, ``reference``, a covariate or an hour channel
+        (``hour_sin``, ``hour_cos``: derived where a raw reading exists, NaN elsewhere)."""
         if name == "raw":
             return self.raw
         if name == "reference":
             return self.reference
         if name in self.covariates:
             return self.covariates[name]
-        known = ["raw", "reference", *self.covariates]
+        if is_hour_channel(name):
+            return hour_series(name, self.timestamps, self.observed, self.zone)
+        known = ["raw", "reference", *self.covariates, *HOUR_CHANNELS]
         raise KeyError(f"sensor {self.sensor_id} has no channel {name!r}; it has {known}")
 
 
@@ -92,6 +98,7 @@ def to_grid(data: CoLocationData) -> dict[str, GriddedSensor]:
                     for name, values in covariates_all.items()
                 }
             ),
+            zone=data.zone,
         )
     return grids
 

@@ -56,4 +56,5 @@ def load_ispra(
         attribution=ISPRA_ATTRIBUTION,
         load_counts=LoadCounts(rows_read=rows_read),
         sensor=PMS5003_ATM,  # the PMS5003's atmospheric (ATM) channel
+        zone="Europe/Rome",
     )

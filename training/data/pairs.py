@@ -17,6 +17,7 @@ calibrations beside the tidy frame so a retraining report can quote what the gat
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,10 +204,19 @@ def read_pairs(
 
 
 def load_pairs(
-    path: Path, *, feature: Feature | None = None, period_seconds: int | None = None
+    path: Path,
+    *,
+    feature: Feature | None = None,
+    period_seconds: int | None = None,
+    zone: str = "UTC",
 ) -> CoLocationData:
-    """The recorded pairs as co-location data (the ``pairs`` dataset of the registry)."""
-    return read_pairs(path, feature=feature, period_seconds=period_seconds).data
+    """The recorded pairs as co-location data (the ``pairs`` dataset of the registry).
+
+    ``zone``: the site's IANA zone; the pairs do not record it, and the default UTC places a
+    model's hour channels wrong by the site's offset.
+    """
+    data = read_pairs(path, feature=feature, period_seconds=period_seconds).data
+    return dataclasses.replace(data, zone=zone)
 
 
 def _feature_directory(path: Path, feature: Feature | None) -> Path:

@@ -40,9 +40,17 @@ PLAIN_CSV_ATTRIBUTION = "user-supplied co-location data"
 
 
 def load_plain_csv(
-    path: Path, *, feature: Feature = "pm2_5", period_seconds: int | None = None
+    path: Path,
+    *,
+    feature: Feature = "pm2_5",
+    period_seconds: int | None = None,
+    zone: str = "UTC",
 ) -> CoLocationData:
-    """Read a plain co-location CSV; the period is the median spacing unless given."""
+    """Read a plain co-location CSV; the period is the median spacing unless given.
+
+    ``zone``: the site's IANA zone (e.g. ``Europe/Rome``). A CSV does not say where it was
+    recorded; the default UTC places a model's hour channels wrong by the site's offset.
+    """
     path = Path(path)
     separator = header_separator(path)
     table = read_csv(path, dtype="str", sep=separator)  # every cell as text: ids keep "007"
@@ -59,6 +67,7 @@ def load_plain_csv(
         target="reference",
         attribution=PLAIN_CSV_ATTRIBUTION,
         load_counts=LoadCounts(rows_read=len(table)),
+        zone=zone,
     )
 
 

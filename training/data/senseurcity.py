@@ -38,8 +38,13 @@ def load_senseurcity(
     *,
     feature: Feature = "pm2_5",
     target: Literal["station", "opcn3"] = "station",
+    zone: str = "UTC",
 ) -> CoLocationData:
     """PMS5003 against the station reference or the box's own OPC-N3, one minute per row.
+
+    ``zone``: the city's IANA zone (Antwerp ``Europe/Brussels``, Oslo ``Europe/Oslo``, Zagreb
+    ``Europe/Zagreb``); the files do not say which city they are from, so the default UTC places
+    a model's hour channels wrong by the city's offset.
 
     ``paths`` is a directory of per-box files or a list of them; the sensor id is the file name
     without ``.csv`` (e.g. ``Antwerp_402B00``). A file without the target column contributes
@@ -114,6 +119,7 @@ def load_senseurcity(
             values_nulled={key: count for key, count in nulled.items() if count},
         ),
         sensor=PMS5003_ATM,  # the PMS5003's atmospheric (ATM) channel
+        zone=zone,
     )
 
 
