@@ -42,20 +42,30 @@ _SHARED = (
 
 
 def shared_settings(
-    config: ClusterConfig, geometries: Mapping[str, WindowGeometry]
+    config: ClusterConfig,
+    geometries: Mapping[str, WindowGeometry],
+    hour_offsets: Mapping[str, int | None] | None = None,
 ) -> dict[str, Any]:
     """What every member must have alike: the ``[cluster]`` keys above and, per model slot,
-    the window geometry its snapshots are made of."""
+    the window geometry its snapshots are made of (and, for a model that reads the hour of
+    the day, the UTC offset its hour is taken in: the gateways' ``timezone``)."""
     settings: dict[str, Any] = {key: getattr(config, key) for key in _SHARED}
     settings["models"] = {
-        slot: {
-            "window_length": geometry.window_length,
-            "period_seconds": geometry.period_seconds,
-            "channels": list(geometry.channels),
-        }
+        slot: _model_settings(geometry, (hour_offsets or {}).get(slot))
         for slot, geometry in sorted(geometries.items())
     }
     return settings
+
+
+def _model_settings(geometry: WindowGeometry, hour_offset: int | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "window_length": geometry.window_length,
+        "period_seconds": geometry.period_seconds,
+        "channels": list(geometry.channels),
+    }
+    if geometry.hour_positions is not None:
+        entry["hour_utc_offset_s"] = hour_offset
+    return entry
 
 
 def differences(mine: Mapping[str, Any], recorded: Mapping[str, Any]) -> list[str]:

@@ -183,8 +183,10 @@ class ClusterMember:
         shared settings are the cluster's (:mod:`.agreement`)."""
         leases = self._leases = Leases(engine, self.gateway_id, self.config.pin_ttl_s)
         await leases.refuse_a_twin()
-        geometries = {slot: windows.geometry for slot, windows in self._ticker.store.items()}
-        settings = shared_settings(self.config, geometries)
+        store = self._ticker.store.items()
+        geometries = {slot: windows.geometry for slot, windows in store}
+        offsets = {slot: windows.utc_offset_s for slot, windows in store}
+        settings = shared_settings(self.config, geometries, offsets)
         self._agreement = Agreement(engine, self.gateway_id, settings, leases.members)
         await self._agreement.join()
 

@@ -1,5 +1,8 @@
 """The contract between a model and its windows: N, the period, the channels, the gap rule.
 
+Channels are read from readings, except the hour of the day
+(:mod:`tesla_gateway.contract.time_of_day`), which the windows derive from each period's start.
+
 The calibrator reads it from the manifest; the window store, the state files and the ticker
 shape their windows by it.
 """
@@ -10,6 +13,7 @@ from dataclasses import dataclass
 
 from tesla_gateway.contract.manifest import Manifest
 from tesla_gateway.contract.series import GapPolicy
+from tesla_gateway.contract.time_of_day import HOUR_CHANNELS, is_hour_channel
 from tesla_gateway.errors import GatewayError
 
 __all__ = ["WindowGeometry", "WindowGeometryError"]
@@ -31,6 +35,30 @@ class WindowGeometry:
     def __post_init__(self) -> None:
         if self.window_length < 1 or self.period_seconds < 1 or not self.channels:
             raise WindowGeometryError(f"invalid window geometry {self}")
+        if is_hour_channel(self.channels[0]):
+            raise WindowGeometryError(f"the first channel must be a reading, got {self.channels}")
+        hours = [name for name in self.channels if is_hour_channel(name)]
+        if hours and sorted(hours) != sorted(HOUR_CHANNELS):
+            raise WindowGeometryError(
+                f"a model reads both hour channels {HOUR_CHANNELS} or neither, got {self.channels}"
+            )
+
+    @property
+    def read_channels(self) -> tuple[str, ...]:
+        """The channels readings bring, in the model's order (the hour channels are derived)."""
+        return tuple(name for name in self.channels if not is_hour_channel(name))
+
+    @property
+    def hour_positions(self) -> tuple[int, int] | None:
+        """Where ``hour_sin`` and ``hour_cos`` sit in the model's input, if it reads the hour."""
+        if HOUR_CHANNELS[0] not in self.channels:
+            return None
+        return self.channels.index(HOUR_CHANNELS[0]), self.channels.index(HOUR_CHANNELS[1])
+
+    @property
+    def read_positions(self) -> tuple[int, ...]:
+        """Where each of :attr:`read_channels` sits in the model's input."""
+        return tuple(i for i, name in enumerate(self.channels) if not is_hour_channel(name))
 
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> WindowGeometry:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import numpy as np
@@ -32,6 +33,7 @@ __all__ = [
     "is_hour_channel",
     "standard_offset_seconds",
     "utc_offset_for",
+    "window_hours",
     "zone_problem",
 ]
 
@@ -68,6 +70,40 @@ def hour_channels(
     starts = np.asarray(period_start_s, dtype=np.float64)
     angle = 2.0 * np.pi * np.mod(starts + utc_offset_s, DAY_SECONDS) / DAY_SECONDS
     return np.sin(angle), np.cos(angle)
+
+
+def window_hours(
+    pm: npt.NDArray[np.floating[Any]],
+    newest_period: npt.ArrayLike,
+    period_seconds: int,
+    utc_offset_s: int | None,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """The hour channels of windows [B, N] (oldest first) ending at ``newest_period`` [B].
+
+    THE rule for building a window (training, gateway and node alike): each position whose PM
+    value ``pm`` is present (observed or gap-filled) holds the hour of its period's start; the
+    others are NaN like the PM. A young window is padded *after* this, every channel alike, so
+    its padded positions repeat its oldest real period's hour as they repeat its PM. With
+    ``utc_offset_s`` None (the hour is not known) every present position holds
+    :data:`UNKNOWN_HOUR`.
+    """
+    pm = np.asarray(pm)
+    present = ~np.isnan(pm)
+    if utc_offset_s is None:
+        zeros = np.where(present, np.float32(0.0), np.float32(np.nan)).astype(np.float32)
+        return zeros, zeros.copy()
+    _check_offset(utc_offset_s)
+    newest = np.asarray(newest_period, dtype=np.int64).reshape(-1)
+    n = pm.shape[-1]
+    # Windows of one tick mostly end at the same period: compute each distinct end once.
+    ends, inverse = np.unique(newest, return_inverse=True)
+    starts = (ends[:, None] - (n - 1) + np.arange(n)[None, :]) * period_seconds
+    sin, cos = hour_channels(starts, utc_offset_s)
+    nan = np.float32(np.nan)
+    return (
+        np.where(present, sin[inverse].astype(np.float32), nan),
+        np.where(present, cos[inverse].astype(np.float32), nan),
+    )
 
 
 def standard_offset_seconds(zone: str, at_s: float) -> int:

@@ -97,6 +97,7 @@ class GatewayService:
             clock_sanity=ClockSanity(self.rejects),
             clock=clock,
             clock_steps=ClockSteps(),  # the wall clock's steps re-anchor the windows
+            timezone=config.timezone,
         )
         self.publisher: Publisher | None = None
         self.ingest_log = IngestLog(

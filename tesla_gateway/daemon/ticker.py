@@ -25,6 +25,7 @@ import structlog
 from tesla_gateway.contract.calibrated import CalibratedReading, Interval, Quality
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import Reading
+from tesla_gateway.contract.time_of_day import utc_offset_for
 from tesla_gateway.models.calibrator import CalibrationError, Calibrator
 from tesla_gateway.models.choice import ModelRank, choose_per_sensor, model_rank
 from tesla_gateway.models.watch import ModelSet
@@ -105,8 +106,10 @@ class Ticker:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         clock_steps: ClockSteps | None = None,
+        timezone: str | None = None,
     ) -> None:
         self.store = WindowStore(clock_sanity=clock_sanity)
+        self._timezone = timezone  # the sensors' zone, for models that read the hour
         self.models = models
         self.grace_s = grace_s
         self.counters = TickerStats()
@@ -134,6 +137,7 @@ class Ticker:
                     )
             self.store[slot].admit_complete_only = _has_simpler_sibling(slot, calibrator, loaded)
             self.store[slot].min_history_periods = calibrator.manifest.calibrates_from
+            self.store[slot].utc_offset_s = utc_offset_for(self._timezone, self._clock())
         return reset
 
     def ingest(self, reading: Reading) -> dict[str, AddOutcome]:
@@ -372,12 +376,13 @@ def _outside_domain(calibrator: Calibrator | None, ready: ReadyWindows) -> np.nd
 
 
 def _has_simpler_sibling(slot: str, calibrator: Calibrator, loaded: dict[str, Calibrator]) -> bool:
-    """Does another serving model of the same feature need only a subset of these channels?"""
-    channels = set(calibrator.geometry.channels)
+    """Does another serving model of the same feature need only a subset of the channels
+    readings bring to this one (the hour of the day is no reading: every sensor has it)?"""
+    channels = set(calibrator.geometry.read_channels)
     return any(
         other != slot
         and sibling.feature == calibrator.feature
-        and set(sibling.geometry.channels) < channels
+        and set(sibling.geometry.read_channels) < channels
         for other, sibling in loaded.items()
     )
 

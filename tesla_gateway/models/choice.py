@@ -25,10 +25,11 @@ ModelRank = tuple[int, float]
 
 
 def model_rank(calibrator: Calibrator | None) -> ModelRank:
-    """Larger is preferred: (input channels, -validation RMSE)."""
+    """Larger is preferred: (channels read from the sensor, -validation RMSE); the hour of the
+    day, which every sensor has, does not count as a channel the sensor brought."""
     if calibrator is None:
         return (0, -math.inf)
-    return (len(calibrator.geometry.channels), -calibrator.manifest.validation.rmse)
+    return (len(calibrator.geometry.read_channels), -calibrator.manifest.validation.rmse)
 
 
 def choose_per_sensor(

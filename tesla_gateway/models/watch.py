@@ -31,6 +31,7 @@ from pathlib import Path
 
 import structlog
 
+from tesla_gateway.contract.time_of_day import is_hour_channel
 from tesla_gateway.errors import GatewayError
 from tesla_gateway.models.calibrator import Calibrator
 from tesla_gateway.models.runtime import DEFAULT_RUNTIME_PREFERENCE, RuntimeName
@@ -172,13 +173,17 @@ class ModelSet:
 
     def release_slot(self, feature: str, channels: Sequence[str]) -> str | None:
         """The slot a release of ``feature`` with these input channels replaces: the one
-        serving the same channels, else the feature's only slot, else its one empty slot."""
+        serving the same channels, else the one serving the same channels from readings (a
+        model that adds or drops the hour of the day), else the feature's only slot, else its
+        one empty slot."""
         ids = self.slots_for(feature)
+        read = tuple(name for name in channels if not is_hour_channel(name))
         with self._lock:
-            for slot_id in ids:
-                calibrator = self._slots[slot_id].calibrator
-                if calibrator is not None and calibrator.geometry.channels == tuple(channels):
-                    return slot_id
+            serving = [(i, self._slots[i].calibrator) for i in ids]
+            for wanted, of in ((tuple(channels), "channels"), (read, "read_channels")):
+                for slot_id, calibrator in serving:
+                    if calibrator is not None and getattr(calibrator.geometry, of) == wanted:
+                        return slot_id
             empty = [i for i in ids if self._slots[i].calibrator is None]
         if len(ids) == 1:
             return ids[0]

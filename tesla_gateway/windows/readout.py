@@ -13,9 +13,17 @@ import numpy as np
 from tesla_gateway.contract.calibrated import Quality
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.series import pad_history, window_is_valid
+from tesla_gateway.contract.time_of_day import window_hours
 from tesla_gateway.windows.state import NO_PERIOD, Float32Array, FloatArray, IntArray, WarmUp
 
-__all__ = ["gather_windows", "history_periods", "pad_young", "warm_up", "window_quality"]
+__all__ = [
+    "gather_windows",
+    "history_periods",
+    "pad_young",
+    "warm_up",
+    "window_quality",
+    "with_hours",
+]
 
 _GATHER_CHUNK = 1024
 
@@ -37,6 +45,23 @@ def gather_windows(ring: Float32Array, rows: IntArray, newest: IntArray, out: Fl
             source = ring[rows[chunk]]  # [k, C, N] float32, small
             out[chunk, :, : n - shift] = source[:, :, shift:]
             out[chunk, :, n - shift :] = source[:, :, :shift]
+
+
+def with_hours(
+    windows: Float32Array, periods: IntArray, geometry: WindowGeometry, utc_offset_s: int | None
+) -> Float32Array:
+    """The model's [B, C, N] input from the ring's [B, C_read, N] windows ending at ``periods``:
+    the read channels in their places, the hour channels derived by the contract's rule
+    (:func:`window_hours`), before a young window is padded."""
+    positions = geometry.hour_positions
+    if positions is None:
+        return windows
+    full = np.empty((windows.shape[0], len(geometry.channels), windows.shape[2]), np.float32)
+    full[:, list(geometry.read_positions), :] = windows
+    sin, cos = window_hours(windows[:, 0, :], periods, geometry.period_seconds, utc_offset_s)
+    full[:, positions[0], :] = sin
+    full[:, positions[1], :] = cos
+    return full
 
 
 def history_periods(periods: IntArray, first: IntArray, n: int) -> IntArray:

@@ -67,7 +67,8 @@ class ModelWindows:
     def __init__(self, geometry: WindowGeometry, capacity: int = _INITIAL_CAPACITY) -> None:
         self.geometry = geometry
         self._n = geometry.window_length
-        self._channels = len(geometry.channels)
+        self._read = geometry.read_channels  # the ring's; hour channels come at read-out
+        self._channels = len(self._read)
         self._max_gap = geometry.gap_policy.max_interpolated_periods
         self._ids: list[str] = []
         self._index: dict[str, int] = {}
@@ -82,6 +83,7 @@ class ModelWindows:
         # sent one beyond the first: PM and rh/temp in separate messages add up here.
         self.admit_complete_only = False
         self.min_history_periods = self._n  # the model's (the ticker sets it from its manifest)
+        self.utc_offset_s: int | None = 0  # the hour channels' zone (the ticker sets it)
         self._partial: dict[str, int] = {}
         self._allocate(max(capacity, 1))
 
@@ -167,14 +169,12 @@ class ModelWindows:
         return self._pending_rows + len(self._overflow)
 
     def add(self, reading: Reading, arrival: float) -> AddOutcome:
-        """Average one reading into its sensor's open period (``arrival``: wall-clock seconds).
-
-        Called for every reading: scalar reads use ``ndarray.item`` (cheaper than indexing).
-        """
+        """Average one reading into its sensor's open period (``arrival``: wall-clock seconds);
+        called for every reading: scalar reads use ``ndarray.item`` (cheaper than indexing)."""
         values = reading.values
         present = [
             (channel, value)
-            for channel, name in enumerate(self.geometry.channels)
+            for channel, name in enumerate(self._read)
             if (value := values.get(name)) is not None
         ]
         if not present:
@@ -241,7 +241,7 @@ class ModelWindows:
         period = math.floor(reading.timestamp / period_seconds)
         if period <= math.floor(now / period_seconds):
             return False
-        if not any(name in reading.values for name in self.geometry.channels):
+        if not any(name in reading.values for name in self._read):
             return False
         row = self._index.get(reading.sensor_id)
         if row is None:
@@ -411,6 +411,8 @@ class ModelWindows:
         sensor_ids = tuple(snap.sensor_id for snap in self._overflow) + tuple(
             self._ids[int(row)] for row in rows
         )
+        windows = readout.with_hours(windows, periods, self.geometry, self.utc_offset_s)
+        c = windows.shape[1]
         history = readout.pad_young(windows, periods, first, self.min_history_periods)
         # Flags only for windows holding a hole: a full window is plain OK, no Python per row.
         # A window's sum is NaN exactly when it holds a NaN (values are finite otherwise), and

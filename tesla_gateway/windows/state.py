@@ -130,7 +130,7 @@ def waiting_as_arrays(
     waiting: list[WaitingPeriod], geometry: WindowGeometry
 ) -> tuple[list[str], dict[str, npt.NDArray[Any]]]:
     """Waiting periods as (sensor ids, arrays named by :data:`WAITING_ARRAYS`)."""
-    c, n = len(geometry.channels), geometry.window_length
+    c, n = len(geometry.read_channels), geometry.window_length
     windows = np.empty((len(waiting), c, n), dtype=np.float32)
     for index, item in enumerate(waiting):
         windows[index] = item.window
@@ -147,7 +147,7 @@ def waiting_from_arrays(
 ) -> list[WaitingPeriod]:
     """The inverse of :func:`waiting_as_arrays`; :class:`WindowStoreError` on shapes or types
     that do not fit."""
-    k, c, n = len(sensor_ids), len(geometry.channels), geometry.window_length
+    k, c, n = len(sensor_ids), len(geometry.read_channels), geometry.window_length
     expected = {
         "waiting_period": ((k,), "i"),
         "waiting_window": ((k, c, n), "f"),
@@ -197,7 +197,11 @@ class WindowState:
 
     def check_shapes(self) -> None:
         """Raise :class:`WindowStoreError` unless every array fits the sensors and geometry."""
-        s, c, n = len(self.sensor_ids), len(self.geometry.channels), self.geometry.window_length
+        s, c, n = (
+            len(self.sensor_ids),
+            len(self.geometry.read_channels),
+            self.geometry.window_length,
+        )
         expected = {
             "ring": (s, c, n),
             "last_closed": (s,),
