@@ -68,10 +68,43 @@ LineReject parse_line(char* line, size_t length, LineView* out) {
     out->fields[out->count++] = cursor;
   }
   switch (out->type) {
-    case 'H': case 'R': case 'O': return LineReject::kNone;
+    case 'H': case 'R': case 'O': case 'T': return LineReject::kNone;
     case 'Q': return out->count == 0 ? LineReject::kNone : LineReject::kBadFrame;
     default: return LineReject::kBadFrame;
   }
+}
+
+namespace {
+
+// `[0-9]{1,digits}` (with a leading '-' when `sign`) into *out; false for anything else.
+bool parse_integer(const char* text, size_t digits, bool sign, int64_t* out) {
+  const bool negative = sign && *text == '-';
+  if (negative) ++text;
+  size_t n = 0;
+  int64_t value = 0;
+  for (; text[n] != '\0'; ++n) {
+    if (n == digits || text[n] < '0' || text[n] > '9') return false;
+    value = value * 10 + (text[n] - '0');
+  }
+  if (n == 0) return false;
+  *out = negative ? -value : value;
+  return true;
+}
+
+}  // namespace
+
+bool parse_time(const LineView& view, TimeSync* out) {
+  int64_t unix_s = 0;
+  int64_t offset = 0;
+  if (view.type != 'T' || view.count != 2 || !parse_integer(view.fields[0], 10, false, &unix_s) ||
+      !parse_integer(view.fields[1], 5, true, &offset)) {
+    return false;
+  }
+  if (unix_s < kTimeMinSeconds || unix_s > kTimeMaxSeconds) return false;
+  if (offset < -kMaxUtcOffsetSeconds || offset > kMaxUtcOffsetSeconds) return false;
+  out->unix_s = unix_s;
+  out->utc_offset_s = int32_t(offset);
+  return true;
 }
 
 size_t encode_line(char type, const char* const* fields, size_t count, char* out, size_t capacity) {

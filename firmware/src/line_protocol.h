@@ -1,5 +1,6 @@
 // The serial line protocol (docs/serial-protocol.md), node side: frame checks identical to
-// tesla_gateway/sources/line_protocol.py (same reject reasons, same order), and the H/R encoders.
+// tesla_gateway/sources/line_protocol.py (same reject reasons, same order), the H/R encoders and
+// the decoder of the gateway's T (time) line.
 #pragma once
 
 #include <stddef.h>
@@ -23,6 +24,18 @@ struct LineView {
 // Checks one line (with or without CR/LF) and splits it in place ('\0' at each ','), so
 // `line` must stay alive while `out` is used. `length` excludes nothing: pass what you read.
 LineReject parse_line(char* line, size_t length, LineView* out);
+
+// The gateway's `T,<unix seconds>,<standard UTC offset seconds>` (docs/serial-protocol.md):
+// the time it holds, refused outside the protocol's bounds (a gateway whose clock is unset).
+constexpr int64_t kTimeMinSeconds = 1700000000;  // 2023-11-14
+constexpr int64_t kTimeMaxSeconds = 4102444800;  // 2100-01-01
+constexpr int32_t kMaxUtcOffsetSeconds = 14 * 3600;
+struct TimeSync {
+  int64_t unix_s = 0;
+  int32_t utc_offset_s = 0;
+};
+// A parsed `T` line's fields into `out`; false (out untouched) if they are not a valid time.
+bool parse_time(const LineView& view, TimeSync* out);
 
 // Frames `type`, fields, '*', CRC, LF into `out`; returns the length or 0 if it does not fit.
 size_t encode_line(char type, const char* const* fields, size_t count, char* out, size_t capacity);

@@ -16,10 +16,16 @@ constexpr uint32_t kMinHistoryPeriods = 1u;
 // The input [1, N, C]: oldest period first (oldest_first), a period's channels together,
 // in this order; all of them quantised with kInputScale (the graph scales each channel itself:
 // 143.0 for the PM channel).
-enum class Channel : uint8_t { kPm1, kPm2_5, kPm10, kRh, kTempC };
+enum class Channel : uint8_t { kPm1, kPm2_5, kPm10, kRh, kTempC, kHourSin, kHourCos };
 constexpr uint32_t kChannelCount = 1u;
 constexpr Channel kInputChannels[kChannelCount] = {Channel::kPm10};
 constexpr float kSelfTestLevels[kChannelCount] = {20.0f};  // the self-test's flat window
+// The hour of the day (hour_sin, hour_cos) is derived from the wall time the gateway gives the
+// node, not measured: its positions in the input (-1: the model does not read it). The node's
+// window holds the kMeasuredChannelCount others, in the input's order.
+constexpr int32_t kHourSinChannel = -1;
+constexpr int32_t kHourCosChannel = -1;
+constexpr uint32_t kMeasuredChannelCount = 1u;
 constexpr uint32_t kInputValues = kWindowLength * kChannelCount;  // the input's N * C values
 constexpr uint32_t kPeriodSeconds = 60u;
 constexpr uint32_t kMaxInterpolatedPeriods = 30u;

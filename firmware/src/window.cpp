@@ -114,13 +114,16 @@ bool Window::valid() const {
   return true;
 }
 
+int64_t Window::period_at(uint32_t position) const {
+  const uint32_t real = history();
+  const uint32_t age = length_ - 1 - position;  // periods before the newest
+  return newest_period() - int64_t(age < real ? age : real - 1);  // older: padded
+}
+
 bool Window::copy(float* out) const {
   if (!valid()) return false;
-  const int64_t newest = newest_period();
-  const uint32_t real = history();
   for (uint32_t i = 0; i < length_; ++i) {
-    const uint32_t age = length_ - 1 - i;  // periods before the newest
-    const int64_t p = newest - int64_t(age < real ? age : real - 1);  // older: padded
+    const int64_t p = period_at(i);
     for (uint32_t c = 0; c < channels_; ++c) out[i * channels_ + c] = at(p, c);
   }
   return true;

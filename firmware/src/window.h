@@ -36,10 +36,14 @@ class Window {
   // first PM reading padded with that period's values; false if not valid.
   bool copy(float* out) const;
   int64_t newest_period() const;
+  // The period whose values copy() puts at `position` (0 = oldest) of a valid window: the
+  // window's own period, or its oldest real one where the window is padded.
+  int64_t period_at(uint32_t position) const;
   // Periods of real history in the window ending at the newest period: those since the first
   // PM reading, at most length (0 before any).
   uint32_t history() const;
   uint32_t channels() const { return channels_; }
+  uint32_t length() const { return length_; }
   // The young-window rule of the model that now serves (ota_descriptor.h image_min_history),
   // clamped as in the constructor; set at boot, once the active slot is known.
   void set_min_history(uint32_t min_history);

@@ -3,6 +3,7 @@
 // the TFLite Micro arena (model_constants.h kArenaBytes) and the library itself come on top.
 #include "../src/line_protocol.h"
 #include "../src/model_constants.h"
+#include "../src/model_input.h"
 #include "../src/ota_receiver.h"
 #include "../src/pms5003.h"
 #include "../src/slots.h"
@@ -33,8 +34,10 @@ tesla::SlotManager slots(flash, 0x80000, 0x10000);
 tesla::OtaReceiver receiver(kProfile, verifier, slots, tesla::model::kModelVersion);
 tesla::LineReader gateway_line;
 tesla::Pms5003Parser sensor;
-float window_storage[tesla::model::kInputValues];
-tesla::Window window(window_storage, tesla::model::kWindowLength, tesla::model::kChannelCount,
+float window_storage[tesla::model::kWindowLength * tesla::model::kMeasuredChannelCount];
+tesla::WallClock wall_clock;
+tesla::Window window(window_storage, tesla::model::kWindowLength,
+                     tesla::model::kMeasuredChannelCount,
                      tesla::model::kMaxInterpolatedPeriods, tesla::model::kMinHistoryPeriods);
 char out_line[tesla::kMaxLineBytes + 1];
 
@@ -43,5 +46,5 @@ char out_line[tesla::kMaxLineBytes + 1];
 // Referenced so nothing is discarded.
 extern "C" size_t tesla_footprint_anchor() {
   return sizeof(receiver) + sizeof(gateway_line) + sizeof(sensor) + sizeof(window) +
-         sizeof(out_line) + sizeof(slots);
+         sizeof(out_line) + sizeof(slots) + sizeof(wall_clock);
 }

@@ -1,6 +1,6 @@
 // Host tests of the portable firmware core. They read the SAME vectors as the Python tests
-// (tests/vectors/line_protocol.json, ota_protocol.json and window_gap_policy.json), so host and device agree byte for
-// byte. Usage: test_firmware <vectors dir> ; exit status 0 when everything passes.
+// (tests/vectors/line_protocol.json, ota_protocol.json, window_gap_policy.json and
+// window_hours.json: test_hours.cpp), so host and device agree byte for byte. Usage: test_firmware <vectors dir> ; exit status 0 when everything passes.
 #include <sodium.h>
 
 #include <cmath>
@@ -99,6 +99,10 @@ void test_line_vectors(const json::Value& vectors) {
       } else {
         // Semantic checks of H/R lines are the gateway's job; the node only sends them.
         CHECK(reject == tesla::LineReject::kNone, "%s: framing should pass", name.c_str());
+        tesla::TimeSync time;
+        if (reject == tesla::LineReject::kNone && view.type == 'T') {  // the node reads T lines
+          CHECK(!tesla::parse_time(view, &time), "%s: the node takes it", name.c_str());
+        }
       }
       continue;
     }
@@ -140,6 +144,12 @@ void test_line_vectors(const json::Value& vectors) {
       double timestamp = ok["timestamp"].is_null() ? -1.0 : ok["timestamp"].number;
       n = tesla::encode_reading(ok["node_id"].text.c_str(), uint32_t(ok["seq"].integer()), timestamp,
                                 values, out, sizeof(out));
+    } else if (type == "T") {
+      tesla::TimeSync time;
+      CHECK(tesla::parse_time(view, &time) && time.unix_s == ok["unix_s"].integer() &&
+                time.utc_offset_s == int32_t(ok["utc_offset_s"].integer()),
+            "%s: parsed %lld %d", name.c_str(), (long long)time.unix_s, int(time.utc_offset_s));
+      continue;  // the node never sends T
     } else {
       continue;  // Q and O lines are decoded above; the node never encodes Q
     }
@@ -637,6 +647,8 @@ void test_uptime_across_the_millis_wrap() {
 
 }  // namespace
 
+void run_hour_tests(const json::Value& hour_vectors, int* checks, int* failures);  // test_hours
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s <tests/vectors directory>\n", argv[0]);
@@ -666,6 +678,8 @@ int main(int argc, char** argv) {
   test_window_edges();
   test_window_hostile_input();
   test_uptime_across_the_millis_wrap();
+  std::string hour_text = read_file(dir + "/window_hours.json");
+  run_hour_tests(json::Parser(hour_text).parse(), &g_checks, &g_failures);
   std::printf("%d checks, %d failures\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

@@ -26,6 +26,8 @@ __all__ = [
     "MAX_LINE_BYTES",
     "PROTOCOL_VERSION",
     "RAW_KEYS",
+    "TIME_MAX_S",
+    "TIME_MIN_S",
     "Hello",
     "HelloRequest",
     "Line",
@@ -33,12 +35,14 @@ __all__ = [
     "LineSplitter",
     "NodeReading",
     "OtaFrame",
+    "TimeSync",
     "crc16_ccitt_false",
     "decode_line",
     "encode_hello",
     "encode_hello_request",
     "encode_line",
     "encode_reading",
+    "encode_time",
 ]
 
 PROTOCOL_VERSION = 1
@@ -56,6 +60,12 @@ _VERSION_TEXT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,31}$")
 _CRC_TEXT = re.compile(rb"^[0-9A-F]{4}$")
 _UINT32_MAX = 2**32 - 1
 _NONE = "-"
+# The bounds of a ``T`` line's time: a gateway clock before TIME_MIN_S has not been set (a Pi
+# without a real-time clock boots in the past until NTP answers) and must not teach a node.
+TIME_MIN_S = 1_700_000_000  # 2023-11-14
+TIME_MAX_S = 4_102_444_800  # 2100-01-01
+_MAX_UTC_OFFSET_S = 14 * 3600  # the offsets of real zones (contract/time_of_day.py)
+_OFFSET = re.compile(r"^-?[0-9]{1,5}$")
 
 
 class LineProtocolError(GatewayError):
@@ -97,7 +107,19 @@ class OtaFrame:
     fields: tuple[str, ...]
 
 
-Line = Hello | NodeReading | HelloRequest | OtaFrame
+@dataclass(frozen=True, slots=True)
+class TimeSync:
+    """``T``: gateway to node, the wall time and the zone's standard UTC offset.
+
+    A node has no clock; it needs the hour of the day for models that read it
+    (tesla_gateway/contract/time_of_day.py) and keeps it from this line.
+    """
+
+    unix_s: int
+    utc_offset_s: int
+
+
+Line = Hello | NodeReading | HelloRequest | OtaFrame | TimeSync
 
 
 def crc16_ccitt_false(data: bytes) -> int:
@@ -188,6 +210,17 @@ def encode_hello_request() -> bytes:
     return encode_line("Q", [])
 
 
+def encode_time(unix_s: int, utc_offset_s: int) -> bytes:
+    """``T,<unix seconds>,<standard UTC offset seconds>``; refuses what a node would reject."""
+    if not TIME_MIN_S <= unix_s <= TIME_MAX_S:
+        raise LineProtocolError(
+            f"time {unix_s} is outside {TIME_MIN_S}..{TIME_MAX_S}: is the gateway's clock set?"
+        )
+    if not -_MAX_UTC_OFFSET_S <= utc_offset_s <= _MAX_UTC_OFFSET_S:
+        raise LineProtocolError(f"UTC offset {utc_offset_s} s is not a zone's (at most ±14 h)")
+    return encode_line("T", [str(unix_s), str(utc_offset_s)])
+
+
 def _check_node_id(node_id: str) -> None:
     if not SENSOR_ID_PATTERN.fullmatch(node_id):
         raise LineProtocolError(f"node id {node_id!r} must match {SENSOR_ID_PATTERN.pattern}")
@@ -244,6 +277,8 @@ def decode_line(raw: bytes) -> Line:
         return HelloRequest()
     if line_type == "O":
         return OtaFrame(fields=tuple(fields))
+    if line_type == "T":
+        return _decode_time(fields)
     raise ReadingRejectedError(RejectReason.BAD_FRAME, f"unknown line type {line_type[:8]!r}")
 
 
@@ -327,6 +362,21 @@ def _decode_reading(fields: list[str]) -> NodeReading:
         calibrated=MappingProxyType(calibrated),
         model_version=model_version,
     )
+
+
+def _decode_time(fields: list[str]) -> TimeSync:
+    if len(fields) != 2:
+        raise ReadingRejectedError(RejectReason.BAD_FRAME, f"time has {len(fields)} fields, not 2")
+    unix_text, offset_text = fields
+    if not _UINT.fullmatch(unix_text) or not TIME_MIN_S <= int(unix_text) <= TIME_MAX_S:
+        raise ReadingRejectedError(
+            RejectReason.BAD_FRAME, f"time {unix_text[:20]!r} is not in {TIME_MIN_S}..{TIME_MAX_S}"
+        )
+    if not _OFFSET.fullmatch(offset_text) or abs(int(offset_text)) > _MAX_UTC_OFFSET_S:
+        raise ReadingRejectedError(
+            RejectReason.BAD_FRAME, f"UTC offset {offset_text[:20]!r} is not a zone's (±14 h)"
+        )
+    return TimeSync(unix_s=int(unix_text), utc_offset_s=int(offset_text))
 
 
 def _check_wire_node_id(node_id: str) -> None:

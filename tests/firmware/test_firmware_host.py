@@ -161,6 +161,32 @@ def test_model_constants_give_the_node_the_covariate_models_channels_in_order() 
             render_model_constants(manifest.model_copy(update={"input_channels": channels}), "x")
 
 
+def test_model_constants_place_the_hour_channels_the_node_derives() -> None:
+    """A model reading the hour: its positions, the measured channels the window holds, and
+    UNKNOWN_HOUR in the self-test's flat window; one hour channel without the other is refused."""
+    from tesla_gateway.contract.manifest import InputChannel
+    from training.firmware_constants import FirmwareConstantsError
+
+    manifest = load_manifest(ROOT / "models" / "pm10-ispra-1min-rh-temp")
+    pm, rh, temp = manifest.input_channels
+    sin, cos = InputChannel(name="hour_sin", unit="1"), InputChannel(name="hour_cos", unit="1")
+    header = render_model_constants(
+        manifest.model_copy(update={"input_channels": [pm, rh, cos, temp, sin]}), "x"
+    )
+    assert (
+        "kInputChannels[kChannelCount] = {Channel::kPm10, Channel::kRh, Channel::kHourCos, "
+        "Channel::kTempC, Channel::kHourSin};" in header
+    )
+    assert "kSelfTestLevels[kChannelCount] = {20.0f, 50.0f, 0.0f, 20.0f, 0.0f};" in header
+    assert "constexpr int32_t kHourSinChannel = 4;" in header
+    assert "constexpr int32_t kHourCosChannel = 2;" in header
+    assert "constexpr uint32_t kMeasuredChannelCount = 3u;" in header
+    plain = render_model_constants(manifest, "x")
+    assert "kHourSinChannel = -1;" in plain and "kMeasuredChannelCount = 3u;" in plain
+    with pytest.raises(FirmwareConstantsError, match="both hour_sin and hour_cos or neither"):
+        render_model_constants(manifest.model_copy(update={"input_channels": [pm, sin]}), "x")
+
+
 # (op, type of its first input) pairs the node runs with a kernel of the Arduino library whose
 # int16 path the emulated node's golden-window test (test_firmware_m4.py) has exercised for the
 # default graphs. The resolver's own kernels (firmware/tflm/device_op_resolver.cpp) are added

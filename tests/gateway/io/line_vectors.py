@@ -13,11 +13,14 @@ from pathlib import Path
 from tesla_gateway.sources.line_protocol import (
     MAX_LINE_BYTES,
     PROTOCOL_VERSION,
+    TIME_MAX_S,
+    TIME_MIN_S,
     crc16_ccitt_false,
     encode_hello,
     encode_hello_request,
     encode_line,
     encode_reading,
+    encode_time,
 )
 
 VECTORS_PATH = Path(__file__).resolve().parents[2] / "vectors" / "line_protocol.json"
@@ -134,6 +137,35 @@ def build_vectors() -> dict[str, object]:
             encode_line("O", ["1", "BEGIN", "abc"]),
             {"type": "O", "fields": ["1", "BEGIN", "abc"]},
         ),
+        _ok(
+            "time, a zone east of UTC",
+            encode_time(1767225600, 3600),
+            {"type": "T", "unix_s": 1767225600, "utc_offset_s": 3600},
+        ),
+        _ok(
+            "time, a zone west of UTC",
+            encode_time(1780000123, -18000),
+            {"type": "T", "unix_s": 1780000123, "utc_offset_s": -18000},
+        ),
+        _ok(
+            "time, earliest with the widest offset west",
+            encode_time(TIME_MIN_S, -50400),
+            {"type": "T", "unix_s": TIME_MIN_S, "utc_offset_s": -50400},
+        ),
+        _ok(
+            "time, latest with the widest offset east",
+            encode_time(TIME_MAX_S, 50400),
+            {"type": "T", "unix_s": TIME_MAX_S, "utc_offset_s": 50400},
+        ),
+        _reject("time from an unset clock", framed("T,86400,0"), "bad_frame"),
+        _reject("time just before the earliest", framed(f"T,{TIME_MIN_S - 1},0"), "bad_frame"),
+        _reject("time just after the latest", framed(f"T,{TIME_MAX_S + 1},0"), "bad_frame"),
+        _reject("time offset beyond 14 h", framed("T,1767225600,50401"), "bad_frame"),
+        _reject("time offset beyond -14 h", framed("T,1767225600,-50401"), "bad_frame"),
+        _reject("time offset with a plus sign", framed("T,1767225600,+3600"), "bad_frame"),
+        _reject("time with a fraction", framed("T,1767225600.5,0"), "bad_frame"),
+        _reject("time without its offset", framed("T,1767225600"), "bad_frame"),
+        _reject("time with a field too many", framed("T,1767225600,0,0"), "bad_frame"),
         _reject("checksum does not match", bad_crc, "bad_checksum"),
         _reject("payload corrupted in transit", bytes(corrupted), "bad_checksum"),
         _reject("lower-case checksum", hello[:-5] + hello[-5:-1].lower() + b"\n", "bad_frame"),

@@ -19,11 +19,13 @@ from tesla_gateway.sources.line_protocol import (
     LineSplitter,
     NodeReading,
     OtaFrame,
+    TimeSync,
     crc16_ccitt_false,
     decode_line,
     encode_hello,
     encode_line,
     encode_reading,
+    encode_time,
     iter_lines,
 )
 from tests.gateway.io.line_vectors import VECTORS_PATH, render
@@ -51,6 +53,8 @@ def as_expectation(line: object) -> dict[str, object]:
         }
     if isinstance(line, HelloRequest):
         return {"type": "Q"}
+    if isinstance(line, TimeSync):
+        return {"type": "T", "unix_s": line.unix_s, "utc_offset_s": line.utc_offset_s}
     assert isinstance(line, OtaFrame)
     return {"type": "O", "fields": list(line.fields)}
 
@@ -122,6 +126,10 @@ def test_encoder_refuses_what_the_protocol_cannot_carry() -> None:
         encode_reading("n1", 1, None, {"pm10": 1}, calibrated={"cal_pm10": 1})
     with pytest.raises(LineProtocolError):
         encode_hello("n1", "1,2")
+    with pytest.raises(LineProtocolError, match="clock set"):
+        encode_time(86_400, 0)  # a gateway whose clock is not set teaches no node
+    with pytest.raises(LineProtocolError, match="14 h"):
+        encode_time(1_767_225_600, 15 * 3600)
 
 
 values = st.floats(min_value=-1000, max_value=1000, allow_nan=False).map(lambda v: round(v, 3))
