@@ -2,11 +2,16 @@
 
 Shapes: input [B, N] raw µg/m³ oldest first (or [B, N, C] with covariate channels), output [B, 1]
 µg/m³. Normalisation (a fixed input scale) is inside the graph so the FlatBuffer takes raw values.
+
+``hour_input="head"``: the body (binning, global view, attention) reads the PM channel alone and
+the newest period's channels (PM and the hour of the day) enter only the head. The hour is the
+same information at every position, and flattening all N x C inputs into the global view made
+the 3-channel graph a third larger and slower on the node (docs/benchmarks/node-m4/).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import keras
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,6 +21,7 @@ from training.models.layers.attention import TokenSelfAttention
 from training.models.layers.binning import BinnedEmbedding
 from training.models.layers.core import Projection, Scale
 from training.models.layers.norm import FeatureAggregator, TokenLayerNorm
+from training.models.layers.slicing import ChannelOf, NewestPeriod, RepeatTokens
 
 __all__ = ["TeslaConfig", "build_tesla"]
 
@@ -50,6 +56,25 @@ class TeslaConfig(BaseModel):
     ffn_width: int = Field(
         default=32, ge=1, description="Hidden width of the 'ffn' and 'mlp' heads."
     )
+    hour_input: Literal["window", "head"] = Field(
+        default="window",
+        description=(
+            "'window': every channel enters the body at every position. 'head': the body reads "
+            "channel 0 (PM) only and the newest period's channels (the hour of the day) enter "
+            "the head as set by head_mix (a graph the size of the PM-only one)."
+        ),
+    )
+    head_mix: Literal["add", "hidden"] = Field(
+        default="add",
+        description=(
+            "With hour_input='head': 'add' adds a small ReLU MLP of the newest period's "
+            "channels (newest_width units) to the output; 'hidden' (aggregator 'mlp' only) "
+            "adds a projection of them to the mlp head's hidden layer of every token."
+        ),
+    )
+    newest_width: int = Field(
+        default=16, ge=1, description="Hidden width of head_mix='add''s branch."
+    )
 
 
 def build_tesla(
@@ -74,7 +99,29 @@ def build_tesla(
     factor = (
         1.0 / input_scale if channel_scales is None else [1.0 / scale for scale in channel_scales]
     )
-    scaled = Scale(factor, name="normalise")(inputs)
+    if config.hour_input == "head":
+        if channels < 2:
+            raise ValueError("hour_input='head' needs channels beside PM (the hour of the day)")
+        if config.head_mix == "hidden" and config.aggregator != "mlp":
+            raise ValueError("head_mix='hidden' needs aggregator='mlp' (its hidden layer)")
+        # Scaled before slicing: a scale on the newest row alone is folded into the branch's
+        # int8 weights, where PM's 1/input_scale column rounded to zero beside the hour's.
+        window = Scale(factor, name="normalise")(inputs)
+        scaled = ChannelOf(0, name="pm_channel")(window)  # [B, N]
+        newest = NewestPeriod(name="newest_period")(window)  # [B, C]
+        body_channels = 1
+    else:
+        scaled = Scale(factor, name="normalise")(inputs)
+        newest = None
+        body_channels = channels
+    normalised = _body(config, scaled, window_length, body_channels)  # [B, z, d]
+    output = _head(config, normalised, window_length, newest)  # [B, 1]
+    calibrated = Scale(input_scale, name="denormalise")(output)
+    return keras.Model(inputs, calibrated, name="tesla")
+
+
+def _body(config: TeslaConfig, scaled: Any, window_length: int, channels: int) -> Any:
+    """Binned embedding, self-attention and LayerNorm: the z tokens the head reads."""
     membership = membership_matrix(window_length, config.bins)
     tokens = BinnedEmbedding(
         membership, config.d_model, channels, config.use_global, name="binned_embedding"
@@ -84,21 +131,36 @@ def build_tesla(
         attended = attention(tokens)
         if config.residual:
             attended = keras.layers.Add(name="residual")([tokens, attended])
-        normalised = TokenLayerNorm(name="layer_norm")(attended)  # [B, z, d]
-    else:
-        attended = attention(TokenLayerNorm(name="layer_norm")(tokens))
-        normalised = keras.layers.Add(name="residual")([tokens, attended])  # [B, z, d]
+        return TokenLayerNorm(name="layer_norm")(attended)
+    attended = attention(TokenLayerNorm(name="layer_norm")(tokens))
+    return keras.layers.Add(name="residual")([tokens, attended])
+
+
+def _head(config: TeslaConfig, normalised: Any, window_length: int, newest: Any) -> Any:
+    """The aggregator; with ``newest`` (hour_input='head') the newest period's channels too."""
+    z = bin_count(window_length)
     if config.aggregator == "linear":
         output = FeatureAggregator(name="aggregator")(normalised)  # [B, 1]
     elif config.aggregator == "mlp":
-        hidden = Projection(config.ffn_width, activation="relu", name="mlp_in")(normalised)
-        flat = keras.layers.Reshape((bin_count(window_length) * config.ffn_width,))(hidden)
+        if newest is not None and config.head_mix == "hidden":
+            hidden = Projection(config.ffn_width, name="mlp_in")(normalised)  # [B, z, w]
+            shift = Projection(config.ffn_width, name="newest_in")(newest)  # [B, w]
+            shift = RepeatTokens(z, name="newest_tokens")(shift)  # [B, z, w]
+            hidden = keras.layers.ReLU(name="mlp_relu")(
+                keras.layers.Add(name="newest_shift")([hidden, shift])
+            )
+        else:
+            hidden = Projection(config.ffn_width, activation="relu", name="mlp_in")(normalised)
+        flat = keras.layers.Reshape((z * config.ffn_width,))(hidden)
         output = Projection(1, name="head")(flat)
     else:
         hidden = Projection(config.ffn_width, activation="relu", name="ffn_in")(normalised)
         hidden = Projection(config.d_model, name="ffn_out")(hidden)
         block = TokenLayerNorm(name="ffn_norm")(keras.layers.Add()([normalised, hidden]))
-        flat = keras.layers.Reshape((bin_count(window_length) * config.d_model,))(block)
+        flat = keras.layers.Reshape((z * config.d_model,))(block)
         output = Projection(1, name="head")(flat)
-    calibrated = Scale(input_scale, name="denormalise")(output)
-    return keras.Model(inputs, calibrated, name="tesla")
+    if newest is not None and config.head_mix == "add":
+        branch = Projection(config.newest_width, activation="relu", name="newest_hidden")(newest)
+        correction = Projection(1, name="newest_out")(branch)
+        output = keras.layers.Add(name="newest_correction")([output, correction])
+    return output
