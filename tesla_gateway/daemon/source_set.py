@@ -66,7 +66,9 @@ class SourceSet:
                 self._fleet_sources[f"{source.kind}-source-{index}"] = fleet
                 made.append((f"{source.kind}-source-{index}", fleet.run))
         if serial_ports:
-            self._serial_source = SerialSource(serial_ports, clock=self._clock)
+            self._serial_source = SerialSource(
+                serial_ports, clock=self._clock, timezone=self._config.timezone
+            )
             made.append(("serial-sources", self._serial_source.run))
         return made
 

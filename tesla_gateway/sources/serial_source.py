@@ -7,7 +7,8 @@ when bytes are waiting and the read never blocks, so a port costs no thread and 
 immediate. (A blocking read in ``asyncio.to_thread`` cannot be interrupted: shutdown would wait
 for the read timeout and every port would pin a worker thread.) Writes (``NodeLink.send_line``,
 used by OTA in issue 5) are rare and may block on a full UART buffer, so they go through
-``asyncio.to_thread`` with a write timeout.
+``asyncio.to_thread`` with a write timeout. A node is told the time (``T``, node_time.py) after
+each hello and every hour, in the standard offset of the gateway's ``timezone``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from tesla_gateway.sources.line_protocol import (
     decode_line,
     encode_hello_request,
 )
+from tesla_gateway.sources.node_time import NodeTime
 from tesla_gateway.sources.pms5003 import Pms5003Frame, Pms5003Parser
 
 __all__ = [
@@ -179,8 +181,13 @@ class SerialSource:
     """All configured serial ports; ``run`` supervises one task per port."""
 
     def __init__(
-        self, ports: Sequence[SerialSourceConfig], *, clock: Callable[[], float] = time.time
+        self,
+        ports: Sequence[SerialSourceConfig],
+        *,
+        clock: Callable[[], float] = time.time,
+        timezone: str | None = None,
     ) -> None:
+        """``timezone``: GatewayConfig.timezone, the nodes' time's offset (None: the system's)."""
         seen: set[Path] = set()
         for config in ports:
             if config.port in seen:
@@ -188,6 +195,7 @@ class SerialSource:
             seen.add(config.port)
         self._ports = list(ports)
         self._clock = clock
+        self._timezone = timezone
         self._open = {str(config.port): asyncio.Event() for config in ports}
         self._links = {
             str(config.port): NodeLink(config.port, write_timeout_s=config.write_timeout_s)
@@ -217,6 +225,7 @@ class SerialSource:
                     link=self._links.get(str(config.port)),
                     opened=self._open[str(config.port)],
                     clock=self._clock,
+                    timezone=self._timezone,
                 )
                 group.create_task(worker.run(queue, rejects), name=f"serial:{config.port}")
 
@@ -231,11 +240,14 @@ class _PortWorker:
         link: NodeLink | None,
         opened: asyncio.Event,
         clock: Callable[[], float],
+        timezone: str | None = None,
     ) -> None:
         self._config = config
         self._link = link
         self._opened = opened
         self._clock = clock
+        self._timezone = timezone
+        self._time: NodeTime | None = None  # the node's T lines, per connection
         self._source = f"serial:{config.port.name}"
         self._log = structlog.get_logger("tesla_gateway.sources.serial").bind(
             port=str(config.port), kind=config.kind
@@ -294,25 +306,33 @@ class _PortWorker:
         self._opened.set()
         try:
             if self._link is not None:
+                self._time = NodeTime(self._timezone, clock=self._clock)
                 self._link._attach(port)
                 await self._link.send_line(encode_hello_request())
             while True:
-                await readable.wait()
-                readable.clear()
-                try:
-                    chunk = port.read(_READ_CHUNK)
-                except (serial.SerialException, OSError) as exc:
-                    self._log.info("serial_read_failed", error=str(exc))
-                    return
-                if chunk:
-                    for reading in handle_chunk(chunk, rejects):
-                        await queue.put(reading)
-                    commit_queued(queue)  # into the ingest log as soon as parsed
+                await (self._time.wait(readable) if self._time else readable.wait())
+                if readable.is_set():
+                    readable.clear()
+                    try:
+                        chunk = port.read(_READ_CHUNK)
+                    except (serial.SerialException, OSError) as exc:
+                        self._log.info("serial_read_failed", error=str(exc))
+                        return
+                    if chunk:
+                        for reading in handle_chunk(chunk, rejects):
+                            await queue.put(reading)
+                        commit_queued(queue)  # into the ingest log as soon as parsed
                 await self._ask_hello_again()
+                await self._tell_time()
         except SerialLinkDownError as exc:
             self._log.info("serial_write_failed", error=str(exc))
         finally:
             loop.remove_reader(fd)
+
+    async def _tell_time(self) -> None:
+        line = self._time.line_if_due() if self._time is not None else None
+        if line is not None and self._link is not None:
+            await self._link.send_line(line)
 
     async def _ask_hello_again(self) -> None:
         """A node that reports before saying who it is (its hello got lost) is asked again."""
@@ -397,17 +417,7 @@ class _PortWorker:
                 seq=line.seq,
             )
         if isinstance(line, Hello):
-            if link is not None:
-                link.hello = line
-                if link.hello_handler is not None:
-                    link.hello_handler(line)
-            self._log.info(
-                "node_hello",
-                node_id=line.node_id,
-                firmware=line.firmware_version,
-                model=line.model_name,
-                model_version=line.model_version,
-            )
+            self._on_hello(line, link)
         elif isinstance(line, OtaFrame):
             if link is not None and link.ota_handler is not None:
                 link.ota_handler(line)
@@ -416,6 +426,21 @@ class _PortWorker:
         elif isinstance(line, HelloRequest):
             self._log.debug("hello_request_from_node_ignored")
         return None
+
+    def _on_hello(self, line: Hello, link: NodeLink | None) -> None:
+        if self._time is not None:
+            self._time.hello_seen()  # it may have just booted: tell it the time
+        if link is not None:
+            link.hello = line
+            if link.hello_handler is not None:
+                link.hello_handler(line)
+        self._log.info(
+            "node_hello",
+            node_id=line.node_id,
+            firmware=line.firmware_version,
+            model=line.model_name,
+            model_version=line.model_version,
+        )
 
     def _check_owned(self, line: NodeReading, link: NodeLink | None) -> None:
         """A node speaks only for the id of its own hello (docs/serial-protocol.md)."""

@@ -20,6 +20,8 @@ from devkit.pty import PtySerial
 from tesla_gateway.contract.readings import Reading, RejectReason
 from tesla_gateway.ingest.rejects import RejectCounter
 from tesla_gateway.sources.line_protocol import (
+    TimeSync,
+    decode_line,
     encode_hello,
     encode_hello_request,
     encode_line,
@@ -105,6 +107,30 @@ def test_node_lines_become_readings_with_sane_timestamps(pty_serial: PtySerial) 
     ]  # for readings_missing (tesla_gateway.ingest.sequence)
     link = source.links[str(pty_serial.path)]
     assert link.hello is None  # detached when the source stopped
+
+
+def test_a_node_is_told_the_time_after_each_hello(pty_serial: PtySerial) -> None:
+    """``T`` follows the hello, in the configured zone's standard offset: New York in July is
+    UTC-4 on the clocks, UTC-5 in standard time, which the hour channels use."""
+    july = 1_783_000_000.0  # 2026-07-02, daylight saving time in New York
+
+    async def scenario() -> list[bytes]:
+        queue: asyncio.Queue[Reading] = asyncio.Queue()
+        source = SerialSource(
+            [node_config(pty_serial.path)], clock=lambda: july, timezone="America/New_York"
+        )
+        async with running(source, queue, RejectCounter()):
+            await asyncio.wait_for(source.wait_open(pty_serial.path), 10)
+            await asyncio.to_thread(pty_serial.read_until, encode_hello_request())
+            times = []
+            for boot in range(2):  # at boot, and again after the node restarted
+                pty_serial.write(encode_hello("node-1", "1.0.0", "pm10-ispra-1min", 3 + boot))
+                told = await asyncio.to_thread(pty_serial.read_until, b"\n")
+                times.append(told)
+            return times
+
+    times = asyncio.run(scenario())
+    assert [decode_line(line) for line in times] == [TimeSync(1_783_000_000, -5 * 3600)] * 2
 
 
 def test_pms5003_frames_with_garbage_between(tmp_path: Path) -> None:
