@@ -31,6 +31,7 @@ __all__ = [
     "hour_channels",
     "hour_phase",
     "is_hour_channel",
+    "neutral_hours",
     "standard_offset_seconds",
     "utc_offset_for",
     "window_hours",
@@ -47,6 +48,16 @@ _MAX_OFFSET_SECONDS = 14 * 3600
 def is_hour_channel(name: str) -> bool:
     """Whether a manifest channel is derived from the period's time rather than read."""
     return name in HOUR_CHANNELS
+
+
+def neutral_hours(windows: npt.NDArray[np.float32], channels: tuple[str, ...]) -> None:
+    """Set the hour channels of made-up [B, N, C] windows (a load's test invoke, a release's
+    constant check windows) to :data:`UNKNOWN_HOUR`, in place: a PM level is no hour."""
+    if windows.ndim != 3:
+        return
+    for position, name in enumerate(channels):
+        if is_hour_channel(name):
+            windows[:, :, position] = 0.0
 
 
 def _check_offset(utc_offset_s: int) -> None:

@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.manifest import Manifest, load_manifest, verify_model_files
+from tesla_gateway.contract.time_of_day import neutral_hours
 from tesla_gateway.errors import GatewayError, ModelIntegrityError, ModelLoadError
 from tesla_gateway.models.plausibility import PlausibleRange
 from tesla_gateway.models.runtime import (
@@ -154,6 +155,7 @@ class Calibrator:
     def _test_invoke(self) -> None:
         median = self.manifest.input_range.p50
         window = np.full((1, *self.input_shape), median, dtype=np.float32)
+        neutral_hours(window, self.manifest.channel_names)
         try:
             value = float(self.calibrate(window)[0])
         except CalibrationError as exc:

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tesla_gateway.contract.time_of_day import neutral_hours
 from tesla_gateway.ota.errors import (
     GoldenMismatchError,
     ImplausibleReleaseError,
@@ -136,6 +137,7 @@ def check_plausible(calibrator: _Bounded, golden: GoldenWindows | None) -> None:
         levels = np.asarray([span.p01, span.p50, span.p99], dtype=np.float32)
         shape = calibrator.input_shape
         windows = np.broadcast_to(levels.reshape(-1, *([1] * len(shape))), (3, *shape)).copy()
+        neutral_hours(windows, calibrator.manifest.channel_names)
         what = "constant window (training input p01, p50, p99)"
     if windows.shape[1:] != calibrator.input_shape:
         raise ImplausibleReleaseError(  # check_golden reports this first when golden is given

@@ -20,6 +20,7 @@ from tesla_gateway.contract.readings import Reading
 from tesla_gateway.contract.series import GapPolicy
 from tesla_gateway.contract.time_of_day import (
     hour_phase,
+    neutral_hours,
     standard_offset_seconds,
     utc_offset_for,
     window_hours,
@@ -201,3 +202,13 @@ def test_cluster_members_must_take_the_hour_in_the_same_zone() -> None:
     assert found == ["models.pm10.hour_utc_offset_s: 0 here, 3600 in the cluster"]
     plain = shared_settings(config, {"pm10": _geometry(n=8, channels=("pm10",))})
     assert "hour_utc_offset_s" not in plain["models"]["pm10"]
+
+
+def test_made_up_check_windows_hold_no_hour() -> None:
+    windows = np.full((3, 4, 3), 25.0, dtype=np.float32)
+    neutral_hours(windows, HOURS)
+    assert windows[:, :, 0].tolist() == [[25.0] * 4] * 3
+    assert not windows[:, :, 1:].any()
+    flat = np.full((2, 4), 25.0, dtype=np.float32)
+    neutral_hours(flat, ("pm10",))  # one channel: nothing to set
+    assert (flat == 25.0).all()
