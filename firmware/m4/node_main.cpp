@@ -9,9 +9,14 @@
 //                         every <v> of #V and #A is a float32 as the 8 hex digits of its bits
 //   #I                    calibrate the window -> #O,<int16 output>,<value>,<ticks>,<sum of q>
 //   #A,<period>,<v>,...   one period's readings into the node's own window (src/window.h, the
-//                         sketch's: gap rule, young windows padded), a value per channel in
-//                         the model's order, '-' for none
-//   #W                    calibrate the node's window as the sketch does ->
+//                         sketch's: gap rule, young windows padded), a value per measured
+//                         channel in the model's order (not the hour's), '-' for none
+//   #U,<uptime ms>        the uptime the next T line counts as received at (default: the board's
+//                         ticks), so a test knows the wall time of every period: with #U,0 a
+//                         period p starts at the T line's time + p * kPeriodSeconds
+//   #T                    -> #T,<0|1 wall time known>,<unix s at uptime 0>,<and ms>,<UTC offset s>
+//   #W                    calibrate the node's window as the sketch does (hour channels from
+//                         the last T line, src/model_input.h) ->
 //                         #W,<history>,<int16 output>,<value>,<sum of q>, or #W,<history>,- when
 //                         it is not valid (too young, a hole, a channel behind)
 //   #C,<n>                run a loop of 2n instructions -> #C,<n>,<ticks> (counter check)
@@ -40,9 +45,11 @@
 #include "src/checksums.h"
 #include "src/line_protocol.h"
 #include "src/model_constants.h"
+#include "src/model_input.h"
 #include "src/ota_receiver.h"
 #include "src/release_key.h"
 #include "src/slots.h"
+#include "src/wall_clock.h"
 #include "src/window.h"
 
 extern const unsigned char kModelData[];
@@ -74,8 +81,13 @@ tesla::ModelRunner runner(arena, sizeof(arena));
 tesla::ImageDescriptor active;
 
 float input_window[tesla::model::kInputValues];
-float window_storage[tesla::model::kInputValues];
-tesla::Window window(window_storage, tesla::model::kWindowLength, tesla::model::kChannelCount,
+constexpr uint32_t kMeasured = tesla::model::kMeasuredChannelCount;  // the window's channels
+const tesla::InputLayout kLayout{tesla::model::kChannelCount, tesla::model::kHourSinChannel,
+                                 tesla::model::kHourCosChannel, tesla::model::kPeriodSeconds};
+float window_storage[tesla::model::kWindowLength * kMeasured];
+tesla::WallClock wall_clock;
+int64_t test_uptime_ms = -1;  // #U: the uptime of the next T line; -1: the board's
+tesla::Window window(window_storage, tesla::model::kWindowLength, kMeasured,
                      tesla::model::kMaxInterpolatedPeriods, tesla::model::kMinHistoryPeriods);
 tesla::LineReader gateway_lines;
 char out[tesla::kMaxLineBytes + 1];
@@ -223,13 +235,22 @@ void on_test_line(char* line) {
     snprintf(out, sizeof(out), "#O,%d,%s,%lu,%ld\n", int(raw), text, (unsigned long)elapsed,
              long(sum));
     send_text(out);
-  } else if (strcmp(fields[0], "#A") == 0 && count == 2 + tesla::model::kChannelCount) {
+  } else if (strcmp(fields[0], "#A") == 0 && count == 2 + kMeasured) {
     const int64_t period = strtoll(fields[1], nullptr, 10);
-    for (uint32_t c = 0; c < tesla::model::kChannelCount; ++c) {
+    for (uint32_t c = 0; c < kMeasured; ++c) {
       if (strcmp(fields[2 + c], "-") != 0) window.add(period, c, parse_float_bits(fields[2 + c]));
     }
+  } else if (strcmp(fields[0], "#U") == 0 && count == 2) {
+    test_uptime_ms = strtoll(fields[1], nullptr, 10);
+  } else if (strcmp(fields[0], "#T") == 0) {
+    // newlib-nano's printf has no long long: the time at uptime 0 as seconds and milliseconds
+    const int64_t at_zero = wall_clock.unix_ms(0);
+    const int64_t ms = ((at_zero % 1000) + 1000) % 1000;
+    snprintf(out, sizeof(out), "#T,%d,%ld,%ld,%ld\n", wall_clock.known() ? 1 : 0,
+             long((at_zero - ms) / 1000), long(ms), long(wall_clock.utc_offset_s()));
+    send_text(out);
   } else if (strcmp(fields[0], "#W") == 0) {
-    if (window.copy(input_window)) {
+    if (tesla::build_model_input(window, kLayout, wall_clock, input_window)) {
       int16_t raw = 0;
       int32_t sum = 0;
       float value = runner.invoke(input_window, &raw, &sum);
@@ -299,8 +320,14 @@ void on_gateway_line() {
   if (tesla::parse_line(line, gateway_lines.length(), &view) != tesla::LineReject::kNone) {
     return;
   }
+  tesla::TimeSync time;
   if (view.type == 'Q') {
     send_hello();
+  } else if (view.type == 'T' && tesla::parse_time(view, &time)) {
+    const uint64_t board_ms = tesla::board::ticks() / (tesla::board::kCoreClockHz / 1000u);
+    wall_clock.set(time.unix_s, time.utc_offset_s,
+                   test_uptime_ms >= 0 ? uint64_t(test_uptime_ms) : board_ms);
+    test_uptime_ms = -1;
   } else if (view.type == 'O') {
     tesla::OtaAnswer answer{};
     if (receiver->handle(view.fields, view.count, &answer)) {

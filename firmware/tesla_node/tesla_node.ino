@@ -12,10 +12,12 @@
 #include "model_runner.h"  // the manifest's ops (int16 kernels the library lacks), quantisation
 #include "src/line_protocol.h"
 #include "src/model_constants.h"
+#include "src/model_input.h"
 #include "src/ota_receiver.h"
 #include "src/pms5003.h"
 #include "src/slots.h"
 #include "src/uptime.h"
+#include "src/wall_clock.h"
 #include "src/window.h"
 #if __has_include("src/release_key.h")
 #include "src/release_key.h"  // kReleasePublicKey, generated from the operator's .pub file
@@ -35,9 +37,13 @@ constexpr char kFirmwareVersion[] = "1.0.0";
 constexpr uint32_t kSlotBase = tesla::model::kSlotRegionBase;
 constexpr uint32_t kSlotBytes = tesla::model::kSlotBytes;
 using tesla::model::Channel;
-constexpr uint32_t kChannels = tesla::model::kChannelCount;  // PM first, then rh / temp_c
+constexpr uint32_t kChannels = tesla::model::kChannelCount;  // PM first, then rh / temp_c / hour
+// The window holds the measured channels; the hour channels come from the gateway's time.
+constexpr uint32_t kMeasured = tesla::model::kMeasuredChannelCount;
 using tesla::model::kInputValues;  // N * C
-static_assert(kChannels <= tesla::Window::kMaxChannels, "more channels than the window holds");
+static_assert(kMeasured <= tesla::Window::kMaxChannels, "more channels than the window holds");
+const tesla::InputLayout kLayout{kChannels, tesla::model::kHourSinChannel,
+                                 tesla::model::kHourCosChannel, tesla::model::kPeriodSeconds};
 
 tesla::ArduinoFlash flash;
 tesla::ArduinoSignatureVerifier verifier;
@@ -54,13 +60,15 @@ alignas(16) uint8_t arena[tesla::model::kArenaBytes];
 tesla::ModelRunner runner(arena, sizeof(arena));  // the emulated node runs the same code
 tesla::ImageDescriptor active;
 
-float window_storage[kInputValues];
-tesla::Window window(window_storage, tesla::model::kWindowLength, kChannels,
+float window_storage[tesla::model::kWindowLength * kMeasured];
+tesla::Window window(window_storage, tesla::model::kWindowLength, kMeasured,
                      tesla::model::kMaxInterpolatedPeriods, tesla::model::kMinHistoryPeriods);
 float input_window[kInputValues];  // [N, C], oldest period first: the model's input order
 tesla::LineReader gateway_lines;
 tesla::Pms5003Parser pms;
 tesla::Uptime uptime;  // millis() wraps after 49.7 days; periods must not step back
+uint64_t uptime_ms = 0;  // at the start of this loop()
+tesla::WallClock wall_clock;  // from the gateway's T lines: the hour channels' time
 char out[tesla::kMaxLineBytes + 1];
 uint32_t seq = 0;
 int64_t period = -1;
@@ -119,17 +127,28 @@ void set_calibrated(tesla::ReadingValues* v, float value) {
   }
 }
 
-// One frame's (and its humidity sample's) values into the window's channels; a channel
-// without a value this time (no humidity sample) is left for the gap rule.
+// One frame's (and its humidity sample's) values into the window's channels (the model's
+// measured ones, in its order); a channel without a value this time (no humidity sample) is
+// left for the gap rule. The hour channels are not the window's (model_input.h).
 void add_to_window(int64_t now, const tesla::Pms5003Reading& r, bool env_ok, float rh,
                    float temp_c) {
+  uint32_t w = 0;  // the window's channel
   for (uint32_t c = 0; c < kChannels; ++c) {
     switch (tesla::model::kInputChannels[c]) {
-      case Channel::kPm1: window.add(now, c, float(r.pm1)); break;
-      case Channel::kPm2_5: window.add(now, c, float(r.pm2_5)); break;
-      case Channel::kPm10: window.add(now, c, float(r.pm10)); break;
-      case Channel::kRh: if (env_ok) window.add(now, c, rh); break;
-      case Channel::kTempC: if (env_ok) window.add(now, c, temp_c); break;
+      case Channel::kPm1: window.add(now, w++, float(r.pm1)); break;
+      case Channel::kPm2_5: window.add(now, w++, float(r.pm2_5)); break;
+      case Channel::kPm10: window.add(now, w++, float(r.pm10)); break;
+      case Channel::kRh:
+        if (env_ok) window.add(now, w, rh);
+        ++w;
+        break;
+      case Channel::kTempC:
+        if (env_ok) window.add(now, w, temp_c);
+        ++w;
+        break;
+      case Channel::kHourSin:
+      case Channel::kHourCos:
+        break;  // derived from the gateway's time (model_input.h), not measured
     }
   }
 }
@@ -146,7 +165,7 @@ void report_period() {
     v.rh = sum_rh / env_samples;
     v.temp_c = sum_temp_c / env_samples;
   }
-  if (window.copy(input_window)) {
+  if (tesla::build_model_input(window, kLayout, wall_clock, input_window)) {
     float calibrated = runner.invoke(input_window);
     if (isfinite(calibrated)) {
       set_calibrated(&v, calibrated);
@@ -167,8 +186,11 @@ void on_gateway_line() {
       tesla::LineReject::kNone) {
     return;  // the gateway resends after its timeout
   }
+  tesla::TimeSync time;
   if (view.type == 'Q') {
     send_hello();
+  } else if (view.type == 'T' && tesla::parse_time(view, &time)) {
+    wall_clock.set(time.unix_s, time.utc_offset_s, uptime_ms);  // a clock step: just reset
   } else if (view.type == 'O') {
     tesla::OtaAnswer answer{};
     if (receiver->handle(view.fields, view.count, &answer)) {
@@ -201,7 +223,7 @@ void setup() {
 }
 
 void loop() {
-  const uint64_t uptime_ms = uptime.update(millis());
+  uptime_ms = uptime.update(millis());
   int byte;
   while ((byte = gateway.read()) >= 0) {
     if (gateway_lines.feed(uint8_t(byte))) on_gateway_line();

@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from devkit.pty import PtySerial
 from tesla_gateway.contract.manifest import Manifest
+from tesla_gateway.sources.line_protocol import encode_time
 from tests.firmware.serial_tap import LineFaults, SerialTap, TapLog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,6 +146,22 @@ class EmulatedNode:
         """One period's readings into the node's own window (None: no reading of a channel)."""
         text = ",".join("-" if v is None else float_bits(v) for v in values)
         self.send(f"#A,{period},{text}")
+
+    def set_time(self, unix_s: int, utc_offset_s: int, uptime_ms: int = 0) -> None:
+        """The gateway's ``T`` line, taken as received at ``uptime_ms`` of the node's uptime
+        (``#U``), so that period ``p`` of :meth:`add_period` starts at the wall time
+        ``unix_s - uptime_ms / 1000 + p * period_seconds``: the hour channels of a model that
+        reads them follow (firmware/src/model_input.h)."""
+        self.send(f"#U,{uptime_ms}")
+        self.send(encode_time(unix_s, utc_offset_s).decode("ascii").rstrip("\n"))
+
+    def wall_time(self) -> tuple[float, int] | None:
+        """(Unix time at uptime 0, standard UTC offset) of the node's clock, None if unknown."""
+        self.send("#T")
+        _, known, seconds, millis, offset = self.expect("#T,").split(",")
+        if known == "0":
+            return None
+        return int(seconds) + int(millis) / 1000, int(offset)
 
     def calibrate_own_window(self) -> tuple[int, tuple[int, int] | None]:
         """(history, (int16 output, sum of the quantised inputs) or None if not valid) of the

@@ -206,6 +206,29 @@ def test_young_node_calibrates_from_its_first_period_as_litert_does(
     assert difference.max() <= LITERT_TOLERANCE_UG_M3, (histories, on_node, litert)
 
 
+def test_the_emulated_node_keeps_the_time_of_the_gateways_t_line() -> None:
+    """The gateway's T line (docs/serial-protocol.md) sets the node's clock, a later one (a
+    clock step) replaces it, one out of bounds is ignored; the PM-only default reads no hour,
+    so its own window calibrates as before. ``set_time`` is what a test of a model with hour
+    channels uses to know the wall time of every period."""
+    from tesla_gateway.sources.line_protocol import encode_line
+
+    elf = build("pm10-ispra-1min")
+    with emulated_node(elf) as node:
+        node.expect("H,")
+        assert node.wall_time() is None
+        for period in range(3):
+            node.add_period(period, [10.0 + period])
+        before = node.calibrate_own_window()
+        node.set_time(1_767_225_600, 3600, uptime_ms=5_000)
+        assert node.wall_time() == (1_767_225_595.0, 3600)
+        node.send(encode_line("T", ["1767225600", "50401"]).decode().strip())  # beyond 14 h
+        assert node.wall_time() == (1_767_225_595.0, 3600)
+        node.set_time(1_767_222_000, -18000, uptime_ms=70_250)  # the gateway's clock stepped
+        assert node.wall_time() == (1_767_221_929.75, -18000)
+        assert node.calibrate_own_window() == before
+
+
 def test_hostile_window_lines_leave_the_emulated_node_answering() -> None:
     """'#A' lines a broken harness could send to the covariate node: non-finite and missing values,
     wrong field counts, periods at and beyond the ends of int64 (strtoll saturates there). The
