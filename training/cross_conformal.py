@@ -56,6 +56,7 @@ __all__ = [
     "held_out_coverage",
     "replay_adaptive",
     "unit_scores",
+    "weighted_quantile",
 ]
 
 QUANTILE_LEVELS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.975, 0.99)
@@ -75,7 +76,7 @@ class UnitResiduals:
         return UnitResiduals(self.sensor, self.role, *finite_pairs(self.predicted, self.reference))
 
 
-def _weighted_quantile(scores: FloatArray, weights: FloatArray, share: float) -> float:
+def weighted_quantile(scores: FloatArray, weights: FloatArray, share: float) -> float:
     """Smallest score whose weighted cumulative share reaches ``share`` (the largest above 1)."""
     order = np.argsort(scores, kind="stable")
     cumulative = np.cumsum(weights[order]) / weights.sum()
@@ -112,7 +113,7 @@ def fit_cross_unit(
 
     def widths(at: float) -> list[float]:
         return [
-            _weighted_quantile(
+            weighted_quantile(
                 residual[which == b], weights[which == b], at * (int(count) + 1) / int(count)
             )
             for b, count in enumerate(counts)
