@@ -75,12 +75,20 @@ def test_host_core_notices_a_vector_it_disagrees_with(host_binary: Path, tmp_pat
     step = next(p for p in scenario["periods"] if p.get("window"))
     step["window"][-2] += 0.01  # the newest rh of the first valid window
     (tmp_path / "window_gap_policy.json").write_text(json.dumps(windows))
+    hours = json.loads((VECTORS / "window_hours.json").read_text())
+    young = next(
+        s for s in hours["scenarios"] if s["name"] == "young window repeats its oldest hour"
+    )
+    first = next(step for step in young["steps"] if step.get("input"))
+    first["input"][1] += 1e-5  # the hour_sin of a padded position, beyond float's rounding
+    (tmp_path / "window_hours.json").write_text(json.dumps(hours))
     result = _run(host_binary, tmp_path)
     assert result.returncode == 1
     assert "complete transfer step 2" in result.stderr
     assert "message of 3" in result.stderr
     differs = f"one rh missing, interpolated: period {step['period']}: 1 values differ"
     assert differs in result.stderr
+    assert f"oldest hour: period {first['period']}: 1 values differ" in result.stderr
 
 
 @pytest.mark.skipif(shutil.which("arm-none-eabi-g++") is None, reason="no ARM toolchain")
