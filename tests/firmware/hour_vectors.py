@@ -166,7 +166,7 @@ def build_vectors() -> dict[str, Any]:
                 steps_readings,
                 {
                     4: _time(NEW_YEAR_2026 + 11 * 3600, -18000, 4 * 900_000 + 333),
-                    9: _time(NEW_YEAR_2026 + 18 * 3600 + 7, 19800, 9 * 900_000 + 10),
+                    9: _time(NEW_YEAR_2026 + 18 * 3600 + 7, 19800, 9 * 900_000 + 2000),
                 },
             ),
             _scenario(

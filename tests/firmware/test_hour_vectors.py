@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 
-from tesla_gateway.contract.time_of_day import hour_phase
+from tesla_gateway.contract.series import pad_history
+from tesla_gateway.contract.time_of_day import DAY_SECONDS, hour_phase, window_hours
 from tests.firmware.hour_vectors import VECTORS_PATH, render
 
 SCENARIOS: list[dict[str, Any]] = json.loads(VECTORS_PATH.read_text(encoding="utf-8"))["scenarios"]
@@ -74,3 +76,28 @@ def test_a_clock_step_moves_every_position_of_the_window() -> None:
     (scenario,) = [s for s in SCENARIOS if sum("time" in step for step in s["steps"]) > 1]
     clocks = {id(clock): clock for clock, _ in _inputs(scenario) if clock is not None}
     assert len(clocks) == 2
+
+
+def test_the_vectors_hold_what_the_contracts_window_rule_gives() -> None:
+    """The gateway's and training's implementation of the rule (``window_hours``, then
+    ``pad_history``) gives the vectors' hour channels. Its periods start at multiples of the
+    period; a node's start ``off`` seconds later, which for whole seconds is the same phase as
+    the offset ``u + off`` folded into one day (the sub-second clocks are the generator's
+    alone)."""
+    compared = 0
+    for scenario in SCENARIOS:
+        n, period_s = scenario["window_length"], scenario["period_seconds"]
+        for clock, step in _inputs(scenario):
+            if clock is not None and clock["uptime_ms"] % 1000:
+                continue
+            offset = None
+            if clock is not None:
+                shift = clock["unix_s"] - clock["uptime_ms"] // 1000 + clock["utc_offset_s"]
+                offset = (shift + DAY_SECONDS // 2) % DAY_SECONDS - DAY_SECONDS // 2
+            pm = np.where(np.arange(n) >= n - step["history"], 1.0, np.nan)[None]
+            sin, cos = window_hours(pm, [step["period"]], period_s, offset)
+            padded = pad_history(np.stack([sin, cos], axis=1), step["history"])[0]
+            got = np.asarray(_hours(scenario, step)).T
+            np.testing.assert_allclose(got, padded, atol=1e-6)
+            compared += 1
+    assert compared >= 20
