@@ -1,6 +1,6 @@
-"""The hour-of-day channels training derives: the contract's values in the site's standard time,
-NaN where the raw reading is missing (so the readings' gap fill applies), the zone carried from
-the loader to the grid, and windows with the hour withheld."""
+"""The hour-of-day channels training derives: the contract's rule (window_hours) in the site's
+standard time with the offset at each window's newest period, on the same windows as the
+readings, the zone carried from the loader to the grid, and windows with the hour withheld."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tesla_gateway.contract.time_of_day import UNKNOWN_HOUR
 from training.batches import WindowBatches
 from training.data import CoLocationData, GriddedSensor, WindowSet, load_dataset, to_grid
 from training.data.frame import tidy_frame
-from training.data.hours import hour_series, standard_offsets, withhold_hour
+from training.data.hours import standard_offsets, withhold_hour
 from training.errors import DataError
 from training.train import TrainConfig
 
@@ -43,56 +43,63 @@ def _sensor(raw: list[float], *, start: str, zone: str, period: int = 3600) -> G
     )
 
 
+def _windows(sensor: GriddedSensor, n: int, max_gap: int = 0) -> WindowSet:
+    policy = GapPolicy(max_interpolated_periods=max_gap)
+    return WindowSet.build([sensor], n, policy, channels=HOURS)
+
+
 def test_hour_is_local_standard_time_in_winter_and_summer() -> None:
     # Rome is UTC+1 standard, UTC+2 in summer: the hour channels ignore the summer clock
     for start in ("2020-01-15T11:00:00", "2020-07-15T11:00:00"):
-        sensor = _sensor([1.0, 2.0], start=start, zone="Europe/Rome")
-        sin, cos = sensor.channel("hour_sin"), sensor.channel("hour_cos")
+        windows = _windows(_sensor([1.0, 2.0], start=start, zone="Europe/Rome"), 2)
+        x, _ = windows.gather([0])
         # 11:00 UTC is 12:00 standard time (half the day: angle pi), then 13:00
-        np.testing.assert_allclose(sin, [0.0, math.sin(2 * math.pi * 13 / 24)], atol=1e-12)
-        np.testing.assert_allclose(cos, [-1.0, math.cos(2 * math.pi * 13 / 24)], atol=1e-12)
+        angle = 2 * math.pi * 13 / 24
+        np.testing.assert_allclose(x[0, :, 1], [0.0, math.sin(angle)], atol=1e-6)
+        np.testing.assert_allclose(x[0, :, 2], [-1.0, math.cos(angle)], atol=1e-6)
+        np.testing.assert_allclose(windows.current("hour_cos"), [math.cos(angle)], atol=1e-6)
 
 
 def test_utc_zone_reads_the_utc_hour() -> None:
-    sensor = _sensor([1.0], start="2020-01-15T06:00:00", zone="UTC")
-    np.testing.assert_allclose(sensor.channel("hour_sin"), [1.0], atol=1e-12)
-    np.testing.assert_allclose(sensor.channel("hour_cos"), [0.0], atol=1e-12)
+    windows = _windows(_sensor([1.0], start="2020-01-15T06:00:00", zone="UTC"), 1)
+    x, _ = windows.gather([0])
+    np.testing.assert_allclose(x[0, 0, 1:], [1.0, 0.0], atol=1e-6)
 
 
-def test_hour_is_nan_where_the_raw_reading_is_missing() -> None:
-    sensor = _sensor([1.0, NAN, 3.0, NAN], start="2020-01-15T00:00:00", zone="Europe/Rome")
-    for name in ("hour_sin", "hour_cos"):
-        values = sensor.channel(name)
-        assert np.isnan(values).tolist() == [False, True, False, True]
+def test_a_filled_gap_holds_its_own_hour_and_the_windows_are_the_readings() -> None:
+    raw = [1.0, 2.0, NAN, 4.0, 5.0, NAN, NAN, NAN, 9.0]
+    sensor = _sensor(raw, start="2020-01-15T00:00:00", zone="Europe/Rome", period=60)
+    with_hour = _windows(sensor, 3, max_gap=1)
+    raw_only = WindowSet.build([sensor], 3, GapPolicy(max_interpolated_periods=1))
+    # the same windows are valid: the hour is derived where the reading is
+    assert with_hour.meta()["period_start_s"].tolist() == raw_only.meta()["period_start_s"].tolist()
+    x, _ = with_hour.gather(np.arange(len(with_hour)))
+    np.testing.assert_array_equal(x[:, :, 0], raw_only.gather(np.arange(len(raw_only)))[0])
+    # the newest period of window 0, and the filled gap at 00:02 (01:02 standard time) within it
+    newest = int(with_hour.meta()["period_start_s"][0] // 60) - sensor.first_period
+    gap = 2 - (newest - 2)
+    angle = 2 * math.pi * (1 + 2 / 60) / 24
+    assert x[0, gap, 1] == pytest.approx(math.sin(angle), abs=1e-6)
+    assert x[0, gap, 2] == pytest.approx(math.cos(angle), abs=1e-6)
 
 
-def test_offset_follows_a_zone_that_changed_its_standard_time() -> None:
+def test_the_window_takes_the_offset_at_its_newest_period() -> None:
     # Moscow's standard offset went from +4 h to +3 h at 2014-10-25 22:00 UTC
     change = _unix("2014-10-25T22:00:00")
     starts = change + np.array([-3600.0, -60.0, 0.0, 3600.0])
     assert standard_offsets("Europe/Moscow", starts).tolist() == [14400, 14400, 10800, 10800]
-    sin = hour_series("hour_sin", starts, np.ones(4, dtype=bool), "Europe/Moscow")
-    # the last period before the change is 01:59 local, the first after it 01:00
-    expected = [math.sin(2 * math.pi * h / 24) for h in (1.0, 1 + 59 / 60, 1.0, 2.0)]
-    np.testing.assert_allclose(sin, expected, atol=1e-12)
+    sensor = _sensor([1.0, 2.0], start="2014-10-25T21:00:00", zone="Europe/Moscow")
+    x, _ = _windows(sensor, 1).gather([0, 1])
+    # 21:00 UTC is 01:00 at +4 h; 22:00 UTC is 01:00 again at +3 h
+    np.testing.assert_allclose(x[:, 0, 1], [math.sin(2 * math.pi / 24)] * 2, atol=1e-6)
 
 
-def test_windows_gap_fill_the_hour_like_the_reading() -> None:
-    raw = [1.0, 2.0, NAN, 4.0, 5.0, NAN, NAN, NAN, 9.0]
-    sensor = _sensor(raw, start="2020-01-15T00:00:00", zone="Europe/Rome", period=60)
-    policy = GapPolicy(max_interpolated_periods=1)
-    with_hour = WindowSet.build([sensor], 3, policy, channels=HOURS)
-    raw_only = WindowSet.build([sensor], 3, policy, channels=("raw",))
-    # the same windows are valid: the hour is missing exactly where the reading is
-    assert with_hour.meta()["period_start_s"].tolist() == raw_only.meta()["period_start_s"].tolist()
-    x, _ = with_hour.gather(np.arange(len(with_hour)))
-    first_end = (with_hour.meta()["period_start_s"][0] // 60) - sensor.first_period
-    assert first_end in (3, 4)  # the gap at slot 2 lies inside the first window
-    gap = 2 - (first_end - 2)
-    # the filled gap is interpolated between its neighbours' hours, as a reading would be
-    for channel, name in ((1, "hour_sin"), (2, "hour_cos")):
-        hour = sensor.channel(name)
-        assert x[0][gap, channel] == pytest.approx((hour[1] + hour[3]) / 2, abs=1e-6)
+def test_hour_channels_need_each_other_and_the_reading() -> None:
+    sensor = _sensor([1.0, 2.0], start="2020-01-15T00:00:00", zone="UTC")
+    policy = GapPolicy(max_interpolated_periods=0)
+    for channels in (("raw", "hour_sin"), ("hour_sin", "hour_cos")):
+        with pytest.raises(DataError, match="go together"):
+            WindowSet.build([sensor], 1, policy, channels=channels)
 
 
 def test_withheld_windows_have_unknown_hour_and_keep_their_readings() -> None:
@@ -131,7 +138,7 @@ def test_zone_travels_from_the_data_to_the_grid_and_is_checked() -> None:
     )
     data = CoLocationData(frame, "pm10", 60, "test", "reference", "none", zone="Europe/Rome")
     assert to_grid(data)["A"].zone == "Europe/Rome"
-    with pytest.raises(DataError, match="IANA zone"):
+    with pytest.raises(DataError, match="IANA time zone"):
         CoLocationData(frame, "pm10", 60, "test", "reference", "none", zone="Mars/Olympus")
 
 

@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, get_args
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +18,7 @@ import pandas as pd
 
 from tesla_gateway.contract.readings import COVARIATES, Covariate, Feature
 from tesla_gateway.contract.sensor_kind import SensorKind
+from tesla_gateway.contract.time_of_day import zone_problem
 from training.errors import DataError
 
 __all__ = [
@@ -135,12 +135,9 @@ def _as_str(values: pd.Series | str, length: int) -> pd.Series:
 
 
 def _check_zone(zone: str) -> None:
-    try:
-        ZoneInfo(zone)
-    except (ZoneInfoNotFoundError, ValueError) as error:
-        raise DataError(
-            f"unknown time zone {zone!r}: give the site's IANA zone, e.g. 'Europe/Rome' or 'UTC'"
-        ) from error
+    problem = zone_problem(zone)
+    if problem is not None:
+        raise DataError(f"the data's site zone: {problem}")
 
 
 def _check_frame(frame: pd.DataFrame) -> None:

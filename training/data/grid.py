@@ -15,9 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tesla_gateway.contract.series import period_index
-from tesla_gateway.contract.time_of_day import HOUR_CHANNELS, is_hour_channel
 from training.data.frame import CoLocationData, unix_seconds
-from training.data.hours import hour_series
 
 __all__ = ["GriddedSensor", "to_grid"]
 
@@ -48,17 +46,15 @@ class GriddedSensor:
         return periods * self.period_seconds
 
     def channel(self, name: str) -> FloatArray:
-        """A series by channel name: ``raw``, ``reference``, a covariate or an hour channel
-        (``hour_sin``, ``hour_cos``: derived where a raw reading exists, NaN elsewhere)."""
+        """A series by channel name: ``raw``, ``reference`` or a covariate (the hour channels
+        are derived per window, training/data/windows.py)."""
         if name == "raw":
             return self.raw
         if name == "reference":
             return self.reference
         if name in self.covariates:
             return self.covariates[name]
-        if is_hour_channel(name):
-            return hour_series(name, self.timestamps, self.observed, self.zone)
-        known = ["raw", "reference", *self.covariates, *HOUR_CHANNELS]
+        known = ["raw", "reference", *self.covariates]
         raise KeyError(f"sensor {self.sensor_id} has no channel {name!r}; it has {known}")
 
 

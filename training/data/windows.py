@@ -3,7 +3,9 @@
 Each sensor's channels are gap-filled once with the gateway's policy; a window is then just a
 ``(sensor, end)`` pair, and only the windows of a requested batch are copied out of strided views.
 Memory therefore grows with the length of the series, not with N times the number of windows
-(the authors' code needs 2.5 GB for 56 k windows; this needs a few MB).
+(the authors' code needs 2.5 GB for 56 k windows; this needs a few MB). The hour channels
+(``hour_sin``, ``hour_cos``) are not stored: each gathered window gets them from the contract's
+rule (``window_hours``) with its sensor's standard offset at its newest period.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from tesla_gateway.contract.series import (
     sliding_windows,
     valid_window_ends,
 )
+from tesla_gateway.contract.time_of_day import HOUR_CHANNELS, is_hour_channel, window_hours
 from training.data.grid import GriddedSensor
+from training.data.hours import standard_offsets
 from training.errors import DataError
 
 __all__ = ["WindowSet"]
@@ -43,6 +47,7 @@ class WindowSet:
         "_end",
         "_filled",
         "_first_periods",
+        "_offsets",
         "_period_seconds",
         "_sensor",
         "_sensor_ids",
@@ -64,17 +69,20 @@ class WindowSet:
         end: IndexArray,
         targets: Float32Array,
         current_raw: Float32Array,
+        offsets: IndexArray | None = None,
     ) -> None:
         self.window_length = window_length
         self.channels = channels
         self._sensor_ids = sensor_ids
         self._period_seconds = period_seconds
         self._first_periods = first_periods
-        self._filled = filled  # per sensor: [C, T] gap-filled channels
+        self._filled = filled  # per sensor: [R, T] gap-filled read (non-hour) channels
         self._sensor = sensor  # per window: position of its sensor in _sensor_ids
         self._end = end  # per window: grid position of its newest period
         self._targets = targets
         self._current_raw = current_raw
+        # per window: its sensor's standard UTC offset (s) at its newest period (hour channels)
+        self._offsets = np.zeros(end.size, np.int64) if offsets is None else offsets
 
     @classmethod
     def build(
@@ -97,6 +105,13 @@ class WindowSet:
             raise DataError(f"channels must be distinct and non-empty, got {channel_names}")
         if "reference" in channel_names:
             raise DataError("the reference is the target; it cannot be an input channel")
+        hours = tuple(name for name in channel_names if is_hour_channel(name))
+        if hours and (len(hours) != len(HOUR_CHANNELS) or "raw" not in channel_names):
+            raise DataError(
+                f"the hour channels {HOUR_CHANNELS} go together and beside 'raw' (they are "
+                f"derived where the reading is), got {channel_names}"
+            )
+        read = tuple(name for name in channel_names if not is_hour_channel(name))
         ids = [sensor.sensor_id for sensor in sensors]
         if len(set(ids)) != len(ids):
             raise DataError(f"each sensor may appear once, got {ids}")
@@ -106,10 +121,11 @@ class WindowSet:
         end_parts: list[IndexArray] = []
         target_parts: list[Float32Array] = []
         raw_parts: list[Float32Array] = []
+        offset_parts: list[IndexArray] = []
         for position, sensor in enumerate(sensors):
-            series = np.empty((len(channel_names), len(sensor)), dtype=np.float64)
+            series = np.empty((len(read), len(sensor)), dtype=np.float64)
             valid = np.ones(len(sensor), dtype=np.bool_)
-            for row, name in enumerate(channel_names):
+            for row, name in enumerate(read):
                 values = _channel(sensor, name)
                 observed = sensor.observed if name == "raw" else ~np.isnan(values)
                 series[row] = interpolate_short_gaps(values, policy)
@@ -122,6 +138,10 @@ class WindowSet:
             end_parts.append(ends)
             target_parts.append(sensor.reference[ends].astype(np.float32))
             raw_parts.append(sensor.raw[ends].astype(np.float32))
+            newest_starts = (sensor.first_period + ends) * sensor.period_seconds
+            offset_parts.append(
+                standard_offsets(sensor.zone, newest_starts) if hours else np.zeros_like(ends)
+            )
         return cls(
             window_length=window_length,
             channels=channel_names,
@@ -133,6 +153,7 @@ class WindowSet:
             end=_concat(end_parts, np.int64),
             targets=_concat(target_parts, np.float32),
             current_raw=_concat(raw_parts, np.float32),
+            offsets=_concat(offset_parts, np.int64),
         )
 
     def __len__(self) -> int:
@@ -147,7 +168,7 @@ class WindowSet:
     def nbytes(self) -> int:
         """Bytes held: the filled series plus the per-window index (no window copies)."""
         series = sum(array.nbytes for array in self._filled)
-        index = self._sensor.nbytes + self._end.nbytes
+        index = self._sensor.nbytes + self._end.nbytes + self._offsets.nbytes
         return series + index + self._targets.nbytes + self._current_raw.nbytes
 
     def gather(self, indices: npt.ArrayLike) -> tuple[Float32Array, Float32Array]:
@@ -161,11 +182,17 @@ class WindowSet:
         x = np.empty((count, N, C), dtype=np.float32)  # [B, N, C]
         sensors = self._sensor[picked]
         starts = self._end[picked] - (N - 1)
+        read = [c for c, name in enumerate(self.channels) if not is_hour_channel(name)]
         for position in np.unique(sensors):
             rows = sensors == position
-            for channel in range(C):
-                views = sliding_windows(self._filled[position][channel], N)  # [T - N + 1, N]
+            for row, channel in enumerate(read):
+                views = sliding_windows(self._filled[position][row], N)  # [T - N + 1, N]
                 x[rows, :, channel] = views[starts[rows]]
+        if len(read) < C:
+            pm = x[:, :, self.channels.index("raw")]
+            sin, cos = self._hours(picked, pm)
+            x[:, :, self.channels.index(HOUR_CHANNELS[0])] = sin
+            x[:, :, self.channels.index(HOUR_CHANNELS[1])] = cos
         y = self._targets[picked].copy()  # [B]
         if C == 1:
             return np.ascontiguousarray(x[:, :, 0]), y  # [B, N]
@@ -195,12 +222,35 @@ class WindowSet:
 
     def current(self, channel: str) -> Float32Array:
         """The newest value of one input channel in each window [len] (e.g. ``'rh'``)."""
-        index = self.channels.index(channel)
+        if is_hour_channel(channel) and channel in self.channels:
+            everything = np.arange(len(self), dtype=np.int64)
+            hours = self._hours(everything, self._current_raw[:, None])
+            return hours[HOUR_CHANNELS.index(channel)][:, 0]
+        read = [name for name in self.channels if not is_hour_channel(name)]
+        index = read.index(channel)
         out = np.empty(len(self), dtype=np.float32)
         for position in np.unique(self._sensor):
             rows = self._sensor == position
             out[rows] = self._filled[position][index][self._end[rows]]
         return out
+
+    def _hours(
+        self, picked: IndexArray, pm: npt.NDArray[np.float32]
+    ) -> tuple[Float32Array, Float32Array]:
+        """The contract's hour channels of windows ``picked`` whose newest ``pm.shape[1]``
+        periods hold ``pm`` [B, n], each with its sensor's offset at its newest period."""
+        sin = np.empty(pm.shape, dtype=np.float32)
+        cos = np.empty(pm.shape, dtype=np.float32)
+        sensors = self._sensor[picked]
+        offsets = self._offsets[picked]
+        newest = np.asarray(self._first_periods, dtype=np.int64)[sensors] + self._end[picked]
+        for position in np.unique(sensors):
+            for offset in np.unique(offsets[sensors == position]):
+                rows = (sensors == position) & (offsets == offset)
+                sin[rows], cos[rows] = window_hours(
+                    pm[rows], newest[rows], self._period_seconds[position], int(offset)
+                )
+        return sin, cos
 
     def meta(self) -> pd.DataFrame:
         """Per window: ``sensor_id``, ``period_start_s`` (Unix s) and ``timestamp`` (UTC)."""
