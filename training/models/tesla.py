@@ -21,7 +21,7 @@ from training.models.layers.attention import TokenSelfAttention
 from training.models.layers.binning import BinnedEmbedding
 from training.models.layers.core import Projection, Scale
 from training.models.layers.norm import FeatureAggregator, TokenLayerNorm
-from training.models.layers.slicing import ChannelOf, NewestPeriod, RepeatTokens
+from training.models.layers.slicing import ChannelOf, NewestPeriod
 
 __all__ = ["TeslaConfig", "build_tesla"]
 
@@ -104,11 +104,17 @@ def build_tesla(
             raise ValueError("hour_input='head' needs channels beside PM (the hour of the day)")
         if config.head_mix == "hidden" and config.aggregator != "mlp":
             raise ValueError("head_mix='hidden' needs aggregator='mlp' (its hidden layer)")
-        # Scaled before slicing: a scale on the newest row alone is folded into the branch's
-        # int8 weights, where PM's 1/input_scale column rounded to zero beside the hour's.
-        window = Scale(factor, name="normalise")(inputs)
-        scaled = ChannelOf(0, name="pm_channel")(window)  # [B, N]
-        newest = NewestPeriod(name="newest_period")(window)  # [B, C]
+        scaled = Scale(1.0 / input_scale, name="normalise")(ChannelOf(0, name="pm")(inputs))
+        # The newest PM from the scaled channel, the rest scaled on their own and joined: a
+        # scale applied to the newest row's three channels was folded into the branch's int8
+        # weights, where PM's 1/input_scale rounded to zero beside the hour's; and a sum of
+        # two projections became a FULLY_CONNECTED with a dynamic bias, wrong in 16x8.
+        others = NewestPeriod(first_channel=1, name="newest_others")(inputs)  # [B, C - 1]
+        others = Scale(
+            factor if isinstance(factor, float) else factor[1:], name="normalise_others"
+        )(others)
+        newest_pm = NewestPeriod(name="newest_pm")(scaled)  # [B, 1]
+        newest = keras.layers.Concatenate(name="newest")([newest_pm, others])  # [B, C]
         body_channels = 1
     else:
         scaled = Scale(factor, name="normalise")(inputs)
@@ -145,7 +151,7 @@ def _head(config: TeslaConfig, normalised: Any, window_length: int, newest: Any)
         if newest is not None and config.head_mix == "hidden":
             hidden = Projection(config.ffn_width, name="mlp_in")(normalised)  # [B, z, w]
             shift = Projection(config.ffn_width, name="newest_in")(newest)  # [B, w]
-            shift = RepeatTokens(z, name="newest_tokens")(shift)  # [B, z, w]
+            shift = keras.layers.Reshape((1, config.ffn_width), name="newest_token")(shift)
             hidden = keras.layers.ReLU(name="mlp_relu")(
                 keras.layers.Add(name="newest_shift")([hidden, shift])
             )

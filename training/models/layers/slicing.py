@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-from keras import ops
 
-__all__ = ["ChannelOf", "NewestPeriod", "RepeatTokens"]
+__all__ = ["ChannelOf", "NewestPeriod"]
 
 
 @keras.saving.register_keras_serializable(package="tesla")
@@ -32,23 +31,17 @@ class ChannelOf(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="tesla")
 class NewestPeriod(keras.layers.Layer):
-    """Every channel of the newest position (the window is oldest first): [B, N, C] -> [B, C]."""
+    """The newest position (the window is oldest first): [B, N, C] -> [B, C - first_channel]
+    (its channels from ``first_channel`` on), or [B, N] -> [B, 1]."""
 
-    def call(self, inputs: Any) -> Any:
-        return inputs[:, -1, :]
-
-
-@keras.saving.register_keras_serializable(package="tesla")
-class RepeatTokens(keras.layers.Layer):
-    """[B, k] -> [B, z, k], the same row for every token (a MUL by a constant of ones)."""
-
-    def __init__(self, tokens: int, **kwargs: Any) -> None:
+    def __init__(self, first_channel: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.tokens = int(tokens)
+        self.first_channel = int(first_channel)
 
     def call(self, inputs: Any) -> Any:
-        ones = ops.ones((1, self.tokens, 1), dtype=inputs.dtype)
-        return ones * inputs[:, None, :]
+        if len(inputs.shape) == 2:
+            return inputs[:, -1:]
+        return inputs[:, -1, self.first_channel :]
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "tokens": self.tokens}
+        return {**super().get_config(), "first_channel": self.first_channel}
