@@ -21,7 +21,7 @@ from training.models.layers.attention import TokenSelfAttention
 from training.models.layers.binning import BinnedEmbedding
 from training.models.layers.core import Projection, Scale
 from training.models.layers.norm import FeatureAggregator, TokenLayerNorm
-from training.models.layers.slicing import ChannelOf, NewestPeriod
+from training.models.layers.slicing import ChannelOf, NewestChannels
 
 __all__ = ["TeslaConfig", "build_tesla"]
 
@@ -109,11 +109,11 @@ def build_tesla(
         # scale applied to the newest row's three channels was folded into the branch's int8
         # weights, where PM's 1/input_scale rounded to zero beside the hour's; and a sum of
         # two projections became a FULLY_CONNECTED with a dynamic bias, wrong in 16x8.
-        others = NewestPeriod(first_channel=1, name="newest_others")(inputs)  # [B, C - 1]
+        others = NewestChannels(first_channel=1, name="newest_others")(inputs)  # [B, C - 1]
         others = Scale(
             factor if isinstance(factor, float) else factor[1:], name="normalise_others"
         )(others)
-        newest_pm = NewestPeriod(name="newest_pm")(scaled)  # [B, 1]
+        newest_pm = NewestChannels(name="newest_pm")(scaled)  # [B, 1]
         newest = keras.layers.Concatenate(name="newest")([newest_pm, others])  # [B, C]
         body_channels = 1
     else:

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 
+import training.classical  # noqa: F401  (its layers share the 'tesla' registry: no name clash)
 from training.device_ops import ARDUINO_TFLM_OPS
 from training.export import export_flatbuffers
 from training.flatbuffer import read_graph

@@ -11,7 +11,7 @@ from typing import Any
 
 import keras
 
-__all__ = ["ChannelOf", "NewestPeriod"]
+__all__ = ["ChannelOf", "NewestChannels"]
 
 
 @keras.saving.register_keras_serializable(package="tesla")
@@ -30,9 +30,10 @@ class ChannelOf(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="tesla")
-class NewestPeriod(keras.layers.Layer):
+class NewestChannels(keras.layers.Layer):
     """The newest position (the window is oldest first): [B, N, C] -> [B, C - first_channel]
-    (its channels from ``first_channel`` on), or [B, N] -> [B, 1]."""
+    (its channels from ``first_channel`` on), or [B, N] -> [B, 1]. (Not training.classical's
+    NewestPeriod, which takes every channel and holds that registered name.)"""
 
     def __init__(self, first_channel: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
