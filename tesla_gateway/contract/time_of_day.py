@@ -15,9 +15,12 @@ windows set to it, so they fall back to what the PM channels alone say.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -33,6 +36,7 @@ __all__ = [
     "is_hour_channel",
     "neutral_hours",
     "standard_offset_seconds",
+    "system_zone",
     "utc_offset_for",
     "window_hours",
     "zone_problem",
@@ -149,3 +153,18 @@ def utc_offset_for(zone: str | None, at_s: float) -> int:
     if zone is None:
         return -time.timezone
     return standard_offset_seconds(zone, at_s)
+
+
+def system_zone() -> str | None:
+    """The IANA name of this machine's zone (``TZ``, /etc/timezone or the /etc/localtime
+    link, as Debian and Raspberry Pi OS keep it), or None when it has none that names one."""
+    candidates = [os.environ.get("TZ", "").lstrip(":")]
+    with contextlib.suppress(OSError):
+        candidates.append(Path("/etc/timezone").read_text(encoding="utf-8").strip())
+    try:
+        link = str(Path("/etc/localtime").readlink())
+    except OSError:
+        link = ""
+    if "zoneinfo/" in link:
+        candidates.append(link.split("zoneinfo/", 1)[1])
+    return next((c for c in candidates if c and zone_problem(c) is None), None)

@@ -21,6 +21,7 @@ from typing import get_args
 
 from tesla_gateway import __version__
 from tesla_gateway.contract.readings import GATEWAY_ID_PATTERN, SENSOR_ID_PATTERN, Feature
+from tesla_gateway.contract.time_of_day import system_zone
 from tesla_gateway.daemon.config import load_config
 from tesla_gateway.daemon.init_fleet import (
     FleetAnswers,
@@ -69,6 +70,7 @@ class InitAnswers:
     pms5003_ports: tuple[Pms5003Port, ...]
     discovery: bool
     fleet: FleetAnswers = field(default_factory=FleetAnswers)  # Tasmota, ESPHome, airrohr, ...
+    timezone: str | None = None  # --timezone (checked with the fleet flags); else the system's
 
 
 def add_init_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -206,6 +208,7 @@ def _answers(args: argparse.Namespace) -> InitAnswers:
         pms5003_ports=pms_ports,
         discovery=args.home_assistant,
         fleet=fleet_answers(args),
+        timezone=args.timezone,
     )
 
 
@@ -272,6 +275,7 @@ def render_config(answers: InitAnswers) -> str:
         "",
         f"gateway_id = {_toml(answers.gateway_id)}",
         f"state_dir = {_toml(answers.state_dir)}   # windows, outbox, status.json, pid file",
+        *_timezone_lines(answers.timezone),
         "",
         "# The defaults ship with the gateway (read-only when installed system-wide;",
         "# docs/deployment.md 'Security'). Each is watched for new versions. A feature may have",
@@ -344,6 +348,14 @@ def render_config(answers: InitAnswers) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _timezone_lines(zone: str | None) -> list[str]:
+    zone = zone or system_zone()
+    why = "# The sensors' zone: the PM10 default reads the hour of the day in its standard time."
+    if zone is None:
+        return [why, '# timezone = "Europe/Rome"   # unset: this machine\'s standard offset']
+    return [why, f"timezone = {_toml(zone)}"]
 
 
 def _broker_lines(answers: InitAnswers) -> list[str]:

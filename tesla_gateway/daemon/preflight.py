@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import os
 import ssl
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+from tesla_gateway.contract.time_of_day import utc_offset_for
 from tesla_gateway.daemon.config import GatewayConfig
 from tesla_gateway.daemon.findings import Finding, Severity
 from tesla_gateway.daemon.sensor_match import check_sensor_kinds
@@ -240,5 +242,16 @@ def _check_models(config: GatewayConfig) -> Iterator[Finding]:
                 if len(manifest.input_channels) == 1
                 else f"; channels {', '.join(manifest.channel_names)}"
             )
+            + _hour_note(calibrator.geometry.hour_positions is not None, config.timezone)
             + (f"; FALLBACK to {stats[slot]['slot']} ({fallback})" if fallback else ""),
         )
+
+
+def _hour_note(reads_hour: bool, zone: str | None) -> str:
+    """Where the hour of a model that reads it is taken: a wrong zone shifts every value."""
+    if not reads_hour:
+        return ""
+    offset = utc_offset_for(zone, time.time())
+    sign, minutes = ("+" if offset >= 0 else "-"), abs(offset) // 60
+    where = f"timezone {zone}" if zone else "this machine's zone (set timezone to be sure)"
+    return f"; hour of the day in {where}: UTC{sign}{minutes // 60:02d}:{minutes % 60:02d}"

@@ -13,7 +13,8 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-from tesla_gateway.contract.manifest import MANIFEST_FILENAME, load_manifest
+from tesla_gateway.contract.manifest import MANIFEST_FILENAME, Manifest, load_manifest
+from tesla_gateway.contract.time_of_day import is_hour_channel
 from tesla_gateway.errors import GatewayError, ManifestError
 
 __all__ = [
@@ -51,8 +52,8 @@ def example_config() -> Path:
 
 def bundled_models() -> dict[str, list[Path]]:
     """Feature -> its default model directories, as the manifests say (not the folder names),
-    the model with the fewest input channels first (it serves every sensor of the feature;
-    a covariate model serves those that report its extra channels)."""
+    the model with the fewest input channels read from sensors first (it serves every sensor
+    of the feature; a covariate model serves those that report its extra channels)."""
     found: dict[str, list[tuple[int, Path]]] = {}
     for model_dir in sorted(bundled_models_dir().iterdir()):
         if not (model_dir / MANIFEST_FILENAME).is_file():
@@ -61,7 +62,7 @@ def bundled_models() -> dict[str, list[Path]]:
             manifest = load_manifest(model_dir)
         except ManifestError as exc:
             raise BundledDataError(f"default model {model_dir} is damaged: {exc}") from exc
-        found.setdefault(manifest.feature, []).append((len(manifest.input_channels), model_dir))
+        found.setdefault(manifest.feature, []).append((_read_channels(manifest), model_dir))
     if not found:
         raise BundledDataError(f"no default model in {bundled_models_dir()}: reinstall the wheel")
     models: dict[str, list[Path]] = {}
@@ -106,3 +107,8 @@ def _first_existing(*candidates: Path | None, what: str) -> Path:
         f"the gateway's {what} are missing (looked in {', '.join(map(str, paths))}): "
         "install the gateway from its wheel (`make wheel`) or run it from a checkout"
     )
+
+
+def _read_channels(manifest: Manifest) -> int:
+    """Channels a sensor must send (the hour of the day is derived, every sensor has it)."""
+    return sum(not is_hour_channel(name) for name in manifest.channel_names)

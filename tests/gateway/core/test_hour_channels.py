@@ -22,10 +22,12 @@ from tesla_gateway.contract.time_of_day import (
     hour_phase,
     neutral_hours,
     standard_offset_seconds,
+    system_zone,
     utc_offset_for,
     window_hours,
 )
-from tesla_gateway.daemon.config import GatewayConfig
+from tesla_gateway.daemon.cli import main
+from tesla_gateway.daemon.config import GatewayConfig, load_config
 from tesla_gateway.daemon.ticker import Ticker
 from tesla_gateway.models.choice import model_rank
 from tesla_gateway.models.watch import ModelSet
@@ -212,3 +214,31 @@ def test_made_up_check_windows_hold_no_hour() -> None:
     flat = np.full((2, 4), 25.0, dtype=np.float32)
     neutral_hours(flat, ("pm10",))  # one channel: nothing to set
     assert (flat == 25.0).all()
+
+
+def test_init_writes_the_sensors_zone_given_or_the_systems(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "given.toml"
+    assert main(["init", "--out", str(out), "--timezone", "America/Chicago"]) == 0
+    assert load_config(out, environ={}).timezone == "America/Chicago"
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    assert main(["init", "--out", str(tmp_path / "system.toml")]) == 0
+    assert load_config(tmp_path / "system.toml", environ={}).timezone == "Asia/Kolkata"
+    monkeypatch.setenv("TZ", ":Europe/Rome")  # glibc's form
+    assert system_zone() == "Europe/Rome"
+
+
+def test_check_config_says_where_the_hour_is_taken(
+    model_factory: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _hour_model(model_factory, tmp_path / "model")
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f'gateway_id = "g"\nstate_dir = "{tmp_path / "state"}"\ntimezone = "Asia/Kolkata"\n'
+        f'[[models]]\nfeature = "pm10"\nmodel_dir = "{path}"\n'
+        'signature = "off"\n',
+        encoding="utf-8",
+    )
+    main(["check-config", "--config", str(config)])
+    assert "hour of the day in timezone Asia/Kolkata: UTC+05:30" in capsys.readouterr().out
