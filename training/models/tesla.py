@@ -4,7 +4,7 @@ Shapes: input [B, N] raw µg/m³ oldest first (or [B, N, C] with covariate chann
 µg/m³. Normalisation (a fixed input scale) is inside the graph so the FlatBuffer takes raw values.
 
 ``hour_input="head"``: the body (binning, global view, attention) reads the PM channel alone and
-the newest period's channels (PM and the hour of the day) enter only the head. The hour is the
+the newest period's other channels (the hour of the day) enter only the head. The hour is the
 same information at every position, and flattening all N x C inputs into the global view made
 the 3-channel graph a third larger and slower on the node (docs/benchmarks/node-m4/).
 """
@@ -60,20 +60,11 @@ class TeslaConfig(BaseModel):
         default="window",
         description=(
             "'window': every channel enters the body at every position. 'head': the body reads "
-            "channel 0 (PM) only and the newest period's channels (the hour of the day) enter "
-            "the head as set by head_mix (a graph the size of the PM-only one)."
+            "channel 0 (PM) only and the newest period's other channels (the hour of the day) "
+            "enter the head: a projection of them is added to each token's hidden layer in "
+            "the 'mlp' aggregator, where it meets the newest PM (the last log bin is the "
+            "newest period alone). A graph the size of the PM-only one."
         ),
-    )
-    head_mix: Literal["add", "hidden"] = Field(
-        default="add",
-        description=(
-            "With hour_input='head': 'add' adds a small ReLU MLP of the newest period's "
-            "channels (newest_width units) to the output; 'hidden' (aggregator 'mlp' only) "
-            "adds a projection of them to the mlp head's hidden layer of every token."
-        ),
-    )
-    newest_width: int = Field(
-        default=16, ge=1, description="Hidden width of head_mix='add''s branch."
     )
 
 
@@ -102,19 +93,17 @@ def build_tesla(
     if config.hour_input == "head":
         if channels < 2:
             raise ValueError("hour_input='head' needs channels beside PM (the hour of the day)")
-        if config.head_mix == "hidden" and config.aggregator != "mlp":
-            raise ValueError("head_mix='hidden' needs aggregator='mlp' (its hidden layer)")
+        if config.aggregator != "mlp":
+            raise ValueError(
+                "hour_input='head' needs aggregator='mlp' (the hour enters its hidden layer)"
+            )
         scaled = Scale(1.0 / input_scale, name="normalise")(ChannelOf(0, name="pm")(inputs))
-        # The newest PM from the scaled channel, the rest scaled on their own and joined: a
-        # scale applied to the newest row's three channels was folded into the branch's int8
-        # weights, where PM's 1/input_scale rounded to zero beside the hour's; and a sum of
-        # two projections became a FULLY_CONNECTED with a dynamic bias, wrong in 16x8.
-        others = NewestChannels(first_channel=1, name="newest_others")(inputs)  # [B, C - 1]
-        others = Scale(
+        # The head reads the newest period's other channels (the hour) only: the newest PM
+        # reaches it already, as the last log bin's token, which is that period alone.
+        newest = NewestChannels(first_channel=1, name="newest_others")(inputs)  # [B, C - 1]
+        newest = Scale(
             factor if isinstance(factor, float) else factor[1:], name="normalise_others"
-        )(others)
-        newest_pm = NewestChannels(name="newest_pm")(scaled)  # [B, 1]
-        newest = keras.layers.Concatenate(name="newest")([newest_pm, others])  # [B, C]
+        )(newest)
         body_channels = 1
     else:
         scaled = Scale(factor, name="normalise")(inputs)
@@ -148,10 +137,12 @@ def _head(config: TeslaConfig, normalised: Any, window_length: int, newest: Any)
     if config.aggregator == "linear":
         output = FeatureAggregator(name="aggregator")(normalised)  # [B, 1]
     elif config.aggregator == "mlp":
-        if newest is not None and config.head_mix == "hidden":
+        if newest is not None:
             hidden = Projection(config.ffn_width, name="mlp_in")(normalised)  # [B, z, w]
-            shift = Projection(config.ffn_width, name="newest_in")(newest)  # [B, w]
-            shift = keras.layers.Reshape((1, config.ffn_width), name="newest_token")(shift)
+            # One shift per token, not one broadcast to all: the converter turned a broadcast
+            # [B, 1, w] into a dynamic bias of mlp_in's FULLY_CONNECTED, wrong in 16x8.
+            shift = Projection(z * config.ffn_width, name="newest_in")(newest)  # [B, z * w]
+            shift = keras.layers.Reshape((z, config.ffn_width), name="newest_tokens")(shift)
             hidden = keras.layers.ReLU(name="mlp_relu")(
                 keras.layers.Add(name="newest_shift")([hidden, shift])
             )
@@ -165,8 +156,4 @@ def _head(config: TeslaConfig, normalised: Any, window_length: int, newest: Any)
         block = TokenLayerNorm(name="ffn_norm")(keras.layers.Add()([normalised, hidden]))
         flat = keras.layers.Reshape((z * config.d_model,))(block)
         output = Projection(1, name="head")(flat)
-    if newest is not None and config.head_mix == "add":
-        branch = Projection(config.newest_width, activation="relu", name="newest_hidden")(newest)
-        correction = Projection(1, name="newest_out")(branch)
-        output = keras.layers.Add(name="newest_correction")([output, correction])
     return output
