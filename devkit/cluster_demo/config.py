@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from devkit.demo.gateway_config import DEMO_SITE_ZONE
+
 __all__ = ["ClusterGatewayConfig", "write_cluster_config"]
 
 
@@ -50,6 +52,7 @@ def write_cluster_config(config: ClusterGatewayConfig) -> Path:
         "# Generated for one run by devkit/cluster_demo/config.py.",
         f"gateway_id = {json.dumps(config.gateway_id)}",
         f"state_dir = {json.dumps(str(config.state_dir))}",
+        f"timezone = {json.dumps(DEMO_SITE_ZONE)}",  # the demo slice's site, for the hour
     ]
     for index, model_dir in enumerate(config.model_dirs):
         lines += ["", "[[models]]", 'feature = "pm10"', f"model_dir = {json.dumps(str(model_dir))}"]
