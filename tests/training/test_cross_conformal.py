@@ -157,7 +157,8 @@ def test_the_fold_epochs_come_from_the_flags_the_run_or_the_folds_already_traine
 def test_export_and_calibrate_intervals_fit_intervals_across_units(tmp_path: Path) -> None:
     config = TrainConfig(
         dataset="synthetic",
-        dataset_options={"n_sensors": 5, "days": 2, "period_seconds": 60, "seed": 3},
+        # a test sensor, a validation sensor and two trained on: two folds, each a training
+        dataset_options={"n_sensors": 4, "days": 2, "period_seconds": 60, "seed": 3},
         window_length=32,
         max_interpolated_periods=10,
         model=TeslaConfig(d_model=8, heads=2),

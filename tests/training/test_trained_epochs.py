@@ -95,7 +95,8 @@ def test_a_fresh_clone_recalibrates_from_the_manifest_alone(
     name = "pm2_5-synthetic"
     config = TrainConfig(
         dataset="synthetic",
-        dataset_options={"n_sensors": 5, "days": 2, "period_seconds": 60, "seed": 3},
+        # a test sensor, a validation sensor and two trained on: two folds, each a training
+        dataset_options={"n_sensors": 4, "days": 2, "period_seconds": 60, "seed": 3},
         window_length=32,
         max_interpolated_periods=10,
         model=TeslaConfig(d_model=8, heads=2),
