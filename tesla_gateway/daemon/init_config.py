@@ -352,7 +352,7 @@ def render_config(answers: InitAnswers) -> str:
 
 def _timezone_lines(zone: str | None) -> list[str]:
     zone = zone or system_zone()
-    why = "# The sensors' zone: the PM10 default reads the hour of the day in its standard time."
+    why = "# The sensors' zone, for models that read the hour of the day (its standard time)."
     if zone is None:
         return [why, '# timezone = "Europe/Rome"   # unset: this machine\'s standard offset']
     return [why, f"timezone = {_toml(zone)}"]
