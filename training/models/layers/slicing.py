@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+from keras import ops
 
-__all__ = ["ChannelOf", "NewestChannels"]
+__all__ = ["ChannelOf", "NewestChannels", "RepeatTokens"]
 
 
 @keras.saving.register_keras_serializable(package="tesla")
@@ -46,3 +47,23 @@ class NewestChannels(keras.layers.Layer):
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "first_channel": self.first_channel}
+
+
+@keras.saving.register_keras_serializable(package="tesla")
+class RepeatTokens(keras.layers.Layer):
+    """[B, k] -> [B, z, k], the same row for every token, as a MUL by a constant of ones.
+
+    Added to a FULLY_CONNECTED's [B, z, k] output, a broadcast [B, 1, k] was folded by the
+    converter into that FULLY_CONNECTED's bias, which is wrong in 16x8; repeated, it is not.
+    """
+
+    def __init__(self, tokens: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.tokens = int(tokens)
+
+    def call(self, inputs: Any) -> Any:
+        ones = ops.ones((1, self.tokens, 1), dtype=inputs.dtype)
+        return ones * ops.reshape(inputs, (-1, 1, inputs.shape[-1]))
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "tokens": self.tokens}
