@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tesla_gateway.errors import GatewayError
-from training import intervals_cli, ladder_cli
+from training import days_check, intervals_cli, ladder_cli
 from training.bench import cli as bench_cli
 from training.cli_types import model_name
 from training.errors import TrainingError
@@ -398,6 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.add_parser(sub)
     intervals_cli.add_parser(sub)
     retrain_cli.add_parser(sub)
+    days_check.add_parser(sub)
     return parser
 
 
@@ -416,6 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench": bench_cli.run,
         "calibrate-intervals": intervals_cli.run,
         "retrain": retrain_cli.run,
+        "days-check": days_check.run,
     }
     try:
         return handlers[args.command](args)
