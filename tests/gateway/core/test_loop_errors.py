@@ -20,7 +20,9 @@ from structlog.testing import capture_logs
 from tesla_gateway.daemon.loop_errors import LoopErrorReporter
 
 ACCEPT_FAILED = "socket.accept() out of system resource"
-LIFETIME_S = 8  # of the listener below: the flood, the closes, the retried accepts, a last echo
+# Of the listener below at most (the flood, the closes, the retried accepts, a last echo); it
+# ends as soon as the test closes its stdin.
+LIFETIME_S = 8
 
 
 def test_a_thousand_shortages_are_two_warnings_a_minute_apart() -> None:
@@ -82,7 +84,9 @@ _SERVER = textwrap.dedent(
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 8, hard))
         print(server.sockets[0].getsockname()[1], flush=True)
-        await asyncio.sleep(float(sys.argv[1]))
+        # until the test closes stdin (it is done), at most the lifetime
+        done = asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        await asyncio.wait({done}, timeout=float(sys.argv[1]))
 
     configure_logging("json", "info")
     asyncio.run(reporting_loop_errors(main()))
@@ -106,6 +110,7 @@ def test_a_listener_out_of_descriptors_logs_one_json_warning_and_recovers() -> N
 
     process = subprocess.Popen(  # our interpreter, a literal script
         [sys.executable, "-c", _SERVER, str(LIFETIME_S)],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
