@@ -5,7 +5,7 @@ periods (tesla_gateway/contract/time_of_day.py). The gateway tells it: after eve
 node that just booted or was asked who it is), then every hour (the board's crystal drifts),
 and at once when the gateway's own clock steps (NTP's first answer on a Pi without a real-time
 clock). The offset is the zone's *standard* one, as the hour channels use it. A gateway whose
-clock is not set (before :data:`TIME_MIN_S`) teaches no node.
+clock is not set (before :data:`TIME_MIN_S`) or past :data:`TIME_MAX_S` teaches no node.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable
 import structlog
 
 from tesla_gateway.contract.time_of_day import utc_offset_for
-from tesla_gateway.sources.line_protocol import TIME_MIN_S, encode_time
+from tesla_gateway.sources.line_protocol import TIME_MAX_S, TIME_MIN_S, encode_time
 
 __all__ = ["TIME_RESEND_S", "NodeTime"]
 
@@ -52,7 +52,7 @@ class NodeTime:
 
     def next_check_s(self) -> float:
         """Seconds until the reader should ask :meth:`line_if_due` again without input."""
-        if self._wanted and self._clock() >= TIME_MIN_S:
+        if self._wanted and _settable(self._clock()):
             return 0.0
         hourly = TIME_RESEND_S - (self._monotonic() - self._sent_mono)
         return max(0.0, min(hourly, _CHECK_S))
@@ -75,19 +75,30 @@ class NodeTime:
         self._wanted |= stepped
         if not self._wanted:
             return None
-        if now < TIME_MIN_S:  # kept wanted: told once the clock is set
+        if not _settable(now):  # kept wanted: told once the clock is right
             self._sent_wall = None
             if not self._unset_logged:
                 self._unset_logged = True
                 self._log.warning(
                     "node_time_withheld",
                     gateway_time=now,
-                    detail="the gateway's clock is not set (NTP?); nodes are told once it is",
+                    detail=(
+                        "the gateway's clock is not set (NTP?)"
+                        if now < TIME_MIN_S
+                        else "the gateway's clock is past 2100 (a bad RTC or date -s?)"
+                    )
+                    + "; nodes are told once it is right",
                 )
             return None
+        self._unset_logged = False
         self._wanted = False
         self._sent_wall, self._sent_mono = now, mono
         unix_s = int(now)
         offset = utc_offset_for(self._zone, now)
         self._log.debug("node_time_sent", unix_s=unix_s, utc_offset_s=offset, stepped=stepped)
         return encode_time(unix_s, offset)
+
+
+def _settable(now: float) -> bool:
+    """Whether a node may be told this clock: a ``T`` line carries only times in its range."""
+    return TIME_MIN_S <= now <= TIME_MAX_S
