@@ -16,6 +16,7 @@ windows set to it, so they fall back to what the PM channels alone say.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import time
@@ -30,6 +31,7 @@ import numpy.typing as npt
 __all__ = [
     "DAY_SECONDS",
     "HOUR_CHANNELS",
+    "RULES_FROM_S",
     "UNKNOWN_HOUR",
     "hour_channels",
     "hour_phase",
@@ -45,6 +47,8 @@ __all__ = [
 DAY_SECONDS = 86_400
 HOUR_CHANNELS: tuple[str, str] = ("hour_sin", "hour_cos")
 UNKNOWN_HOUR: tuple[float, float] = (0.0, 0.0)
+# A gateway clock before this (2023-11-14) has not been set: zones take their rules from here.
+RULES_FROM_S = 1_700_000_000
 # The offsets of real zones; a larger one is a configuration error, not a place.
 _MAX_OFFSET_SECONDS = 14 * 3600
 
@@ -122,14 +126,37 @@ def window_hours(
 
 
 def standard_offset_seconds(zone: str, at_s: float) -> int:
-    """The standard (non-DST) UTC offset of an IANA zone at a moment, in whole seconds.
+    """The standard UTC offset of an IANA zone in the year of a moment: its smaller offset
+    that year (its winter time), in whole seconds.
 
+    Not ``utcoffset - dst``: tzdata calls Irish summer time standard and winter a negative
+    DST, and Python infers some zones' DST amounts wrongly (America/Inuvik: 2 h), so that
+    difference moves with the seasons in some zones, which this rule exists to avoid. A zone
+    that changed its standard offset within a year takes the smaller for that whole year.
     Raises ``zoneinfo.ZoneInfoNotFoundError`` (a ``KeyError``) for an unknown zone name.
     """
-    moment = datetime.fromtimestamp(at_s, tz=UTC).astimezone(ZoneInfo(zone))
-    offset = moment.utcoffset() or timedelta(0)
-    dst = moment.dst() or timedelta(0)
-    return int((offset - dst).total_seconds())
+    return _smallest_offset(zone, datetime.fromtimestamp(at_s, tz=UTC).year)
+
+
+@functools.lru_cache(maxsize=256)
+def _smallest_offset(zone: str, year: int) -> int:
+    info = ZoneInfo(zone)
+    samples = (
+        datetime(year, month, day, 12, tzinfo=UTC) for month in range(1, 13) for day in (1, 16)
+    )
+    return min(
+        int((moment.astimezone(info).utcoffset() or timedelta(0)).total_seconds())
+        for moment in samples
+    )
+
+
+def _smallest_local_offset(year: int) -> int:
+    """:func:`_smallest_offset` of the C library's zone, when no IANA name can be found."""
+    return min(
+        time.localtime(datetime(year, month, day, 12, tzinfo=UTC).timestamp()).tm_gmtoff
+        for month in range(1, 13)
+        for day in (1, 16)
+    )
 
 
 def zone_problem(zone: str) -> str | None:
@@ -145,13 +172,14 @@ def zone_problem(zone: str) -> str | None:
 
 
 def utc_offset_for(zone: str | None, at_s: float) -> int:
-    """The standard offset the hour channels use: the configured zone's, or the system's.
-
-    The system's is the C library's standard offset (``time.timezone``, from ``TZ`` or
-    /etc/localtime), which is what a Pi's ``timedatectl set-timezone`` sets.
-    """
+    """The standard offset the gateway's hour channels use: the configured zone's, else the
+    system's (:func:`system_zone`, what a Pi's ``timedatectl set-timezone`` sets), by the same
+    rule either way. A clock before :data:`RULES_FROM_S` is taken as unset (a Pi before NTP
+    answers): today's rules apply, not those of 1970."""
+    at_s = max(at_s, RULES_FROM_S)
+    zone = zone or system_zone()
     if zone is None:
-        return -time.timezone
+        return _smallest_local_offset(datetime.fromtimestamp(at_s, tz=UTC).year)
     return standard_offset_seconds(zone, at_s)
 
 

@@ -83,15 +83,17 @@ def test_a_filled_gap_holds_its_own_hour_and_the_windows_are_the_readings() -> N
     assert x[0, gap, 2] == pytest.approx(math.cos(angle), abs=1e-6)
 
 
-def test_the_window_takes_the_offset_at_its_newest_period() -> None:
-    # Moscow's standard offset went from +4 h to +3 h at 2014-10-25 22:00 UTC
+def test_the_window_takes_its_year_s_standard_offset() -> None:
+    # Moscow kept +4 h all through 2013 and moved its standard time from +4 h to +3 h at
+    # 2014-10-25 22:00 UTC: a year with a change takes its smaller offset throughout
+    # (tesla_gateway.contract.time_of_day.standard_offset_seconds), as the gateway does
     change = _unix("2014-10-25T22:00:00")
-    starts = change + np.array([-3600.0, -60.0, 0.0, 3600.0])
-    assert standard_offsets("Europe/Moscow", starts).tolist() == [14400, 14400, 10800, 10800]
+    starts = np.array([_unix("2013-06-01T00:00:00"), change - 3600.0, change, change + 3600.0])
+    assert standard_offsets("Europe/Moscow", starts).tolist() == [14400, 10800, 10800, 10800]
     sensor = _sensor([1.0, 2.0], start="2014-10-25T21:00:00", zone="Europe/Moscow")
     x, _ = _windows(sensor, 1).gather([0, 1])
-    # 21:00 UTC is 01:00 at +4 h; 22:00 UTC is 01:00 again at +3 h
-    np.testing.assert_allclose(x[:, 0, 1], [math.sin(2 * math.pi / 24)] * 2, atol=1e-6)
+    # 21:00 UTC is 00:00 at +3 h, 22:00 UTC 01:00
+    np.testing.assert_allclose(x[:, 0, 1], [0.0, math.sin(2 * math.pi / 24)], atol=1e-6)
 
 
 def test_hour_channels_need_each_other_and_the_reading() -> None:
