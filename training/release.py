@@ -35,6 +35,7 @@ from tesla_gateway.contract.manifest import (
     load_manifest,
     verify_model_files,
 )
+from tesla_gateway.contract.time_of_day import HOUR_CHANNELS, window_hours
 from tesla_gateway.errors import GatewayError
 from tesla_gateway.mqtt.config import MqttBrokerConfig, MqttTlsConfig
 from tesla_gateway.mqtt.connection import MqttConnection
@@ -161,7 +162,23 @@ def _golden_inputs(manifest: Manifest, shape: tuple[int, ...]) -> np.ndarray:
         windows = rng.uniform(0, 100, (len(first), *shape))  # covariates
         windows[..., 0] = first
     # Multiples of 1/16: exact in float32 and short in JSON.
-    return (np.round(windows * 16) / 16).astype(np.float32)
+    windows = (np.round(windows * 16) / 16).astype(np.float32)
+    if len(shape) > 1:
+        _real_hours(windows, manifest)
+    return windows
+
+
+def _real_hours(windows: np.ndarray, manifest: Manifest) -> None:
+    """Hour channels hold hours (the contract's rule, windows ending at six times of day four
+    hours apart), not made-up covariates: a release is judged on inputs a model can meet."""
+    names = manifest.channel_names
+    if HOUR_CHANNELS[0] not in names:
+        return
+    days = 86_400 // manifest.period_seconds
+    newest = 1_000 * days + np.arange(len(windows)) * max(1, days // 6)
+    sin, cos = window_hours(windows[..., 0], newest, manifest.period_seconds, 0)
+    windows[..., names.index(HOUR_CHANNELS[0])] = sin
+    windows[..., names.index(HOUR_CHANNELS[1])] = cos
 
 
 def golden_windows(model_dir: Path) -> bytes:
