@@ -30,6 +30,7 @@ __all__ = ["SETTINGS_KEY", "Agreement", "differences", "shared_settings"]
 SETTINGS_KEY = "config"
 _ATTEMPTS = 8
 _log = structlog.get_logger(__name__)
+_HOUR_OFFSET = "hour_utc_offset_s"
 _SHARED = (
     "partitions",
     "readings_stream",
@@ -61,10 +62,10 @@ def _model_settings(geometry: WindowGeometry, hour_offset: int | None) -> dict[s
     entry: dict[str, Any] = {
         "window_length": geometry.window_length,
         "period_seconds": geometry.period_seconds,
-        "channels": list(geometry.channels),
+        "channels": list(geometry.read_channels),  # what snapshots hold; the hour is derived
     }
     if geometry.hour_positions is not None:
-        entry["hour_utc_offset_s"] = hour_offset
+        entry[_HOUR_OFFSET] = hour_offset
     return entry
 
 
@@ -85,7 +86,8 @@ def differences(mine: Mapping[str, Any], recorded: Mapping[str, Any]) -> list[st
         found.extend(
             f"models.{slot}.{field}: {value!r} here, {other.get(field)!r} in the cluster"
             for field, value in geometry.items()
-            if other.get(field) != value
+            # the hour's zone counts where both read the hour (a release may be rolling out)
+            if other.get(field) != value and (field != _HOUR_OFFSET or field in other)
         )
     return found
 

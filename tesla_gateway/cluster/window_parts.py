@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tesla_gateway.contract.geometry import WindowGeometry
+from tesla_gateway.contract.time_of_day import is_hour_channel
 from tesla_gateway.windows.snapshots import CorruptSnapshotError, state_arrays, window_state
 from tesla_gateway.windows.state import STATE_ARRAYS, WindowState, waiting_as_arrays
 
@@ -197,7 +198,7 @@ def _decode(
             if geometry is None or (
                 geometry.window_length != info.get("window_length")
                 or geometry.period_seconds != info.get("period_seconds")
-                or list(geometry.channels) != info.get("channels")
+                or _read_channels(info.get("channels")) != list(geometry.read_channels)
             ):
                 if geometry is not None:
                     mismatched.append(str(slot))
@@ -209,3 +210,8 @@ def _decode(
             state.check_shapes()
             states[slot] = state
     return PartitionSnapshot(sequence=sequence, states=states, mismatched=tuple(mismatched))
+
+
+def _read_channels(saved: object) -> object:
+    """The saved channels less the derived hour ones (a model adding the hour keeps them)."""
+    return [c for c in saved if not is_hour_channel(c)] if isinstance(saved, list) else saved

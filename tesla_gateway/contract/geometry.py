@@ -55,6 +55,16 @@ class WindowGeometry:
             return None
         return self.channels.index(HOUR_CHANNELS[0]), self.channels.index(HOUR_CHANNELS[1])
 
+    def same_ring(self, other: WindowGeometry) -> bool:
+        """Whether windows of ``other`` store exactly what these do (they differ at most in
+        the derived hour channels), so a model change between them keeps every window."""
+        return (
+            self.window_length == other.window_length
+            and self.period_seconds == other.period_seconds
+            and self.read_channels == other.read_channels
+            and self.gap_policy == other.gap_policy
+        )
+
     @property
     def read_positions(self) -> tuple[int, ...]:
         """Where each of :attr:`read_channels` sits in the model's input."""

@@ -27,6 +27,7 @@ import structlog
 
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import SENSOR_ID_PATTERN
+from tesla_gateway.contract.time_of_day import is_hour_channel
 from tesla_gateway.errors import GatewayError
 from tesla_gateway.set_aside import SetAsideLog
 from tesla_gateway.windows.ring import ModelWindows
@@ -324,8 +325,12 @@ def _mismatch(meta: dict[str, object], feature: str, geometry: WindowGeometry) -
     current = (feature, geometry.window_length, geometry.period_seconds)
     if saved != current:
         return f"saved (feature, N, period) {saved} differs from the model's {current}"
-    if meta.get("channels") != list(geometry.channels):
-        return f"saved channels {meta.get('channels')} differ from {list(geometry.channels)}"
+    channels = meta.get("channels")
+    read = (
+        [c for c in channels if not is_hour_channel(c)] if isinstance(channels, list) else channels
+    )
+    if read != list(geometry.read_channels):  # the hour channels are derived, not saved
+        return f"saved channels {channels} differ from {list(geometry.channels)}"
     return None
 
 

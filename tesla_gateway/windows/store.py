@@ -64,7 +64,8 @@ class WindowStore:
         Returns True when the windows were (re)created, so the caller can log a reset.
         """
         current = self._models.get(feature)
-        if current is not None and current.geometry == geometry:
+        if current is not None and current.geometry.same_ring(geometry):
+            current.geometry = geometry  # a model adding or dropping the hour: same ring
             return False
         self._models[feature] = ModelWindows(geometry)
         if self._sanity is not None:
