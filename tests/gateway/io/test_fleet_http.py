@@ -41,7 +41,7 @@ STATION_BODY = json.dumps(
     json.loads((FIXTURES / "sensor_community_post.json").read_text("utf-8"))["payload"]
 ).encode()
 TIMEOUT_S = 0.5  # the listener's request_timeout_s and the client's timeout_s in these tests
-SLACK_S = 2.0  # how late a cut may come on a busy 2-core machine
+SLACK_S = 5.0  # how late a cut may come on a busy 2-core machine (2 s failed once at load 15)
 
 
 def post(body: bytes, *, path: str = "/data.php", extra: str = "") -> bytes:
