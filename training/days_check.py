@@ -28,7 +28,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from training.data import WindowSet
-from training.errors import DataError, TrainingError
+from training.errors import DataError, DivergedTrainingError, TrainingError
 from training.history import predict_truncated
 from training.metrics import LinearCalibration, error_metrics
 
@@ -203,6 +203,7 @@ def run_check(
         ],
         verbose=verbose,
     )  # fmt: skip
+    _refuse_diverged(history.history.get("loss", []), config)
     fine: dict[str, list[float]] = {}
     if two_phases:
         batches = WindowBatches(
@@ -257,16 +258,32 @@ def _score(
     predicted = predict_truncated(
         lambda x: model.predict(x, verbose=0, batch_size=1024), windows.as_window_set(), points
     )
+    if not all(np.isfinite(v).all() for v in predicted.values()):
+        raise DivergedTrainingError("the model predicts NaN or inf: training diverged")
     lin = error_metrics(linear.predict(current), reference).rmse
     rmse = {str(k): error_metrics(v, reference).rmse for k, v in predicted.items()}
+    # mean error: a model off on untaught days may be biased (a level it never saw) or noisy
+    bias = {str(k): float(np.nanmean(v - reference)) for k, v in predicted.items()}
     return {
         "n": len(windows),
         "days": _days(starts),
         "raw": error_metrics(current, reference).rmse,
         "linear": lin,
         "model": rmse,
+        "model_bias": bias,
+        "linear_bias": float(np.mean(linear.predict(current) - reference)),
         "ratio_to_linear": {k: v / lin if lin > 0 else None for k, v in rmse.items()},
     }
+
+
+def _refuse_diverged(losses: list[float], config: Any) -> None:
+    """A diverged run scores over no window (RMSE 0 over n = 0): refuse it, as ``train`` does."""
+    epoch = next((i + 1 for i, v in enumerate(losses) if not np.isfinite(v)), None)
+    if epoch is not None:
+        raise DivergedTrainingError(
+            f"training diverged: the loss became NaN or inf in epoch {epoch} (seed "
+            f"{config.seed}, learning rate {config.learning_rate}); try another seed"
+        )
 
 
 def markdown_table(report: dict[str, Any], name: str) -> str:
