@@ -264,6 +264,16 @@ def _score(
     rmse = {str(k): error_metrics(v, reference).rmse for k, v in predicted.items()}
     # mean error: a model off on untaught days may be biased (a level it never saw) or noisy
     bias = {str(k): float(np.nanmean(v - reference)) for k, v in predicted.items()}
+    whole = predicted[max(points)]
+    fitted = linear.predict(current)
+    per_day = {}  # where the error lies: one bad day, or every day
+    for day in np.unique(starts // DAY_S):
+        rows = starts // DAY_S == day
+        per_day[str(np.datetime64(int(day), "D"))] = {
+            "n": int(rows.sum()),
+            "linear": error_metrics(fitted[rows], reference[rows]).rmse,
+            "model": error_metrics(whole[rows], reference[rows]).rmse,
+        }
     return {
         "n": len(windows),
         "days": _days(starts),
@@ -273,6 +283,7 @@ def _score(
         "model_bias": bias,
         "linear_bias": float(np.mean(linear.predict(current) - reference)),
         "ratio_to_linear": {k: v / lin if lin > 0 else None for k, v in rmse.items()},
+        "per_day_whole_window": per_day,
     }
 
 
