@@ -250,7 +250,8 @@ void on_test_line(char* line) {
              long((at_zero - ms) / 1000), long(ms), long(wall_clock.utc_offset_s()));
     send_text(out);
   } else if (strcmp(fields[0], "#W") == 0) {
-    if (tesla::build_model_input(window, kLayout, wall_clock, input_window)) {
+    if (tesla::fill_model_input<tesla::model::kHourSinChannel>(window, kLayout, wall_clock,
+                                                               input_window)) {
       int16_t raw = 0;
       int32_t sum = 0;
       float value = runner.invoke(input_window, &raw, &sum);

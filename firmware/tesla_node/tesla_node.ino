@@ -165,7 +165,8 @@ void report_period() {
     v.rh = sum_rh / env_samples;
     v.temp_c = sum_temp_c / env_samples;
   }
-  if (tesla::build_model_input(window, kLayout, wall_clock, input_window)) {
+  if (tesla::fill_model_input<tesla::model::kHourSinChannel>(window, kLayout, wall_clock,
+                                                             input_window)) {
     float calibrated = runner.invoke(input_window);
     if (isfinite(calibrated)) {
       set_calibrated(&v, calibrated);

@@ -94,6 +94,18 @@ void test_layout_edges() {
   HCHECK(!tesla::build_model_input(window, three, clock, built), "channel counts disagree");
   const tesla::InputLayout same{4, 1, 1, 60};  // one position for both: no hour channels
   HCHECK(tesla::measured_channels(same) == 4, "an impossible layout reads no hour");
+  // The per-build form: a model without the hour takes the window as it is (no hour code
+  // linked), one with it builds as build_model_input does.
+  float filled[16];
+  HCHECK(tesla::fill_model_input<-1>(window, plain, clock, filled) &&
+             std::equal(copied, copied + 8, filled),
+         "fill_model_input without the hour: the window");
+  HCHECK(!tesla::fill_model_input<-1>(window, three, clock, filled),
+         "fill_model_input without the hour: channel counts disagree");
+  HCHECK(tesla::fill_model_input<1>(window, hours, clock, filled) &&
+             tesla::build_model_input(window, hours, clock, built) &&
+             std::equal(built, built + 16, filled),
+         "fill_model_input with the hour: build_model_input's input");
 }
 
 void test_hour_vectors(const json::Value& vectors) {
