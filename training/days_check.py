@@ -40,6 +40,7 @@ __all__ = [
     "default_blocks",
     "main",
     "markdown_table",
+    "refuse_diverged",
     "run",
     "run_check",
 ]
@@ -203,7 +204,7 @@ def run_check(
         ],
         verbose=verbose,
     )  # fmt: skip
-    _refuse_diverged(history.history.get("loss", []), config)
+    refuse_diverged(history.history.get("loss", []), config)
     fine: dict[str, list[float]] = {}
     if two_phases:
         batches = WindowBatches(
@@ -287,7 +288,7 @@ def _score(
     }
 
 
-def _refuse_diverged(losses: list[float], config: Any) -> None:
+def refuse_diverged(losses: list[float], config: Any) -> None:
     """A diverged run scores over no window (RMSE 0 over n = 0): refuse it, as ``train`` does."""
     epoch = next((i + 1 for i, v in enumerate(losses) if not np.isfinite(v)), None)
     if epoch is not None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from training.days_check import DAY_S, DayBlocks, check_points, default_blocks
-from training.errors import DataError
+from training.days_check import DAY_S, DayBlocks, check_points, default_blocks, refuse_diverged
+from training.errors import DataError, DivergedTrainingError
 
 _CASES = [(1, 6 * 3600, 60), (7, DAY_S, 3600), (2, 3 * 3600, 300), (3, 0, 60)]
 
@@ -45,6 +46,14 @@ def test_no_scored_target_lies_within_the_margin_of_a_trained_one(
 def test_blocks_refuse_a_margin_that_leaves_nothing_to_score() -> None:
     with pytest.raises(DataError, match="leaves nothing"):
         DayBlocks(period_days=1, margin_s=12 * 3600)
+
+
+def test_a_diverged_run_is_refused_not_scored_over_no_window() -> None:
+    """error_metrics scores NaN predictions as RMSE 0 over n = 0: the check must refuse them."""
+    config = SimpleNamespace(seed=2, learning_rate=3e-4)
+    refuse_diverged([40.0, 12.0], config)
+    with pytest.raises(DivergedTrainingError, match="epoch 2"):
+        refuse_diverged([40.0, float("nan")], config)
 
 
 def test_defaults_and_points_follow_the_period() -> None:

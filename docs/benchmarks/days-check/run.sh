@@ -22,3 +22,4 @@ for seed in 0 1; do
   one pm10-ispra-1min-rh-temp $seed pm10-ispra-1min-rh-temp-d2 --period-days 2
   one pm10-ispra-1min $seed pm10-ispra-1min-d2 --period-days 2
 done
+for model in pm10-ispra-1min-rh-temp pm10-ispra-1min; do one $model 2 $model; done
