@@ -206,11 +206,17 @@ def stream_messages(servers: Sequence[str], stream: str) -> list[tuple[str, dict
     return [(m.msg_id, m.document, m.stored_at) for m in read_stream(servers, stream)]
 
 
-def wait_calibrated(servers: Sequence[str], expected: set[str], what: str) -> None:
+def wait_calibrated(
+    servers: Sequence[str], expected: set[str], what: str, timeout_s: float = WAIT_S
+) -> None:
     """Until the calibrated stream holds as many values as ``expected``; on time-out the
     failure names what is missing."""
     try:
-        wait_for(lambda: len(stream_messages(servers, "TESLA_CALIBRATED")) >= len(expected), what)
+        wait_for(
+            lambda: len(stream_messages(servers, "TESLA_CALIBRATED")) >= len(expected),
+            what,
+            timeout_s,
+        )
     except AssertionError as exc:
         have = {msg_id for msg_id, _, _ in stream_messages(servers, "TESLA_CALIBRATED")}
         missing = sorted(expected - have)

@@ -215,7 +215,12 @@ def test_killed_stream_leader_loses_nothing(
         time.sleep(6 * PERIOD_S)
         feeder.stop()
         expected = expected_periods(feeder.sent)
-        wait_calibrated(urls, expected, "every period calibrated after the leader's death")
+        # After the stream leader's death a partition's last readings sometimes wait about a
+        # minute (1 run in 3 under load: 5 periods of one partition past 60 s; a known limit,
+        # docs/deployment.md): what this test asks is that none is lost.
+        wait_calibrated(
+            urls, expected, "every period calibrated after the leader's death", timeout_s=180.0
+        )
         messages = stream_messages(urls, "TESLA_CALIBRATED")
         stored = stream_messages(urls, "TESLA_READINGS")
 
