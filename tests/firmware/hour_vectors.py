@@ -116,8 +116,8 @@ def _scenario(
             continue
         step: dict[str, Any] = {"period": period, "readings": readings[period]}
         if readings[period][0]:  # PM observed: the node calibrates (absent: no input asked)
-            history, values = _input(series, period, first, clock, shape)
-            step |= {"history": history, "input": values}
+            history, model_input = _input(series, period, first, clock, shape)
+            step |= {"history": history, "input": model_input}
         steps.append(step)
     return {
         "name": name,
