@@ -416,8 +416,12 @@ class ClusterMember:
             return superseded
         assert self._snapshots is not None
         async with self._drained(_SNAPSHOT_WAIT_S):  # after the wait, with what waits
+            # One lost while this waited for the lock has had its windows dropped: a snapshot
+            # of it would hold no sensor yet claim its sequence, and its next owner would
+            # replay only after it, losing every reading up to there.
+            held = {p: o for p, o in partitions.items() if self._owned.get(p) is o}
             states = self._ticker.snapshot()
-            covered = {p: (owned.covered, set(owned.sensors)) for p, owned in partitions.items()}
+            covered = {p: (owned.covered, set(owned.sensors)) for p, owned in held.items()}
         for partition, (sequence, sensors) in covered.items():
             parts = {slot: window_parts.subset(state, sensors) for slot, state in states}
             snapshot = window_parts.PartitionSnapshot(sequence=sequence, states=parts)
