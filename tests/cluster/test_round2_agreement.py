@@ -27,7 +27,7 @@ from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.contract.series import GapPolicy
 from tesla_gateway.windows.ring import ModelWindows
-from tests.cluster.owners import make_member, stats_of, until
+from tests.cluster.owners import make_member, member_config, stats_of, until
 
 _WAIT_S = 30.0  # an upper bound on slow CI, never a timing assertion
 
@@ -37,14 +37,7 @@ def _geometry(window: int = 4, period: int = 60) -> WindowGeometry:
 
 
 def _config(url: str, **overrides: Any) -> ClusterConfig:
-    settings: dict[str, Any] = {
-        "servers": [url],
-        "partitions": 2,
-        "replicas": 1,
-        "pin_ttl_s": 1.0,
-        "snapshot_interval_s": 3600.0,
-    }
-    return ClusterConfig(**(settings | overrides))
+    return member_config(url, **({"partitions": 2} | overrides))
 
 
 async def _stop(task: asyncio.Task[None]) -> None:

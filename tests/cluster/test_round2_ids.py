@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 from paho.mqtt import publish as mqtt_publish
@@ -29,28 +27,11 @@ from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import Reading, RejectReason
 from tesla_gateway.contract.series import GapPolicy
 from tesla_gateway.ingest.rejects import RejectCounter
-from tests.cluster.owners import StoreOwner, stats_of
+from tests.cluster.owners import StoreOwner, member_config, stats_of, until
 
 _GEOMETRY = WindowGeometry(4, 60, ("pm10",), GapPolicy(max_interpolated_periods=2))
 _WAIT_S = 40.0  # an upper bound on slow CI, never a timing assertion
 _ODD_TOKENS = ["*", ">", "caf\u00e9", "a" * 300, "room//2", "_x", "-x", "x%2Fy", "\u202e"]
-
-
-def _config(url: str) -> ClusterConfig:
-    return ClusterConfig(
-        servers=[url], partitions=1, replicas=1, pin_ttl_s=1.0, snapshot_interval_s=3600.0
-    )
-
-
-async def _until(condition: Callable[[], Any], what: str, task: asyncio.Task[Any]) -> None:
-    """Wait for ``condition()``; the task ending first is the failure it raised."""
-    deadline = time.monotonic() + _WAIT_S
-    while not condition():
-        if task.done():
-            task.result()
-            raise AssertionError(f"stopped before {what}")
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def _stream_subjects(engine: Engine, stream: str) -> list[str]:
@@ -67,7 +48,7 @@ async def _stream_subjects(engine: Engine, stream: str) -> list[str]:
 @pytest.mark.parametrize("token", _ODD_TOKENS, ids=repr)
 def test_a_subject_token_that_is_no_sensor_id_is_rejected_by_the_decode(token: str) -> None:
     rejects = RejectCounter()
-    traffic = Traffic(_config("nats://127.0.0.1:1"), rejects)
+    traffic = Traffic(member_config("nats://127.0.0.1:1"), rejects)
     payloads = [b'{"ts": 1700000000.0, "pm10": 1.0}', b'[{"ts": 1700000000.0, "pm10": 1.0}]']
     for payload in payloads:
         message = StreamMessage(f"sensors.part.0.{token}", payload, 1, 1_700_000_001.0)
@@ -82,7 +63,7 @@ def test_odd_ids_in_the_stream_are_rejected_counted_and_acked_beside_clean_ones(
     """The live path: the MQTT node 'room.2' through nats-server's MQTT listener and odd
     subjects published by a plain client reach the member's decode; only the clean sensor
     reaches the windows, every odd message is counted by reason and acknowledged."""
-    config = _config(nats_server.url)
+    config = member_config(nats_server.url)
     owner, rejects = StoreOwner(), RejectCounter()
     member = ClusterMember(
         config,
@@ -99,8 +80,8 @@ def test_odd_ids_in_the_stream_are_rejected_counted_and_acked_beside_clean_ones(
         engine = await connect(config, "node")
         task = asyncio.create_task(member.run())
         try:
-            await _until(
-                lambda: stats_of(member)["partitions"].get("0", {}).get("ready"), "owning", task
+            await until(
+                task, lambda: stats_of(member)["partitions"].get("0", {}).get("ready"), "owning"
             )
             now = time.time()
             document = json.dumps({"ts": now, "pm10": 20.0}).encode()
@@ -114,12 +95,12 @@ def test_odd_ids_in_the_stream_are_rejected_counted_and_acked_beside_clean_ones(
             )
             for token in [*odd, "ok-1"]:
                 await engine.js.publish(f"sensors.{token}.raw", document)
-            await _until(lambda: "ok-1" in owner.store.last_seen(), "the clean reading", task)
+            await until(task, lambda: "ok-1" in owner.store.last_seen(), "the clean reading")
             # 'sensors.*.raw' and 'sensors.>.raw' are stored as they are (the partition
             # transform leaves a wildcard alone), so no partition's consumer delivers them.
             expected = len(odd) - 2 + 1  # café, 300 x 'a' and room//2
-            await _until(
-                lambda: rejects.count(RejectReason.BAD_SENSOR_ID) >= expected, "rejects", task
+            await until(
+                task, lambda: rejects.count(RejectReason.BAD_SENSOR_ID) >= expected, "rejects"
             )
             stored = await _stream_subjects(engine, config.readings_stream)
             assert "sensors.part.0.room//2" in stored  # the MQTT listener's spelling of room.2
@@ -168,7 +149,7 @@ def test_a_local_id_that_is_not_one_subject_token_is_rejected_and_others_keep_fl
 ) -> None:
     """The serial node 'room.1' ahead of a clean one in the forward queue: rejected (its id
     named, counted by reason), and the clean one's readings all reach the stream."""
-    config = _config(nats_server.url)
+    config = member_config(nats_server.url)
     rejects = RejectCounter()
 
     async def run() -> None:
@@ -178,7 +159,7 @@ def test_a_local_id_that_is_not_one_subject_token_is_rejected_and_others_keep_fl
             for step in range(4):
                 queue.put_nowait(_local("room.1", now + step))
                 queue.put_nowait(_local("serial-ok", now + step))
-            await _until(lambda: traffic.local_forwarded == 4, "the clean sensor's readings", task)
+            await until(task, lambda: traffic.local_forwarded == 4, "the clean sensor's readings")
             assert traffic.stats()["local_rejected"] == 4
             assert rejects.count(RejectReason.BAD_SENSOR_ID, source="node") == 4
             stored = await _stream_subjects(engine, config.readings_stream)
@@ -194,7 +175,7 @@ def test_a_reading_no_stream_takes_is_dropped_and_counted_not_retried_forever(
 ) -> None:
     """With the readings stream gone the stream refuses for good: counted as refused and the
     next reading is tried; once the stream is back, readings flow again."""
-    config = _config(nats_server.url)
+    config = member_config(nats_server.url)
     rejects = RejectCounter()
 
     async def run() -> None:
@@ -204,10 +185,10 @@ def test_a_reading_no_stream_takes_is_dropped_and_counted_not_retried_forever(
             now = time.time()
             queue.put_nowait(_local("s1", now))
             queue.put_nowait(_local("s2", now))
-            await _until(lambda: traffic.stats()["local_refused"] == 2, "both refused", task)
+            await until(task, lambda: traffic.stats()["local_refused"] == 2, "both refused")
             await (await connect(config, "other")).close()  # makes the stream again
             queue.put_nowait(_local("s3", now + 1))
-            await _until(lambda: traffic.local_forwarded == 1, "s3 forwarded", task)
+            await until(task, lambda: traffic.local_forwarded == 1, "s3 forwarded")
             stored = await _stream_subjects(engine, config.readings_stream)
             assert stored == ["sensors.part.0.s3"]
         finally:
@@ -219,7 +200,7 @@ def test_a_reading_no_stream_takes_is_dropped_and_counted_not_retried_forever(
 def test_a_server_outage_is_retried_and_loses_nothing(nats_server: NatsServer) -> None:
     """Transient: the only server stops while readings wait; they are kept (not refused, not
     given up) and stored once each after it is back."""
-    config = _config(nats_server.url)
+    config = member_config(nats_server.url)
     rejects = RejectCounter()
 
     async def run() -> None:
@@ -232,7 +213,7 @@ def test_a_server_outage_is_retried_and_loses_nothing(nats_server: NatsServer) -
             await asyncio.sleep(2.0)  # several failed attempts while it is down
             assert traffic.local_forwarded == 0
             await asyncio.to_thread(nats_server.start)
-            await _until(lambda: traffic.local_forwarded == 3, "all three forwarded", task)
+            await until(task, lambda: traffic.local_forwarded == 3, "all three forwarded")
             stats = traffic.stats()
             assert (stats["local_refused"], stats["local_failed"]) == (0, 0)
             stored = await _stream_subjects(engine, config.readings_stream)
