@@ -150,6 +150,7 @@ def _smallest_offset(zone: str, year: int) -> int:
     )
 
 
+@functools.lru_cache(maxsize=16)
 def _smallest_local_offset(year: int) -> int:
     """:func:`_smallest_offset` of the C library's zone, when no IANA name can be found."""
     return min(

@@ -25,7 +25,7 @@ import structlog
 from tesla_gateway.contract.calibrated import CalibratedReading, Interval, Quality
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import Reading
-from tesla_gateway.contract.time_of_day import utc_offset_for
+from tesla_gateway.contract.time_of_day import system_zone, utc_offset_for
 from tesla_gateway.models.calibrator import CalibrationError, Calibrator
 from tesla_gateway.models.choice import ModelRank, choose_per_sensor, model_rank
 from tesla_gateway.models.watch import ModelSet
@@ -109,7 +109,8 @@ class Ticker:
         timezone: str | None = None,
     ) -> None:
         self.store = WindowStore(clock_sanity=clock_sanity)
-        self._timezone = timezone  # the sensors' zone, for models that read the hour
+        # the sensors' zone, for models that read the hour: named once here, not at every tick
+        self._timezone = timezone or system_zone()
         self.models = models
         self.grace_s = grace_s
         self.counters = TickerStats()

@@ -18,19 +18,20 @@ from tesla_gateway.contract.time_of_day import neutral_hours, standard_offset_se
 
 __all__ = ["standard_offsets", "withhold_hour"]
 
-# Zones change their standard offset at whole quarter hours (offsets are multiples of 15 min):
-# evaluating the zone once per quarter hour gives every period's offset at a fraction of the cost.
-_OFFSET_STEP_S = 900
-
 
 def standard_offsets(zone: str, period_starts: npt.ArrayLike) -> npt.NDArray[np.int64]:
-    """The zone's standard UTC offset (s) at each period start (Unix seconds)."""
+    """The zone's standard UTC offset (s) at each period start (Unix seconds): the contract's
+    rule is one offset per UTC year, so each year present is asked once."""
     starts = np.asarray(period_starts, dtype=np.float64)
-    steps, inverse = np.unique(np.floor_divide(starts, _OFFSET_STEP_S), return_inverse=True)
+    years = starts.astype("datetime64[s]").astype("datetime64[Y]")
+    distinct, inverse = np.unique(years, return_inverse=True)
     offsets = np.fromiter(
-        (standard_offset_seconds(zone, float(step) * _OFFSET_STEP_S) for step in steps),
+        (
+            standard_offset_seconds(zone, float(year.astype("datetime64[s]").astype(np.int64)))
+            for year in distinct
+        ),
         dtype=np.int64,
-        count=steps.size,
+        count=distinct.size,
     )
     return offsets[inverse.reshape(-1)]
 
