@@ -17,7 +17,8 @@ exactly its kept epochs, the run the exported model is; its predictions come fro
 model itself, so it is not trained again.
 
 A fold's directory (``pool-without-<unit>-e<E>+<F>-seed<S>``) is reused when its ``fold.json``
-records the same config, units and epochs; a seed that diverges is recorded and the next seed is
+records the same config, units, epochs and number of training windows (so a change of the data or
+of its cleaning trains the fold again); a seed that diverges is recorded and the next seed is
 tried (up to :data:`EXTRA_SEEDS` more).
 """
 
@@ -90,6 +91,8 @@ class _FoldRecord(BaseModel):
     train_units: tuple[str, ...]
     left_out: str
     kept: KeptEpochs
+    # the fold's training windows after cleaning: a fold trained on other data is not reused
+    windows: int | None = None
     train_seconds: float | None = None
     final_loss: float | None = None
 
@@ -219,6 +222,7 @@ def _fold(  # noqa: PLR0917
             train_units=units,
             left_out=left_out,
             kept=kept,
+            windows=len(windows),
         )
         if _diverged(run_dir, record):
             diverged.append(seed)

@@ -4,12 +4,15 @@ A reading the gateway would reject must not be learned from, so the limits come 
 ``tesla_gateway.contract.readings.FIELD_LIMITS``. An invalid raw value removes its row (there is
 nothing to
 calibrate); an invalid reference only removes the target (the raw value still feeds windows);
-an invalid covariate becomes NaN. As in the paper, sensors that lose more than half of their
-readings are dropped entirely.
+an invalid covariate becomes NaN. A frozen sensor's run of identical readings is removed whole
+(``raw:stuck``, the rule of ``tesla_gateway.contract.stuck``, by which the gateway withholds its
+calibrated values). As in the paper, sensors that lose more than half of their readings are
+dropped entirely.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +24,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from tesla_gateway.contract.readings import COVARIATES, FIELD_LIMITS, RejectReason
+from tesla_gateway.contract.stuck import STUCK_PERIODS, stuck_positions
 from training.data.frame import CoLocationData
 
 __all__ = ["CleaningReport", "CleaningRules", "clean"]
@@ -28,6 +32,7 @@ __all__ = ["CleaningReport", "CleaningRules", "clean"]
 MISSING = "missing"
 SENTINEL = "sentinel"
 DUPLICATE = "duplicate"
+STUCK = "stuck"
 SENSOR_DROPPED = "sensor_dropped"
 _VALID = ""
 
@@ -40,6 +45,14 @@ class CleaningRules(BaseModel):
     sentinel_values: tuple[float, ...] = Field(
         default=(-9999.0, -999.0, -99.0, 9999.0, 99999.0),
         description="Codes loggers write for 'no value'; counted apart from ordinary outliers.",
+    )
+    stuck_periods: int | None = Field(
+        default=STUCK_PERIODS,
+        ge=2,
+        description=(
+            "A sensor repeating one raw value exactly for this many readings in a row is frozen "
+            "(a dead laser or fan): the whole run is removed. None keeps such runs."
+        ),
     )
     max_removed_fraction: float = Field(
         default=0.5,
@@ -85,6 +98,9 @@ def clean(
         nulled.update(data.load_counts.values_nulled)
 
     raw_reason = _reasons(frame["raw"].to_numpy(), FIELD_LIMITS[data.feature], rules)
+    if rules.stuck_periods is not None:
+        frozen = _stuck_rows(frame, raw_reason == _VALID, rules.stuck_periods)
+        raw_reason = np.where(frozen, STUCK, raw_reason)  # np.where widens the string dtype
     keep = raw_reason == _VALID
     _count(dropped, "raw", raw_reason[~keep])
 
@@ -151,6 +167,25 @@ def _reasons(
     reasons[np.isinf(values)] = RejectReason.NOT_FINITE.value
     reasons[np.isnan(values)] = MISSING
     return reasons.astype(str)
+
+
+def _stuck_rows(
+    frame: pd.DataFrame, valid: npt.NDArray[np.bool_], stuck_periods: int
+) -> npt.NDArray[np.bool_]:
+    """Rows inside a frozen run: per sensor, its valid raw values in time order."""
+    stuck = np.zeros(len(frame), dtype=np.bool_)
+    rows = np.flatnonzero(valid)
+    if rows.size < stuck_periods:
+        return stuck
+    kept = frame.iloc[rows]
+    order = np.lexsort((kept["timestamp"].to_numpy(), kept["sensor_id"].to_numpy()))
+    ordered_rows = rows[order]
+    sensors = kept["sensor_id"].to_numpy()[order]
+    raw = kept["raw"].to_numpy(dtype=np.float64)[order]
+    bounds = np.flatnonzero(np.r_[True, sensors[1:] != sensors[:-1], True])
+    for start, end in itertools.pairwise(bounds.tolist()):
+        stuck[ordered_rows[start:end][stuck_positions(raw[start:end], stuck_periods)]] = True
+    return stuck
 
 
 def _count(counter: Counter[str], column: str, reasons: npt.NDArray[np.str_]) -> None:

@@ -133,3 +133,32 @@ def test_rules_are_strict_config() -> None:
     with pytest.raises(ValidationError):
         CleaningRules.model_validate({"sentinels": [1.0]})
     assert np.isin(-9999.0, CleaningRules().sentinel_values)
+
+
+def test_frozen_runs_are_dropped_whole_per_sensor_in_time_order() -> None:
+    """A dead unit's repeated value (Antwerp_4043AE read 0.0 for 814 hours) is no reading; the
+    same values split across sensors, or shuffled rows, are judged per sensor in time order."""
+    frozen = [("a", m, 0.0, 9.0 + m % 3, 50.0, 5.0) for m in range(10, 14)]
+    rows = [
+        ("a", 0, 3.0, 4.0, 50.0, 5.0),
+        *reversed(frozen),  # rows out of time order
+        ("b", 11, 0.0, 8.0, 50.0, 5.0),  # another sensor's zeros interleaved
+        ("b", 12, 0.0, 8.0, 50.0, 5.0),
+        ("a", 20, 5.0, 6.0, 50.0, 5.0),
+        ("a", 21, 5.0, 6.0, 50.0, 5.0),
+    ]
+    cleaned, report = clean(_data(rows), CleaningRules(stuck_periods=4, max_removed_fraction=1.0))
+    assert report.rows_dropped == {"raw:stuck": 4}
+    frame = cleaned.frame
+    assert sorted(frame.loc[frame["sensor_id"] == "a", "raw"].tolist()) == [3.0, 5.0, 5.0]
+    assert frame.loc[frame["sensor_id"] == "b", "raw"].tolist() == [0.0, 0.0]
+    assert report.removed_fraction["a"] == pytest.approx(4 / 7)
+    kept, none = clean(_data(rows), CleaningRules(stuck_periods=None, max_removed_fraction=1.0))
+    assert none.rows_dropped == {} and len(kept.frame) == len(rows)
+
+
+def test_invalid_readings_inside_a_frozen_run_do_not_hide_it() -> None:
+    rows = [("a", m, 0.0, 9.0, 50.0, 5.0) for m in range(0, 10, 2)]
+    rows.insert(2, ("a", 3, NAN, 9.0, 50.0, 5.0))  # a missing raw: dropped for itself
+    _, report = clean(_data(rows), CleaningRules(stuck_periods=5, max_removed_fraction=1.0))
+    assert report.rows_dropped == {"raw:missing": 1, "raw:stuck": 5}

@@ -51,6 +51,11 @@ def test_antwerp_spikes_dropped_and_readme_figures(
     data, report = clean(raw)
     assert report.rows_read == 46_634
     assert report.rows_dropped["raw:out_of_range"] == 384
+    # Antwerp_4043AE's 814 hours of exactly 0.0 after its saturated week (a dead unit)
+    assert report.rows_dropped["raw:stuck"] == 814
+    frame = raw.frame
+    dead = frame[frame["sensor_id"] == "Antwerp_4043AE"].set_index("timestamp")["raw"]
+    assert (dead.loc["2020-08-27 10:00":"2020-09-30 07:00"] == 0.0).sum() == 814
     assert data.frame["raw"].max() <= 1000
     test = paper_split(data.sensor_ids).test
     assert test == "Antwerp_4067BD"
