@@ -33,6 +33,9 @@ class Quality(enum.StrEnum):
     # the model's output is no concentration: its whole interval below zero, or far beyond what
     # it was trained on (tesla_gateway/models/plausibility.py); published without a value
     IMPLAUSIBLE = "implausible"
+    # the window's newest stuck_periods raw values of the first channel are one value exactly:
+    # a frozen sensor (tesla_gateway/contract/stuck.py); published without a value
+    STUCK = "stuck"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +53,9 @@ class CalibratedReading:
 
     ``calibrated`` is None unless ``quality`` contains only ``Quality.OK`` (or the advisory
     ``OUT_OF_DOMAIN``): the gateway never publishes a made-up calibration, nor one the model
-    computed but no concentration could be (``IMPLAUSIBLE``).
+    computed but no concentration could be (``IMPLAUSIBLE``), nor the model's answer to a
+    frozen sensor's constant window (``STUCK``). ``interval`` is None whenever ``calibrated``
+    is.
     """
 
     sensor_id: str

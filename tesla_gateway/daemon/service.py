@@ -98,6 +98,7 @@ class GatewayService:
             clock=clock,
             clock_steps=ClockSteps(),  # the wall clock's steps re-anchor the windows
             timezone=config.timezone,  # the hour of models that read it
+            stuck_periods=config.health.stuck_periods if config.health.withhold_stuck else None,
         )
         self.publisher: Publisher | None = None
         self.ingest_log = IngestLog(
@@ -272,12 +273,9 @@ class GatewayService:
                 )
                 for name, (_, reference_queue) in references.items()
             ]
-            ingest_task = group.create_task(
-                self._ingest_loop(queue)
-                if self.cluster is None
-                else self.cluster.forward_local(queue),
-                name="ingest",
-            )
+            cluster = self.cluster
+            ingest = self._ingest_loop(queue) if cluster is None else cluster.forward_local(queue)
+            ingest_task = group.create_task(ingest, name="ingest")
             tick_task = group.create_task(self._tick_loop(publisher), name="tick")
             helpers = [
                 group.create_task(self._watch_loop(), name="model-watch"),

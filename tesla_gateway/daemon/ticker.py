@@ -6,9 +6,10 @@ reading, for replayed data). A tick gathers every closed period of every model, 
 once over all its valid windows, and returns one :class:`CalibratedReading` per (sensor, period,
 feature). A window that is not valid is published with its raw value and the reason, never with a
 made-up calibration; nor is an output no concentration could be (``implausible``, bounded by the
-model's manifest: tesla_gateway/models/plausibility.py). With a :class:`ClockSteps` (the
-daemon's), every wall-clock reading the ticker takes is checked for a step first, and a step
-re-anchors the windows before the reading or the tick uses that clock.
+model's manifest: tesla_gateway/models/plausibility.py), nor the model's answer to a frozen
+sensor's constant window (``stuck``: tesla_gateway/contract/stuck.py). With a
+:class:`ClockSteps` (the daemon's), every wall-clock reading the ticker takes is checked for a
+step first, and a step re-anchors the windows before the reading or the tick uses that clock.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import structlog
 from tesla_gateway.contract.calibrated import CalibratedReading, Interval, Quality
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import Reading
+from tesla_gateway.contract.stuck import STUCK_PERIODS
 from tesla_gateway.contract.time_of_day import system_zone, utc_offset_for
 from tesla_gateway.models.calibrator import CalibrationError, Calibrator
 from tesla_gateway.models.choice import ModelRank, choose_per_sensor, model_rank
@@ -107,8 +109,11 @@ class Ticker:
         monotonic: Callable[[], float] = time.monotonic,
         clock_steps: ClockSteps | None = None,
         timezone: str | None = None,
+        stuck_periods: int | None = STUCK_PERIODS,
     ) -> None:
         self.store = WindowStore(clock_sanity=clock_sanity)
+        # a window frozen this long is published without a value ([health]; None: never)
+        self._stuck_periods = stuck_periods
         # the sensors' zone, for models that read the hour: named once here, not at every tick
         self._timezone = timezone or system_zone()
         self.models = models
@@ -138,6 +143,7 @@ class Ticker:
                     )
             self.store[slot].admit_complete_only = _has_simpler_sibling(slot, calibrator, loaded)
             self.store[slot].min_history_periods = calibrator.manifest.calibrates_from
+            self.store[slot].stuck_periods = self._stuck_periods
             self.store[slot].utc_offset_s = utc_offset_for(self._timezone, self._clock())
         return reset
 

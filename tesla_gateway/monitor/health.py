@@ -4,7 +4,8 @@ The ticker already reduces every closed period to one :class:`CalibratedReading`
 raw mean and the window's quality flags). :class:`SensorHealth` folds those into a few signals
 in O(1) per period, with no per-reading work:
 
-* **stuck**: the same raw period mean for ``stuck_periods`` periods in a row;
+* **stuck**: the same raw period mean for ``stuck_periods`` periods in a row (the ticker
+  withholds such a window's calibrated value by the same number: quality ``stuck``);
 * **dropouts**: share of the recent ``window_periods`` grid periods without a reading;
 * **spikes**: share of recent periods whose jump from the previous period exceeds a robust bound,
   ``max(spike_factor * scale, spike_min_jump)``, where ``scale`` is the median absolute jump of
@@ -37,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tesla_gateway.contract.calibrated import Quality
 from tesla_gateway.contract.manifest import InputRange
+from tesla_gateway.contract.stuck import STUCK_PERIODS
 
 __all__ = ["HealthConfig", "HealthFlag", "HealthReport", "SensorHealth"]
 
@@ -76,7 +78,19 @@ class HealthConfig(BaseModel):
         description="Observed periods needed in the window before share-based flags are raised.",
     )
     stuck_periods: int = Field(
-        default=30, ge=2, description="Identical raw period means in a row that flag 'stuck'."
+        default=STUCK_PERIODS,
+        ge=2,
+        description=(
+            "Identical raw period means in a row that flag 'stuck' (health), and that withhold "
+            "the calibrated value (quality 'stuck') while withhold_stuck is on."
+        ),
+    )
+    withhold_stuck: bool = Field(
+        default=True,
+        description=(
+            "Withhold the calibrated value of a sensor stuck for stuck_periods periods; turn off "
+            "only for air so clean that a sensor reads exactly 0 that long."
+        ),
     )
     max_dropout_fraction: float = Field(
         default=0.2, ge=0, le=1, description="'dropouts' above this share of missing periods."

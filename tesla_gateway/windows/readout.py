@@ -13,6 +13,7 @@ import numpy as np
 from tesla_gateway.contract.calibrated import Quality
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.series import pad_history, window_is_valid
+from tesla_gateway.contract.stuck import stuck_windows
 from tesla_gateway.contract.time_of_day import window_hours
 from tesla_gateway.windows.state import NO_PERIOD, Float32Array, FloatArray, IntArray, WarmUp
 
@@ -20,6 +21,7 @@ __all__ = [
     "gather_windows",
     "history_periods",
     "pad_young",
+    "qualities",
     "warm_up",
     "window_quality",
     "with_hours",
@@ -103,6 +105,34 @@ def warm_up(
         fewest_periods=int(have.min()) if have.size else None,
         all_ready_at=float(ready.max()) if ready.size else None,
     )
+
+
+def qualities(
+    windows: Float32Array,
+    first_channel: Float32Array,
+    periods: IntArray,
+    first: IntArray,
+    history: IntArray,
+    *,
+    min_history: int,
+    stuck_periods: int | None,
+) -> tuple[tuple[Quality, ...], ...]:
+    """The flags of each [B, C, N] window (empty: valid), its first channel [B, N] given apart
+    (the ring's, before the hour channels). Python runs only for the rows flagged: a window
+    holding a hole gets :func:`window_quality`; an otherwise valid one whose newest
+    ``stuck_periods`` first-channel values are one value (``history`` periods of them real) is
+    ``stuck`` (:func:`tesla_gateway.contract.stuck.stuck_windows`; None: never)."""
+    # A window's sum is NaN exactly when it holds a NaN (values are finite otherwise), and
+    # summing needs no [B, C, N] boolean temporary.
+    holes = np.isnan(windows.sum(axis=(1, 2)))
+    flags: list[tuple[Quality, ...]] = [()] * len(periods)
+    for row in np.flatnonzero(holes).tolist():
+        flags[row] = window_quality(windows[row], int(periods[row]), int(first[row]), min_history)
+    if stuck_periods is not None:
+        frozen = stuck_windows(first_channel, history, stuck_periods) & ~holes
+        for row in np.flatnonzero(frozen).tolist():
+            flags[row] = (Quality.STUCK,)
+    return tuple(flags)
 
 
 def window_quality(

@@ -21,7 +21,6 @@ import math
 
 import numpy as np
 
-from tesla_gateway.contract.calibrated import Quality
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.contract.series import gap_fill, period_index
@@ -83,6 +82,9 @@ class ModelWindows:
         # sent one beyond the first: PM and rh/temp in separate messages add up here.
         self.admit_complete_only = False
         self.min_history_periods = self._n  # the model's (the ticker sets it from its manifest)
+        # A valid window whose newest stuck_periods first-channel values are one value is
+        # flagged stuck (a frozen sensor; the ticker sets it from [health]); None: never.
+        self.stuck_periods: int | None = None
         self.utc_offset_s: int | None = 0  # the hour channels' zone (the ticker sets it)
         self._partial: dict[str, int] = {}
         self._allocate(max(capacity, 1))
@@ -411,18 +413,14 @@ class ModelWindows:
         sensor_ids = tuple(snap.sensor_id for snap in self._overflow) + tuple(
             self._ids[int(row)] for row in rows
         )
+        own = windows[:, 0, :]  # the first channel (the feature's own readings), before the hours
         windows = readout.with_hours(windows, periods, self.geometry, self.utc_offset_s)
         c = windows.shape[1]
-        history = readout.pad_young(windows, periods, first, self.min_history_periods)
-        # Flags only for windows holding a hole: a full window is plain OK, no Python per row.
-        # A window's sum is NaN exactly when it holds a NaN (values are finite otherwise), and
-        # summing needs no [B, C, N] boolean temporary.
-        incomplete = np.flatnonzero(np.isnan(windows.sum(axis=(1, 2))))
-        flags: list[tuple[Quality, ...]] = [()] * periods.size
-        for hole in incomplete.tolist():
-            flags[hole] = readout.window_quality(
-                windows[hole], int(periods[hole]), int(first[hole]), self.min_history_periods
-            )
+        minimum, stuck = self.min_history_periods, self.stuck_periods
+        history = readout.pad_young(windows, periods, first, minimum)
+        flags = readout.qualities(
+            windows, own, periods, first, history, min_history=minimum, stuck_periods=stuck
+        )
         self._overflow.clear()
         self._pending[rows] = False
         self._pending_rows -= int(rows.size)
@@ -432,7 +430,7 @@ class ModelWindows:
             periods=periods,
             windows=shaped,
             raw=raw,
-            quality=tuple(flags),
+            quality=flags,
             history=history,
         )
 

@@ -181,7 +181,10 @@ def test_init_check_config_and_run_from_the_installed_wheel(
     assert "model pm10: pm10-ispra-1min" in checked.stdout
 
     rng = np.random.default_rng(5)
-    values = np.clip(40 + np.cumsum(rng.normal(0, 2.0, PERIODS)), 10, 120).round(2)
+    # A walk reflected at 10 µg/m³: clipped, it sat at exactly 10 for 66 periods, a frozen
+    # sensor whose value the gateway withholds (tesla_gateway/contract/stuck.py).
+    walk = 40 + np.cumsum(rng.normal(0, 2.0, PERIODS))
+    values = np.minimum(10 + np.abs(walk - 10), 120).round(2)
     # The default calibrates from the first period: a window not yet whole has the sensor's first
     # reading repeated before it (tesla_gateway.contract.series.pad_history).
     windows = [
