@@ -382,7 +382,7 @@ def _last_readings(times: Mapping[str, float]) -> GaugeMetricFamily:
 
 def _sensor_values(values: Mapping[tuple[str, str], SensorValue]) -> Iterator[Metric]:
     """Newest raw and calibrated value per (sensor, feature); no calibrated series while the
-    newest period has none (warming up, a gap, no model, implausible)."""
+    newest period has none (warming up, a gap, no model, implausible, stuck)."""
     raw = GaugeMetricFamily(
         f"{PREFIX}_sensor_raw_micrograms_per_cubic_meter",
         "The sensor's newest published period: its mean raw reading.",
