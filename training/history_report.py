@@ -143,8 +143,8 @@ def table(report: HistoryReport, targets: tuple[HistoryTarget, ...] = ()) -> str
         f"{report.calibrates_from} period(s). Linear calibration (newest reading only): RMSE "
         f"{report.linear_rmse:.2f} {unit} at every K. "
         + (
-            "Before: the previous model, not trained on short histories, fed the same padded "
-            "windows."
+            f"Before: {report.baseline}, the model given as the baseline (`--baseline`), fed "
+            "the same padded windows."
             if baseline
             else ""
         ),
