@@ -14,7 +14,13 @@ Each file starts with the header line :data:`HEADER`; then one row per (sensor, 
 * ``raw``: the period mean of its readings; ``reference``: the period mean of the reference;
 * ``calibrated``: the published calibration, empty when the window was not valid;
 * ``model_version``: integer, empty without a model;
-* ``rh``, ``temp_c``: period means of the sensor's covariates, empty when it sent none.
+* ``rh``, ``temp_c``: period means of the sensor's covariates, empty when it sent none;
+* ``quality``: the published period's quality values joined by ``;`` (``ok``, ``stuck``,
+  ``warming_up;gap``): retraining drops a frozen sensor's run by it, even when the reference's
+  sparse periods leave fewer rows of the run than training's own rule needs.
+
+A file of another header (e.g. one written before ``quality`` existed) is never appended to:
+the writer takes the day's next part, so every file holds one shape of row.
 
 Each row is flushed to the OS as it is written (a crash loses at most the row being written; a
 torn last line is cut off when the file is next opened) and a file is fsynced when it is closed
@@ -37,11 +43,13 @@ from typing import BinaryIO
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
+from tesla_gateway.contract.calibrated import Quality
 from tesla_gateway.contract.readings import SENSOR_ID_PATTERN
 
 __all__ = [
     "HEADER",
     "PAIRS_DIRNAME",
+    "QUALITY_SEPARATOR",
     "PairRow",
     "PairsConfig",
     "PairsWriter",
@@ -51,7 +59,8 @@ __all__ = [
 ]
 
 PAIRS_DIRNAME = "pairs"
-HEADER = "timestamp,sensor_id,raw,reference,calibrated,model_version,rh,temp_c"
+HEADER = "timestamp,sensor_id,raw,reference,calibrated,model_version,rh,temp_c,quality"
+QUALITY_SEPARATOR = ";"
 _HEADER_LINE = (HEADER + "\n").encode("ascii")
 _TAIL_BYTES = 4096  # longer than any row: enough to find a torn last line
 _PART = re.compile(r"^pairs-(\d{8})(?:-(\d+))?\.csv$")
@@ -99,6 +108,7 @@ class PairRow:
     model_version: int | None
     rh: float | None
     temp_c: float | None
+    quality: tuple[Quality, ...] = ()  # of the published period
 
 
 def _number(value: float | None) -> str:
@@ -124,6 +134,7 @@ def format_row(row: PairRow) -> str:
         "" if row.model_version is None else str(int(row.model_version)),
         _number(row.rh),
         _number(row.temp_c),
+        QUALITY_SEPARATOR.join(Quality(value).value for value in row.quality),
     )
     return ",".join(fields) + "\n"
 
@@ -244,7 +255,9 @@ class PairsWriter:
                 handle.close()
                 raise
             if size is None or size >= self.max_file_bytes:
-                handle.close()  # another format, or already full: take the next part
+                # Another format (an older header too: a file holds one shape of row), or
+                # already full: take the next part.
+                handle.close()
                 part += 1
                 continue
             break

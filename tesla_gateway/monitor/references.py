@@ -252,6 +252,7 @@ class ReferencePairing:
                             model_version=reading.model_version,
                             rh=covariates[0],
                             temp_c=covariates[1],
+                            quality=reading.quality,
                         ),
                         reading=reading,
                     )

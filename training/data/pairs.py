@@ -5,10 +5,17 @@ Layout (written by ``tesla_gateway.monitor.pairs``)::
     <state_dir>/pairs/<feature>/pairs-YYYYMMDD.csv       first file of a UTC day
     <state_dir>/pairs/<feature>/pairs-YYYYMMDD-<n>.csv   further files of that day (size rotation)
 
-Header ``timestamp,sensor_id,raw,reference,calibrated,model_version,rh,temp_c``; one row per
-(sensor, period): the period start (ISO-8601 UTC), the period means of the raw readings and the
-reference, the calibration the gateway published (empty when the window was not valid) with the
-version of the model that made it, and the covariates (empty when the sensor sent none).
+Header ``timestamp,sensor_id,raw,reference,calibrated,model_version,rh,temp_c,quality``; one row
+per (sensor, period): the period start (ISO-8601 UTC), the period means of the raw readings and
+the reference, the calibration the gateway published (empty when the window was not valid) with
+the version of the model that made it, the covariates (empty when the sensor sent none) and the
+published quality values joined by ``;``. Files written before ``quality`` existed lack it.
+
+A row the gateway published as ``stuck`` (a frozen sensor) is dropped here, and so is the rest of
+its run: the same sensor's rows next to it, in time order, with the same raw value (the run's first
+periods, published before the gateway could know). The reference's cadence decides how many rows a
+run leaves (one per reference reading), so training's own run rule alone (``raw:stuck`` in
+cleaning, which still applies) can miss a run the gateway saw. Counted as ``raw:stuck``.
 
 The plain CSV loader parses and validates the shared columns; this module only finds the files,
 skips a torn last line a crashed writer may leave (counted, never fatal) and keeps the recorded
@@ -24,10 +31,13 @@ from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
+from tesla_gateway.contract.calibrated import Quality
 from tesla_gateway.contract.readings import COVARIATES, Feature
-from tesla_gateway.monitor.pairs import pairs_file_part
+from tesla_gateway.contract.stuck import run_lengths
+from tesla_gateway.monitor.pairs import QUALITY_SEPARATOR, pairs_file_part
 from training.data._files import parse_timestamps, read_csv
 from training.data.frame import (
     FEATURES,
@@ -42,6 +52,7 @@ from training.errors import DataError, FeatureMismatchError, NoPairsError
 __all__ = [
     "PAIRS_ATTRIBUTION",
     "PAIRS_COLUMNS",
+    "STUCK_FLAGGED",
     "TRUNCATED_LINE",
     "RecordedPairs",
     "load_pairs",
@@ -50,9 +61,18 @@ __all__ = [
 ]
 
 PAIRS_ATTRIBUTION = "raw/reference pairs recorded by a tesla-gateway"
-PAIRS_COLUMNS: tuple[str, ...] = (*REQUIRED_COLUMNS, "calibrated", "model_version", *COVARIATES)
+PAIRS_COLUMNS: tuple[str, ...] = (
+    *REQUIRED_COLUMNS,
+    "calibrated",
+    "model_version",
+    *COVARIATES,
+    "quality",
+)
 RECORDED_COLUMNS: tuple[str, ...] = ("calibrated", "model_version")
+NOT_DATA_COLUMNS: tuple[str, ...] = (*RECORDED_COLUMNS, "quality")
 TRUNCATED_LINE = "pairs:truncated_line"
+# The key cleaning's own run rule counts under, so the report shows one figure per reason.
+STUCK_FLAGGED = "raw:stuck"
 _FEATURE_BY_NAME: Mapping[str, Feature] = MappingProxyType({name: name for name in FEATURES})
 
 
@@ -134,6 +154,7 @@ def read_pairs(
         )
     frames: list[pd.DataFrame] = []
     recorded: list[pd.DataFrame] = []
+    flagged: list[pd.DataFrame] = []
     truncated: dict[str, int] = {}
     rows_read = 0
     for file in files:
@@ -147,7 +168,13 @@ def read_pairs(
         rows_read += len(table)
         if table.empty:
             continue
-        frames.append(tidy_plain_table(file, table.drop(columns=list(RECORDED_COLUMNS))))
+        frames.append(
+            tidy_plain_table(
+                file, table.drop(columns=[c for c in NOT_DATA_COLUMNS if c in table.columns])
+            )
+        )
+        if "quality" in table.columns:
+            flagged.append(_stuck_keys(file, table))
         recorded.append(
             pd.DataFrame(
                 {
@@ -181,7 +208,10 @@ def read_pairs(
     period = (
         period_seconds if period_seconds is not None else infer_period_seconds(frame, directory)
     )
+    frozen = _flagged_runs(frame, pd.concat(flagged, ignore_index=True) if flagged else None)
+    frame = frame.loc[~frozen].reset_index(drop=True)
     torn_total = sum(truncated.values())
+    dropped = {TRUNCATED_LINE: torn_total, STUCK_FLAGGED: int(frozen.sum())}
     data = CoLocationData(
         frame=frame,
         feature=resolved,
@@ -191,7 +221,7 @@ def read_pairs(
         attribution=PAIRS_ATTRIBUTION,
         load_counts=LoadCounts(
             rows_read=rows_read,
-            rows_dropped=MappingProxyType({TRUNCATED_LINE: torn_total} if torn_total else {}),
+            rows_dropped=MappingProxyType({k: n for k, n in dropped.items() if n}),
         ),
     )
     return RecordedPairs(
@@ -246,6 +276,41 @@ def _complete_rows(path: Path) -> tuple[int | None, int]:
         handle.seek(0)
         newlines = sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 16), b""))
     return newlines - 1, 1
+
+
+def _stuck_keys(path: Path, table: pd.DataFrame) -> pd.DataFrame:
+    """(timestamp, sensor_id) of a file's rows published with quality ``stuck``."""
+    quality = table["quality"].fillna("").astype("str")
+    stuck = quality.str.split(QUALITY_SEPARATOR).map(
+        lambda values: Quality.STUCK.value in (value.strip() for value in values)
+    )
+    rows = table.loc[stuck.to_numpy(dtype=np.bool_)]
+    return pd.DataFrame(
+        {
+            "timestamp": parse_timestamps(path, rows["timestamp"], "timestamp"),
+            "sensor_id": rows["sensor_id"].astype("str").str.strip(),
+        }
+    )
+
+
+def _flagged_runs(frame: pd.DataFrame, stuck: pd.DataFrame | None) -> npt.NDArray[np.bool_]:
+    """Mask of the tidy frame's rows in a run (per sensor, in time order, of one raw value; the
+    rule of ``tesla_gateway.contract.stuck``) that holds a row the gateway published as stuck."""
+    mask = np.zeros(len(frame), dtype=np.bool_)
+    if stuck is None or stuck.empty:
+        return mask
+    keys = pd.MultiIndex.from_frame(frame[["sensor_id", "timestamp"]])
+    flagged = keys.isin(pd.MultiIndex.from_frame(stuck[["sensor_id", "timestamp"]]))
+    sensors = frame["sensor_id"].to_numpy()
+    raw = frame["raw"].to_numpy(dtype=np.float64)
+    # The tidy frame is sorted by sensor, then time: a run is a stretch of one sensor's rows
+    # whose raw value repeats; it restarts where the value (or the sensor) changes.
+    lengths = run_lengths(raw)
+    starts = (lengths <= 1) | np.r_[True, sensors[1:] != sensors[:-1]]
+    run = np.cumsum(starts)
+    hit = np.unique(run[flagged])
+    mask[np.isin(run, hit)] = True
+    return mask
 
 
 def _check_header(path: Path, columns: list[str]) -> None:

@@ -130,7 +130,7 @@ def test_pairs_are_recorded_and_drift_is_raised_then_cleared(tmp_path: Path) -> 
     ]
     lines = (tmp_path / "pairs" / "pm10" / "pairs-20200110.csv").read_text().splitlines()
     assert lines[0] == HEADER and len(lines) == 1 + len(truth)
-    assert lines[1].startswith("2020-01-10T12:00:00Z,co,") and lines[1].endswith(",1,60.0,")
+    assert lines[1].startswith("2020-01-10T12:00:00Z,co,") and lines[1].endswith(",1,60.0,,ok")
     stats = mon.stats()
     assert stats["references"] == {
         "ref": {

@@ -1,4 +1,5 @@
-"""The pairs dataset: exact CSV format, daily and size rotation, crash repair, write failures."""
+"""The pairs dataset: exact CSV format, daily and size rotation, crash repair, write failures,
+older files left as they are."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from tesla_gateway.contract.calibrated import Quality
 from tesla_gateway.monitor.pairs import (
     HEADER,
     PairRow,
@@ -29,6 +31,7 @@ def row(offset_s: float = 0.0, sensor: str = "s1", **fields: object) -> PairRow:
         "model_version": 3,
         "rh": 55.0,
         "temp_c": 21.5,
+        "quality": (Quality.OK,),
     }
     values.update(fields)
     return PairRow(period_start=DAY + offset_s, sensor_id=sensor, **values)  # type: ignore[arg-type]
@@ -39,9 +42,11 @@ def lines(path: Path) -> list[str]:
 
 
 def test_row_format_is_exact() -> None:
-    assert format_row(row()) == "2020-01-10T12:34:00Z,s1,30.5,21.25,20.1235,3,55.0,21.5\n"
-    empty = row(calibrated=None, model_version=None, rh=None, temp_c=None)
-    assert format_row(empty) == "2020-01-10T12:34:00Z,s1,30.5,21.25,,,,\n"
+    assert format_row(row()) == "2020-01-10T12:34:00Z,s1,30.5,21.25,20.1235,3,55.0,21.5,ok\n"
+    empty = row(calibrated=None, model_version=None, rh=None, temp_c=None, quality=())
+    assert format_row(empty) == "2020-01-10T12:34:00Z,s1,30.5,21.25,,,,,\n"
+    flagged = row(calibrated=None, quality=(Quality.WARMING_UP, Quality.GAP))
+    assert format_row(flagged).endswith(",,3,55.0,21.5,warming_up;gap\n")
     with pytest.raises(ValueError, match="sensor id"):
         format_row(row(sensor="a,b"))
 
@@ -53,8 +58,8 @@ def test_rows_go_to_daily_files_with_a_header(tmp_path: Path) -> None:
     # Still open, but every row is already flushed to the file.
     assert lines(first) == [
         HEADER,
-        "2020-01-10T12:34:00Z,s1,30.5,21.25,20.1235,3,55.0,21.5",
-        "2020-01-10T12:35:00Z,s1,30.5,21.25,20.1235,3,55.0,21.5",
+        "2020-01-10T12:34:00Z,s1,30.5,21.25,20.1235,3,55.0,21.5,ok",
+        "2020-01-10T12:35:00Z,s1,30.5,21.25,20.1235,3,55.0,21.5,ok",
     ]
     writer.close()
     second = tmp_path / "pm10" / "pairs-20200111.csv"
@@ -62,6 +67,7 @@ def test_rows_go_to_daily_files_with_a_header(tmp_path: Path) -> None:
     with second.open(newline="") as handle:
         parsed = list(csv.DictReader(handle))
     assert parsed[0]["timestamp"] == "2020-01-11T12:34:00Z" and parsed[0]["rh"] == "55.0"
+    assert parsed[0]["quality"] == "ok"
 
 
 def test_size_rotation_numbers_the_parts(tmp_path: Path) -> None:
@@ -102,6 +108,34 @@ def test_a_foreign_file_is_left_alone(tmp_path: Path) -> None:
     writer.close()
     assert lines(tmp_path / "pairs-20200110.csv") == ["something,else", "1,2"]
     assert lines(tmp_path / "pairs-20200110-1.csv")[0] == HEADER
+
+
+@pytest.mark.parametrize("rows_in_old_file", [0, 2])
+def test_a_file_of_the_older_header_gets_no_row_of_the_new_shape(
+    tmp_path: Path, rows_in_old_file: int
+) -> None:
+    """A gateway upgraded mid-day: the day's file lacks ``quality``; the rows go to a new part."""
+    old_header = HEADER.removesuffix(",quality")
+    old_rows = [f"2020-01-10T12:3{i}:00Z,s1,30.5,21.25,20.1235,3,55.0,21.5" for i in range(2)]
+    old = tmp_path / "pairs-20200110.csv"
+    old.write_text("\n".join([old_header, *old_rows[:rows_in_old_file]]) + "\n")
+    before = old.read_bytes()
+    writer = PairsWriter(tmp_path, max_file_bytes=1 << 20)
+    assert writer.append([row(120), row(180)]) == 2
+    assert writer.current_file == tmp_path / "pairs-20200110-1.csv"
+    writer.close()
+    assert old.read_bytes() == before
+    assert lines(tmp_path / "pairs-20200110-1.csv") == [
+        HEADER,
+        "2020-01-10T12:36:00Z,s1,30.5,21.25,20.1235,3,55.0,21.5,ok",
+        "2020-01-10T12:37:00Z,s1,30.5,21.25,20.1235,3,55.0,21.5,ok",
+    ]
+    # A restart appends to the new part, never to the old file.
+    again = PairsWriter(tmp_path, max_file_bytes=1 << 20)
+    again.append([row(240)])
+    again.close()
+    assert old.read_bytes() == before
+    assert len(lines(tmp_path / "pairs-20200110-1.csv")) == 4
 
 
 def test_write_failure_is_counted_logged_once_and_recovers(tmp_path: Path) -> None:

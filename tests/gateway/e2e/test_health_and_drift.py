@@ -35,7 +35,9 @@ import numpy as np
 import pytest
 
 from devkit.broker import Mosquitto
+from tesla_gateway.contract.calibrated import Quality
 from tesla_gateway.contract.manifest import load_manifest, write_manifest
+from tesla_gateway.monitor.pairs import HEADER
 from tests.gateway.e2e.harness import (
     PREFIX,
     Calibrated,
@@ -60,7 +62,6 @@ RMSE_RATIO = 0.6  # drift above 0.6 x the model's test RMSE (manifest): 2.8 µg/
 # the truth's for a few periods and the drift cleared again before the test looked.
 WINDOW_PAIRS = 20
 REFERENCE = "ref-1"
-HEADER = "timestamp,sensor_id,raw,reference,calibrated,model_version,rh,temp_c"
 
 
 def extra_config(broker: Mosquitto, pm25_model: Path) -> str:
@@ -235,7 +236,7 @@ def test_pairs_health_and_drift_end_to_end(
         for sensor, sent in (("co-track", truth), ("co-drift", drifted)):
             for period in range(PERIODS):
                 fields = got[sensor, iso(base + period * P)]
-                assert len(fields) == 8
+                assert len(fields) == 9
                 assert float(fields[2]) == pytest.approx(sent[period], abs=1e-4)
                 assert float(fields[3]) == pytest.approx(reference[period], abs=1e-4)
                 if period < N - 1:
@@ -248,7 +249,9 @@ def test_pairs_health_and_drift_end_to_end(
                 if sensor == "co-track":
                     assert (float(fields[6]), float(fields[7])) == (55.0, 21.0)
                 else:
-                    assert fields[6:] == ["", ""]
+                    assert fields[6:8] == ["", ""]
+                # The published quality (retraining drops a run published stuck by it).
+                assert fields[8] and set(fields[8].split(";")) <= {q.value for q in Quality}
 
         # The training side reads the dataset back as written.
         from training.data.pairs import read_pairs

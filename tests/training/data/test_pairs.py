@@ -165,3 +165,55 @@ def test_file_order_is_by_day_then_part(tmp_path: Path) -> None:
         "pairs-20240301-2.csv",
         "pairs-20240302.csv",
     ]
+
+
+NEW_HEADER = HEADER + ",quality"
+
+
+def test_old_and_new_headers_in_one_directory(tmp_path: Path) -> None:
+    """A gateway upgraded mid-day wrote the day's first part without ``quality``, the next with."""
+    directory = tmp_path / "pm10"
+    _write(directory / "pairs-20240301.csv", [HEADER, _row(0), _row(1)])
+    _write(
+        directory / "pairs-20240301-1.csv",
+        [NEW_HEADER, _row(2) + ",ok", _row(3) + ",warming_up;gap", _row(4) + ","],
+    )
+    pairs = read_pairs(directory)
+    assert pairs.rows == 5 and pairs.data.period_seconds == 60
+    assert list(pairs.data.frame.columns) == ["timestamp", "sensor_id", "raw", "reference", "rh"]
+    assert pairs.data.load_counts is not None and pairs.data.load_counts.rows_dropped == {}
+
+
+def test_rows_published_stuck_are_dropped_with_their_run(tmp_path: Path) -> None:
+    """The flagged rows, and the same sensor's rows of the same raw value before them (also
+    across files): counted as ``raw:stuck``, the key of cleaning's own run rule."""
+    directory = tmp_path / "pm10"
+    _write(
+        directory / "pairs-20240301.csv",
+        [
+            NEW_HEADER,
+            _row(0, raw=7.0) + ",ok",
+            _row(1, raw=3.0) + ",ok",  # another value: the run starts after it
+            _row(2, raw=0.0) + ",ok",  # published before the gateway could know
+            _row(3, raw=0.0) + ",warming_up",
+            _row(3, "node-2", raw=0.0) + ",ok",  # another sensor, the same value: kept
+        ],
+    )
+    _write(
+        directory / "pairs-20240301-1.csv",
+        [NEW_HEADER, _row(4, raw=0.0) + ",stuck", _row(5, raw=0.0) + ",stuck", _row(6) + ",ok"],
+    )
+    pairs = read_pairs(directory, period_seconds=60)
+    node1 = pairs.data.frame[pairs.data.frame["sensor_id"] == "node-1"]
+    assert [t.minute for t in node1["timestamp"]] == [0, 1, 6]
+    assert pairs.data.sensor_ids == ("node-1", "node-2")
+    _, report = clean(pairs.data)
+    assert report.rows_dropped == {"raw:stuck": 4}
+    assert report.rows_read == 8 and report.rows_kept == 4
+    assert len(pairs.recorded) == 8  # what the gateway published stays on record
+
+
+def test_a_quality_header_with_an_unknown_column_is_refused(tmp_path: Path) -> None:
+    _write(tmp_path / "pm10" / "pairs-20240301.csv", [NEW_HEADER + ",extra", _row(0) + ",ok,1"])
+    with pytest.raises(DataError, match=r"not a pairs file \(unknown \['extra'\]"):
+        read_pairs(tmp_path / "pm10")
