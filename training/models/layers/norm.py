@@ -9,7 +9,16 @@ from keras import ops
 
 from training.models.layers.core import Projection
 
-__all__ = ["FeatureAggregator", "InstanceDenorm", "InstanceNorm", "TokenLayerNorm"]
+__all__ = [
+    "FLAT_TOKEN_MAD",
+    "FeatureAggregator",
+    "InstanceDenorm",
+    "InstanceNorm",
+    "TokenLayerNorm",
+]
+
+# Below this mean absolute deviation a token counts as flat while training (TokenLayerNorm).
+FLAT_TOKEN_MAD = 1e-6
 
 
 @keras.saving.register_keras_serializable(package="tesla")
@@ -40,17 +49,26 @@ class TokenLayerNorm(keras.layers.Layer):
         self.gamma = self.add_weight(name="gamma", shape=(features,), initializer="ones")
         self.beta = self.add_weight(name="beta", shape=(features,), initializer="zeros")
 
-    def call(self, inputs: Any) -> Any:
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
+        flat_guard = bool(training)
         if self.portable or len(inputs.shape) != 3:
-            return self._normalise(inputs, -1) * self.gamma + self.beta
+            return self._normalise(inputs, -1, flat_guard) * self.gamma + self.beta
         batch_last = ops.transpose(inputs, (1, 2, 0))  # [B, L, d] -> [L, d, B]
-        normalised = self._normalise(batch_last, 1) * self.gamma[:, None] + self.beta[:, None]
-        return ops.transpose(normalised, (2, 0, 1))
+        normalised = self._normalise(batch_last, 1, flat_guard)
+        return ops.transpose(normalised * self.gamma[:, None] + self.beta[:, None], (2, 0, 1))
 
-    def _normalise(self, inputs: Any, axis: int) -> Any:
+    def _normalise(self, inputs: Any, axis: int, flat_guard: bool) -> Any:
         centred = inputs - ops.mean(inputs, axis=axis, keepdims=True)
-        inverse_root_mad = ops.rsqrt(ops.mean(ops.abs(centred), axis=axis, keepdims=True) + 1e-12)
+        mad = ops.mean(ops.abs(centred), axis=axis, keepdims=True)
+        inverse_root_mad = ops.rsqrt(mad + 1e-12)
         unit = centred * inverse_root_mad * inverse_root_mad  # deviations of order one
+        if flat_guard:
+            # A flat token (an all-zero window at initialisation, when every bias is zero) has
+            # no direction to normalise. Its output is zero either way, but its gradient through
+            # 1/mad reached 1e31 and overflowed Adam's second moment: NaN from the first batch.
+            # Training gives it zero gradient too; inference (and every exported graph) keeps
+            # the plain form, the same function for any token that is not flat.
+            unit = ops.where(mad > FLAT_TOKEN_MAD, unit, ops.zeros_like(unit))
         variance = ops.mean(unit * unit, axis=axis, keepdims=True)
         return unit * ops.rsqrt(variance + self.epsilon)
 
