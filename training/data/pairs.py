@@ -12,10 +12,11 @@ the version of the model that made it, the covariates (empty when the sensor sen
 published quality values joined by ``;``. Files written before ``quality`` existed lack it.
 
 A row the gateway published as ``stuck`` (a frozen sensor) is dropped here, and so is the rest of
-its run: the same sensor's rows next to it, in time order, with the same raw value (the run's first
-periods, published before the gateway could know). The reference's cadence decides how many rows a
-run leaves (one per reference reading), so training's own run rule alone (``raw:stuck`` in
-cleaning, which still applies) can miss a run the gateway saw. Counted as ``raw:stuck``.
+its run: the same sensor's adjacent rows, in time order, of the same raw value (above all the
+run's first periods, published before the gateway could know). The reference's cadence decides
+how many rows a run leaves (one per reference reading), so training's own run rule alone
+(``raw:stuck`` in cleaning, which still applies) can miss a run the gateway saw. Counted as
+``raw:stuck`` too.
 
 The plain CSV loader parses and validates the shared columns; this module only finds the files,
 skips a torn last line a crashed writer may leave (counted, never fatal) and keeps the recorded
@@ -25,6 +26,7 @@ calibrations beside the tidy frame so a retraining report can quote what the gat
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,7 @@ from training.data._files import parse_timestamps, read_csv
 from training.data.frame import (
     FEATURES,
     REQUIRED_COLUMNS,
+    TIMESTAMP_DTYPE,
     CoLocationData,
     LoadCounts,
     tidy_frame,
@@ -280,14 +283,15 @@ def _complete_rows(path: Path) -> tuple[int | None, int]:
 
 def _stuck_keys(path: Path, table: pd.DataFrame) -> pd.DataFrame:
     """(timestamp, sensor_id) of a file's rows published with quality ``stuck``."""
-    quality = table["quality"].fillna("").astype("str")
-    stuck = quality.str.split(QUALITY_SEPARATOR).map(
-        lambda values: Quality.STUCK.value in (value.strip() for value in values)
-    )
+    separator = re.escape(QUALITY_SEPARATOR)
+    one_of = rf"(?:^|{separator})\s*{Quality.STUCK.value}\s*(?:{separator}|$)"
+    stuck = table["quality"].fillna("").astype("str").str.contains(one_of, regex=True)
     rows = table.loc[stuck.to_numpy(dtype=np.bool_)]
     return pd.DataFrame(
         {
-            "timestamp": parse_timestamps(path, rows["timestamp"], "timestamp"),
+            "timestamp": parse_timestamps(path, rows["timestamp"], "timestamp").astype(
+                TIMESTAMP_DTYPE
+            ),
             "sensor_id": rows["sensor_id"].astype("str").str.strip(),
         }
     )

@@ -185,8 +185,8 @@ def test_old_and_new_headers_in_one_directory(tmp_path: Path) -> None:
 
 
 def test_rows_published_stuck_are_dropped_with_their_run(tmp_path: Path) -> None:
-    """The flagged rows, and the same sensor's rows of the same raw value before them (also
-    across files): counted as ``raw:stuck``, the key of cleaning's own run rule."""
+    """The flagged rows and the rest of their run, the same sensor's adjacent rows of the same raw
+    value (also across files): counted as ``raw:stuck``, the key of cleaning's own run rule."""
     directory = tmp_path / "pm10"
     _write(
         directory / "pairs-20240301.csv",
@@ -201,16 +201,23 @@ def test_rows_published_stuck_are_dropped_with_their_run(tmp_path: Path) -> None
     )
     _write(
         directory / "pairs-20240301-1.csv",
-        [NEW_HEADER, _row(4, raw=0.0) + ",stuck", _row(5, raw=0.0) + ",stuck", _row(6) + ",ok"],
+        [
+            NEW_HEADER,
+            _row(4, raw=0.0) + ",stuck",
+            _row(5, raw=0.0) + ",stuck",
+            _row(6, raw=0.0) + ",warming_up",  # a gateway restarted mid-run: still the run
+            _row(7) + ",ok;out_of_domain",
+            _row(8, raw=0.0) + ",ok",  # a new run: another value came between
+        ],
     )
     pairs = read_pairs(directory, period_seconds=60)
     node1 = pairs.data.frame[pairs.data.frame["sensor_id"] == "node-1"]
-    assert [t.minute for t in node1["timestamp"]] == [0, 1, 6]
+    assert [t.minute for t in node1["timestamp"]] == [0, 1, 7, 8]
     assert pairs.data.sensor_ids == ("node-1", "node-2")
     _, report = clean(pairs.data)
-    assert report.rows_dropped == {"raw:stuck": 4}
-    assert report.rows_read == 8 and report.rows_kept == 4
-    assert len(pairs.recorded) == 8  # what the gateway published stays on record
+    assert report.rows_dropped == {"raw:stuck": 5}
+    assert report.rows_read == 10 and report.rows_kept == 5
+    assert len(pairs.recorded) == 10  # what the gateway published stays on record
 
 
 def test_a_quality_header_with_an_unknown_column_is_refused(tmp_path: Path) -> None:
