@@ -7,8 +7,11 @@ not repeat exactly for ``STUCK_PERIODS`` periods (no run of even 10 occurs in an
 the shared data). Such a window holds no information, and the model's answer to it is a constant
 (the committed Antwerp model said 10.48 µg/m³ to every all-zero window), so:
 
-* the gateway withholds the calibrated value of a window whose newest ``stuck_periods`` values
-  of the first channel are identical (quality ``stuck``; :func:`stuck_windows`);
+* the gateway counts, per sensor, the run of equal first-channel period means it has observed
+  (:func:`next_run`, kept beside the window and saved with it) and withholds the calibrated value
+  of every period whose run is at least ``stuck_periods`` long (quality ``stuck``), however
+  long or young the model's window; when a new value ends such a run the sensor starts anew,
+  like a new one, so the frozen values feed no window (training never sees them either);
 * training drops every reading of such a run (:func:`stuck_positions`, reason ``raw:stuck``):
   in hindsight the whole run is known to be dead, its first periods included.
 
@@ -20,10 +23,12 @@ an operator who has it raises ``health.stuck_periods`` or turns ``health.withhol
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["STUCK_PERIODS", "run_lengths", "stuck_positions", "stuck_windows"]
+__all__ = ["STUCK_PERIODS", "ends_frozen_run", "next_run", "run_lengths", "stuck_positions"]
 
 STUCK_PERIODS = 30
 
@@ -46,6 +51,22 @@ def run_lengths(values: npt.ArrayLike) -> npt.NDArray[np.int64]:
     return np.where(present, lengths, 0).astype(np.int64)
 
 
+def next_run(previous_value: float, previous_run: int, value: float) -> int:
+    """The run ending at a newly observed period mean ``value``, after a run of ``previous_run``
+    periods of ``previous_value``: one more when equal, 1 when it differs, 0 for NaN (the online
+    form of :func:`run_lengths`; a period with no mean at all is not observed and changes
+    nothing)."""
+    if math.isnan(value):
+        return 0
+    return previous_run + 1 if value == previous_value else 1
+
+
+def ends_frozen_run(previous_run: int, run: int, stuck_periods: int | None) -> bool:
+    """Did a newly observed period end a frozen run (a new value after ``stuck_periods`` or
+    more equal ones; None: no rule)? From it the sensor is young again, like a new one."""
+    return stuck_periods is not None and run <= 1 and previous_run >= stuck_periods
+
+
 def stuck_positions(values: npt.ArrayLike, stuck_periods: int = STUCK_PERIODS) -> BoolArray:
     """Mask of every position of a 1-D series (one sensor, oldest first) inside a run of at least
     ``stuck_periods`` equal values: the whole run, seen in hindsight."""
@@ -58,22 +79,3 @@ def stuck_positions(values: npt.ArrayLike, stuck_periods: int = STUCK_PERIODS) -
     for end in ends.tolist():
         mask[end - int(lengths[end]) + 1 : end + 1] = True
     return mask
-
-
-def stuck_windows(
-    windows: npt.ArrayLike, history: npt.ArrayLike, stuck_periods: int = STUCK_PERIODS
-) -> BoolArray:
-    """Per oldest-first window ``[B, N]`` (the first channel) with ``history`` [B] periods of real
-    history: are its newest ``stuck_periods`` values all equal? A window with less real history
-    than that never is (a young window's older part is padding, equal by construction)."""
-    if stuck_periods < 2:
-        raise ValueError(f"stuck_periods must be at least 2, got {stuck_periods}")
-    array = np.asarray(windows)
-    if array.ndim != 2:
-        raise ValueError(f"expected windows [B, N], got shape {array.shape}")
-    if stuck_periods > array.shape[1]:
-        return np.zeros(array.shape[0], dtype=np.bool_)
-    recent = array[:, -stuck_periods:]
-    equal: BoolArray = np.all(recent == recent[:, -1:], axis=1)
-    long_enough: BoolArray = np.asarray(history) >= stuck_periods
-    return equal & long_enough

@@ -5,7 +5,9 @@ raw mean and the window's quality flags). :class:`SensorHealth` folds those into
 in O(1) per period, with no per-reading work:
 
 * **stuck**: the same raw period mean for ``stuck_periods`` periods in a row (the ticker
-  withholds such a window's calibrated value by the same number: quality ``stuck``);
+  withholds such a window's calibrated value by the same number: quality ``stuck``), or the
+  newest period withheld as ``stuck`` (the windows' run, which a restart keeps and this
+  in-memory count does not: health never says a sensor is fine while its value is withheld);
 * **dropouts**: share of the recent ``window_periods`` grid periods without a reading;
 * **spikes**: share of recent periods whose jump from the previous period exceeds a robust bound,
   ``max(spike_factor * scale, spike_min_jump)``, where ``scale`` is the median absolute jump of
@@ -221,6 +223,7 @@ class SensorHealth:
         "_run",
         "_scale",
         "_window",
+        "_withheld_stuck",
     )
 
     def __init__(self, config: HealthConfig) -> None:
@@ -237,6 +240,7 @@ class SensorHealth:
         self._scale: float | None = None
         self._mean: float | None = None
         self._missing_channel = False
+        self._withheld_stuck = False  # the newest period's quality was stuck
         self._last_update_at: float | None = None
 
     # -- update -----------------------------------------------------------------------------
@@ -274,6 +278,7 @@ class SensorHealth:
         self._run = self._run + 1 if raw == self._last_raw else 1
         self._mean = raw if self._mean is None else self._mean + self._alpha * (raw - self._mean)
         self._missing_channel = Quality.MISSING_CHANNEL in quality
+        self._withheld_stuck = Quality.STUCK in quality
         if self._first is None:
             self._first = period
         self._last = period
@@ -337,7 +342,7 @@ class SensorHealth:
         dropout = 1.0 - observed / span if span else 0.0
         since = None if self._last_update_at is None else max(0.0, now - self._last_update_at)
         flags: list[HealthFlag] = []
-        if self._run >= config.stuck_periods:
+        if self._run >= config.stuck_periods or self._withheld_stuck:
             flags.append(HealthFlag.STUCK)
         if span >= config.min_periods and dropout > config.max_dropout_fraction:
             flags.append(HealthFlag.DROPOUTS)

@@ -8,26 +8,38 @@ its first) by the contract's rule, and say, per window, why it is not valid.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
+import numpy.typing as npt
 
 from tesla_gateway.contract.calibrated import Quality
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.series import pad_history, window_is_valid
-from tesla_gateway.contract.stuck import stuck_windows
 from tesla_gateway.contract.time_of_day import window_hours
-from tesla_gateway.windows.state import NO_PERIOD, Float32Array, FloatArray, IntArray, WarmUp
+from tesla_gateway.windows.state import (
+    NO_PERIOD,
+    Float32Array,
+    FloatArray,
+    IntArray,
+    WaitingPeriod,
+    WarmUp,
+)
 
 __all__ = [
+    "batch",
     "gather_windows",
     "history_periods",
     "pad_young",
     "qualities",
+    "stacked",
     "warm_up",
     "window_quality",
     "with_hours",
 ]
 
 _GATHER_CHUNK = 1024
+_T = TypeVar("_T", bound=np.generic)
 
 
 def gather_windows(ring: Float32Array, rows: IntArray, newest: IntArray, out: Float32Array) -> None:
@@ -47,6 +59,26 @@ def gather_windows(ring: Float32Array, rows: IntArray, newest: IntArray, out: Fl
             source = ring[rows[chunk]]  # [k, C, N] float32, small
             out[chunk, :, : n - shift] = source[:, :, shift:]
             out[chunk, :, n - shift :] = source[:, :, :shift]
+
+
+def batch(
+    ring: Float32Array, waiting: list[WaitingPeriod], rows: IntArray, newest: IntArray
+) -> Float32Array:
+    """The [B, C, N] windows of the periods set aside (``waiting``, copied out already) followed
+    by those of the ring's ``rows`` ending at their ``newest`` periods."""
+    windows = np.empty((len(waiting) + rows.size, *ring.shape[1:]), dtype=np.float32)
+    for index, item in enumerate(waiting):
+        windows[index] = item.window
+    gather_windows(ring, rows, newest, windows[len(waiting) :])
+    return windows
+
+
+def stacked(waiting: list[WaitingPeriod], name: str, pending: npt.NDArray[_T]) -> npt.NDArray[_T]:
+    """One field of the periods set aside (``waiting``, oldest first) followed by the same
+    field of the rows' pending periods (``pending``, of its dtype): the batch's column."""
+    first = np.array([getattr(item, name) for item in waiting], dtype=pending.dtype)
+    column: npt.NDArray[_T] = np.concatenate([first, pending])
+    return column
 
 
 def with_hours(
@@ -80,11 +112,16 @@ def pad_young(
     """Each [B, C, N] window's periods of history (:func:`history_periods`); pads, in place,
     those shorter than ``N`` but at least the model's ``min_history``: their periods before the
     sensor's first take its oldest reading (the contract's rule, :func:`pad_history`), so the
-    model calibrates them."""
-    history = history_periods(periods, first, windows.shape[2])
-    young = np.flatnonzero((history < windows.shape[2]) & (history >= min_history))
+    model calibrates them. Those shorter than ``min_history`` hold nothing before the first
+    (NaN: warming up), whatever the ring kept there (a frozen run the sensor recovered from)."""
+    n = windows.shape[2]
+    history = history_periods(periods, first, n)
+    short = history < n
+    young = np.flatnonzero(short & (history >= min_history))
     if young.size:
         windows[young] = pad_history(windows[young], history[young])
+    for row in np.flatnonzero(short & (history < min_history)).tolist():
+        windows[row, :, : n - int(history[row])] = np.nan
     return history
 
 
@@ -109,19 +146,17 @@ def warm_up(
 
 def qualities(
     windows: Float32Array,
-    first_channel: Float32Array,
     periods: IntArray,
     first: IntArray,
-    history: IntArray,
+    runs: IntArray,
     *,
     min_history: int,
     stuck_periods: int | None,
 ) -> tuple[tuple[Quality, ...], ...]:
-    """The flags of each [B, C, N] window (empty: valid), its first channel [B, N] given apart
-    (the ring's, before the hour channels). Python runs only for the rows flagged: a window
-    holding a hole gets :func:`window_quality`; an otherwise valid one whose newest
-    ``stuck_periods`` first-channel values are one value (``history`` periods of them real) is
-    ``stuck`` (:func:`tesla_gateway.contract.stuck.stuck_windows`; None: never)."""
+    """The flags of each [B, C, N] window (empty: valid). Python runs only for the rows flagged:
+    a window holding a hole gets :func:`window_quality`; an otherwise valid one whose sensor
+    has observed its newest first-channel mean ``runs`` >= ``stuck_periods`` periods in a row
+    is ``stuck`` (tesla_gateway/contract/stuck.py; None: never), whatever the window holds."""
     # A window's sum is NaN exactly when it holds a NaN (values are finite otherwise), and
     # summing needs no [B, C, N] boolean temporary.
     holes = np.isnan(windows.sum(axis=(1, 2)))
@@ -129,8 +164,7 @@ def qualities(
     for row in np.flatnonzero(holes).tolist():
         flags[row] = window_quality(windows[row], int(periods[row]), int(first[row]), min_history)
     if stuck_periods is not None:
-        frozen = stuck_windows(first_channel, history, stuck_periods) & ~holes
-        for row in np.flatnonzero(frozen).tolist():
+        for row in np.flatnonzero((runs >= stuck_periods) & ~holes).tolist():
             flags[row] = (Quality.STUCK,)
     return tuple(flags)
 

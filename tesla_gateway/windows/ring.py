@@ -13,6 +13,8 @@ series (read out by :mod:`tesla_gateway.windows.readout`). float32 is the model'
 type: means and interpolations are computed in float64 and rounded once on the way into the ring,
 as the cast at the model's input did before, so windows are unchanged and the ring takes half
 the memory (10,000 sensors x N = 360: 14 MB); the published raw mean stays float64.
+Beside each window: the sensor's run of equal first-channel means (a frozen sensor,
+:mod:`tesla_gateway.contract.stuck`), saved with it, kept over a swap that resets it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.contract.series import gap_fill, period_index
+from tesla_gateway.contract.stuck import ends_frozen_run, next_run
 from tesla_gateway.windows import readout
 from tesla_gateway.windows.outcome import AddOutcome
 from tesla_gateway.windows.seen import ChannelValues, SeenReadings, all_channels, channel_mask
@@ -57,6 +60,8 @@ _ROW_ARRAYS: dict[str, float | int | bool] = {
     "_pending": False,
     "_pending_period": NO_PERIOD,
     "_pending_raw": math.nan,
+    "_run_value": math.nan,
+    "_run_length": 0,
 }
 
 
@@ -82,9 +87,11 @@ class ModelWindows:
         # sent one beyond the first: PM and rh/temp in separate messages add up here.
         self.admit_complete_only = False
         self.min_history_periods = self._n  # the model's (the ticker sets it from its manifest)
-        # A valid window whose newest stuck_periods first-channel values are one value is
-        # flagged stuck (a frozen sensor; the ticker sets it from [health]); None: never.
+        # A valid window of a sensor whose newest first-channel mean was observed this many
+        # periods in a row is flagged stuck; a new value after such a run makes the sensor
+        # young again (the ticker sets it from [health]); None: never.
         self.stuck_periods: int | None = None
+        self._carried: dict[str, tuple[float, int]] = {}  # runs of a swapped-out model's rows
         self.utc_offset_s: int | None = 0  # the hour channels' zone (the ticker sets it)
         self._partial: dict[str, int] = {}
         self._allocate(max(capacity, 1))
@@ -106,6 +113,8 @@ class ModelWindows:
         self._stamped: BoolArray = np.zeros(capacity, dtype=np.bool_)  # last reading's time: ours
         self._pending: BoolArray = np.zeros(capacity, dtype=np.bool_)
         self._pending_period: IntArray = np.full(capacity, NO_PERIOD, dtype=np.int64)
+        self._run_value: FloatArray = np.full(capacity, np.nan)  # newest observed raw mean
+        self._run_length: IntArray = np.zeros(capacity, dtype=np.int64)  # periods in a row
 
     def _grow(self) -> None:
         old = len(self._last_closed)
@@ -124,12 +133,22 @@ class ModelWindows:
         self._ids.append(sensor_id)
         self._index[sensor_id] = row
         self._seen.add_row()
+        if sensor_id in self._carried:
+            self._run_value[row], self._run_length[row] = self._carried.pop(sensor_id)
         return row
+
+    def carry_runs(self, previous: ModelWindows) -> None:
+        """Take the frozen-sensor runs of the windows this replaces (a model swap that changed
+        the geometry): a sensor frozen before the swap is frozen after it."""
+        rows = np.flatnonzero(previous._run_length[: len(previous._ids)] > 0).tolist()
+        values, lengths = previous._run_value.tolist(), previous._run_length.tolist()
+        self._carried = {previous._ids[row]: (values[row], lengths[row]) for row in rows}
 
     def remove(self, sensor_id: str) -> bool:
         """Forget a sensor's window (evicted, or handed to another gateway) and its periods
         waiting for a tick; the last row moves into its place."""
         self._partial.pop(sensor_id, None)
+        self._carried.pop(sensor_id, None)
         row = self._index.pop(sensor_id, None)
         if row is None:
             return False
@@ -324,8 +343,13 @@ class ModelWindows:
             self._pending[row] = True
             self._pending_period[row] = period
             self._pending_raw[row] = first_mean
-            if self._first_period[row] == NO_PERIOD:
-                self._first_period[row] = period
+            previous = self._run_length.item(row)
+            run = next_run(self._run_value.item(row), previous, first_mean)
+            if self._first_period[row] == NO_PERIOD or ends_frozen_run(
+                previous, run, self.stuck_periods
+            ):
+                self._first_period[row] = period  # new, or recovered: young from here
+            self._run_value[row], self._run_length[row] = first_mean, run
         self._open_period[row] = NO_PERIOD
         self._open_sum[row] = 0.0
         self._open_count[row] = 0
@@ -376,6 +400,7 @@ class ModelWindows:
             window=self._ordered(row, period),
             first_period=int(self._first_period[row]),
             raw=float(self._pending_raw[row]),
+            run=self._run_length.item(row),  # a row pends only its newest observed period
         )
 
     # -- gathering --------------------------------------------------------------------------
@@ -386,40 +411,19 @@ class ModelWindows:
             self.close_through(closed_through_period)
         live = len(self._ids)
         rows = np.flatnonzero(self._pending[:live])
-        n, c = self._n, self._channels
-        periods = np.concatenate(
-            [
-                np.array([snap.period for snap in self._overflow], dtype=np.int64),
-                self._pending_period[rows],
-            ]
-        )
-        overflow = len(self._overflow)
-        windows = np.empty((periods.size, c, n), dtype=np.float32)
-        for index, snap in enumerate(self._overflow):
-            windows[index] = snap.window
-        readout.gather_windows(self._ring, rows, self._pending_period[rows], windows[overflow:])
-        raw = np.concatenate(
-            [
-                np.array([snap.raw for snap in self._overflow], dtype=np.float64),
-                self._pending_raw[rows],
-            ]
-        )
-        first = np.concatenate(
-            [
-                np.array([snap.first_period for snap in self._overflow], dtype=np.int64),
-                self._first_period[rows],
-            ]
-        )
-        sensor_ids = tuple(snap.sensor_id for snap in self._overflow) + tuple(
-            self._ids[int(row)] for row in rows
-        )
-        own = windows[:, 0, :]  # the first channel (the feature's own readings), before the hours
+        waiting = self._overflow
+        periods = readout.stacked(waiting, "period", self._pending_period[rows])
+        windows = readout.batch(self._ring, waiting, rows, self._pending_period[rows])
+        raw = readout.stacked(waiting, "raw", self._pending_raw[rows])
+        first = readout.stacked(waiting, "first_period", self._first_period[rows])
+        runs = readout.stacked(waiting, "run", self._run_length[rows])
+        sensor_ids = (*(item.sensor_id for item in waiting), *map(self._ids.__getitem__, rows))
         windows = readout.with_hours(windows, periods, self.geometry, self.utc_offset_s)
         c = windows.shape[1]
         minimum, stuck = self.min_history_periods, self.stuck_periods
         history = readout.pad_young(windows, periods, first, minimum)
         flags = readout.qualities(
-            windows, own, periods, first, history, min_history=minimum, stuck_periods=stuck
+            windows, periods, first, runs, min_history=minimum, stuck_periods=stuck
         )
         self._overflow.clear()
         self._pending[rows] = False
@@ -436,13 +440,8 @@ class ModelWindows:
 
     def warm_up(self) -> WarmUp:
         """Sensors whose windows are not whole yet (:func:`readout.warm_up`)."""
-        live = len(self._ids)
-        return readout.warm_up(
-            self._first_period[:live],
-            self._last_closed[:live],
-            self.geometry,
-            self.min_history_periods,
-        )
+        first, closed = self._first_period[: len(self._ids)], self._last_closed[: len(self._ids)]
+        return readout.warm_up(first, closed, self.geometry, self.min_history_periods)
 
     # -- persistence ------------------------------------------------------------------------
 
@@ -465,6 +464,8 @@ class ModelWindows:
                 self._pending[:live], self._pending_period[:live], NO_PERIOD
             ).astype(np.int64),
             waiting=list(self._overflow),  # frozen items: the list is the copy
+            run_value=self._run_value[:live].copy(),
+            run_length=self._run_length[:live].copy(),
         )
 
     @classmethod
@@ -484,6 +485,8 @@ class ModelWindows:
         windows._open_sum[:s] = state.open_sum
         windows._open_count[:s] = state.open_count
         windows._pending_period[:s] = state.pending_period
+        windows._run_value[:s] = state.run_value
+        windows._run_length[:s] = state.run_length
         windows._pending[:s] = state.pending_period != NO_PERIOD
         windows._pending_rows = int(np.count_nonzero(windows._pending[:s]))
         windows._overflow = list(state.waiting)

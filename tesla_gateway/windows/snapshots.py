@@ -32,6 +32,7 @@ from tesla_gateway.errors import GatewayError
 from tesla_gateway.set_aside import SetAsideLog
 from tesla_gateway.windows.ring import ModelWindows
 from tesla_gateway.windows.state import (
+    NEWER_ARRAYS,
     STATE_ARRAYS,
     WAITING_ARRAYS,
     WindowState,
@@ -256,13 +257,15 @@ def _parse_npz(handle: BinaryIO) -> tuple[str, dict[str, np.ndarray]]:
 
 def state_arrays(data: Mapping[str, np.ndarray], prefix: str = "") -> dict[str, np.ndarray]:
     """A state's arrays stored as ``<prefix><name>``, checked for presence and dtype kind
-    (:class:`CorruptSnapshotError`); the waiting periods' arrays where present (snapshots
-    written before they were kept have none)."""
-    missing = [name for name in STATE_ARRAYS if prefix + name not in data]
+    (:class:`CorruptSnapshotError`); the waiting periods' arrays and the frozen-sensor runs
+    where present (snapshots written before they were kept have none)."""
+    missing = [n for n in STATE_ARRAYS if prefix + n not in data and n not in NEWER_ARRAYS]
     if missing:
         raise CorruptSnapshotError(f"snapshot lacks arrays {missing}")
     arrays: dict[str, np.ndarray] = {}
     for name, kind in STATE_ARRAYS.items():
+        if prefix + name not in data:
+            continue  # a newer array an older snapshot lacks
         array = np.asarray(data[prefix + name])
         if array.dtype.kind != kind:
             raise CorruptSnapshotError(f"snapshot array {name} has dtype {array.dtype}")
@@ -294,7 +297,7 @@ def window_state(
         isinstance(s, str) and SENSOR_ID_PATTERN.fullmatch(s) for s in waiting_ids
     ):
         raise CorruptSnapshotError("snapshot waiting_sensor_ids must be a list of valid sensor ids")
-    if waiting_ids and not all(name in arrays for name in WAITING_ARRAYS):
+    if waiting_ids and not all(n in arrays or n in NEWER_ARRAYS for n in WAITING_ARRAYS):
         raise CorruptSnapshotError("snapshot names waiting periods but lacks their arrays")
     return WindowState(
         geometry=geometry,
@@ -310,6 +313,7 @@ def window_state(
         open_count=arrays["open_count"],
         pending_period=arrays["pending_period"],
         waiting=waiting_from_arrays(waiting_ids, arrays, geometry) if waiting_ids else [],
+        **{name: arrays[name] for name in ("run_value", "run_length") if name in arrays},
     )
 
 

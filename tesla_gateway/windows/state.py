@@ -20,6 +20,7 @@ from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.errors import GatewayError
 
 __all__ = [
+    "NEWER_ARRAYS",
     "NO_PERIOD",
     "STATE_ARRAYS",
     "WAITING_ARRAYS",
@@ -104,6 +105,7 @@ class WaitingPeriod:
     window: Float32Array  # [C, N] oldest-first
     first_period: int
     raw: float
+    run: int = 0  # equal first-channel means observed in a row, this one included (stuck.py)
 
 
 # A WindowState's per-sensor arrays, each with the kind of its dtype ('f' float, 'i' integer):
@@ -119,11 +121,21 @@ STATE_ARRAYS: Mapping[str, str] = MappingProxyType(
         "open_sum": "f",
         "open_count": "i",
         "pending_period": "i",
+        "run_value": "f",
+        "run_length": "i",
     }
 )
+# Arrays a snapshot written before the frozen-sensor runs were kept lacks: they start anew.
+NEWER_ARRAYS = frozenset({"run_value", "run_length", "waiting_run"})
 
 # How waiting periods are kept in a snapshot's arrays (their sensor ids go with the meta).
-WAITING_ARRAYS = ("waiting_period", "waiting_window", "waiting_first_period", "waiting_raw")
+WAITING_ARRAYS = (
+    "waiting_period",
+    "waiting_window",
+    "waiting_first_period",
+    "waiting_raw",
+    "waiting_run",
+)
 
 
 def waiting_as_arrays(
@@ -139,6 +151,7 @@ def waiting_as_arrays(
         "waiting_window": windows,
         "waiting_first_period": np.array([item.first_period for item in waiting], dtype=np.int64),
         "waiting_raw": np.array([item.raw for item in waiting], dtype=np.float64),
+        "waiting_run": np.array([item.run for item in waiting], dtype=np.int64),
     }
 
 
@@ -153,9 +166,11 @@ def waiting_from_arrays(
         "waiting_window": ((k, c, n), "f"),
         "waiting_first_period": ((k,), "i"),
         "waiting_raw": ((k,), "f"),
+        "waiting_run": ((k,), "i"),
     }
+    runs = arrays.get("waiting_run", np.zeros(k, dtype=np.int64))  # older snapshots: none
     for name, (shape, kind) in expected.items():
-        array = arrays[name]
+        array = runs if name == "waiting_run" else arrays[name]
         if array.shape != shape or array.dtype.kind != kind:
             raise WindowStoreError(
                 f"state field {name} has shape {array.shape} and dtype {array.dtype}, "
@@ -168,6 +183,7 @@ def waiting_from_arrays(
             window=np.asarray(arrays["waiting_window"][index], dtype=np.float32),
             first_period=int(arrays["waiting_first_period"][index]),
             raw=float(arrays["waiting_raw"][index]),
+            run=int(runs[index]),
         )
         for index, sensor_id in enumerate(sensor_ids)
     ]
@@ -194,6 +210,17 @@ class WindowState:
     pending_period: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # [S]
     # Closed periods older than a sensor's pending one, still waiting for a tick, oldest first
     waiting: list[WaitingPeriod] = field(default_factory=list)
+    # [S] the newest observed first-channel mean and how many observed periods in a row held
+    # it (tesla_gateway/contract/stuck.py); empty (a state written before they were kept): no
+    # run yet, filled in below
+    run_value: FloatArray = field(default_factory=lambda: np.empty(0))
+    run_length: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+
+    def __post_init__(self) -> None:
+        s = len(self.sensor_ids)
+        if s and np.size(self.run_value) == 0 and np.size(self.run_length) == 0:
+            self.run_value = np.full(s, np.nan)
+            self.run_length = np.zeros(s, dtype=np.int64)
 
     def check_shapes(self) -> None:
         """Raise :class:`WindowStoreError` unless every array fits the sensors and geometry."""
@@ -212,6 +239,8 @@ class WindowState:
             "open_sum": (s, c),
             "open_count": (s, c),
             "pending_period": (s,),
+            "run_value": (s,),
+            "run_length": (s,),
         }
         for name, shape in expected.items():
             actual = np.shape(getattr(self, name))

@@ -61,13 +61,17 @@ class WindowStore:
     def ensure(self, feature: str, geometry: WindowGeometry) -> bool:
         """Create or keep the feature's windows; reset them if the geometry changed.
 
-        Returns True when the windows were (re)created, so the caller can log a reset.
+        Returns True when the windows were (re)created, so the caller can log a reset. The
+        new windows keep the old ones' frozen-sensor runs: a sensor frozen before a model swap
+        is frozen after it.
         """
         current = self._models.get(feature)
         if current is not None and current.geometry.same_ring(geometry):
             current.geometry = geometry  # a model adding or dropping the hour: same ring
             return False
         self._models[feature] = ModelWindows(geometry)
+        if current is not None:
+            self._models[feature].carry_runs(current)
         if self._sanity is not None:
             self._sanity.forget_feature(feature)
         return True

@@ -7,9 +7,10 @@ import pytest
 
 from tesla_gateway.contract.stuck import (
     STUCK_PERIODS,
+    ends_frozen_run,
+    next_run,
     run_lengths,
     stuck_positions,
-    stuck_windows,
 )
 
 NAN = float("nan")
@@ -40,39 +41,40 @@ def test_missing_value_splits_a_run() -> None:
     assert not stuck_positions(series).any()
 
 
-def test_windows_need_the_newest_periods_equal_and_enough_real_history() -> None:
-    n, s = 12, 4
-    live = np.arange(n, dtype=np.float32)
-    frozen_tail = np.r_[np.arange(n - s, dtype=np.float32), np.full(s, 2.5, np.float32)]
-    almost = np.r_[np.arange(n - s + 1, dtype=np.float32), np.full(s - 1, 2.5, np.float32)]
-    young = np.full(n, 7.0, np.float32)  # one period of history, edge-padded: equal by padding
-    windows = np.stack([live, frozen_tail, almost, young, young])
-    history = np.array([n, n, n, 1, s])
-    assert stuck_windows(windows, history, s).tolist() == [False, True, False, False, True]
+def online_runs(series: np.ndarray) -> list[int]:
+    """The gateway's counter folded over a series: the run at each position."""
+    runs, value, run = [], float("nan"), 0
+    for observed in series.tolist():
+        run, value = next_run(value, run, observed), observed
+        runs.append(run)
+    return runs
 
 
-def test_rule_longer_than_the_window_never_fires() -> None:
-    windows = np.zeros((2, 10), np.float32)
-    assert not stuck_windows(windows, np.array([10, 10]), 30).any()
+def test_the_online_counter_is_run_lengths() -> None:
+    series = np.array([1.0, 1.0, 2.0, 2.0, 2.0, NAN, 2.0, 2.0, 0.0, 0.0])
+    assert online_runs(series) == run_lengths(series).tolist()
+
+
+def test_a_run_ends_frozen_only_after_stuck_periods_and_with_a_rule() -> None:
+    assert ends_frozen_run(previous_run=4, run=1, stuck_periods=4)
+    assert not ends_frozen_run(previous_run=3, run=1, stuck_periods=4)  # never was frozen
+    assert not ends_frozen_run(previous_run=4, run=5, stuck_periods=4)  # still frozen
+    assert not ends_frozen_run(previous_run=40, run=1, stuck_periods=None)  # withholding off
 
 
 @pytest.mark.parametrize("bad", [0, 1])
 def test_a_run_of_one_is_no_rule(bad: int) -> None:
     with pytest.raises(ValueError, match="at least 2"):
         stuck_positions([1.0, 1.0], bad)
-    with pytest.raises(ValueError, match="at least 2"):
-        stuck_windows(np.zeros((1, 4)), [4], bad)
 
 
 def test_offline_and_online_agree_on_when_a_run_is_frozen() -> None:
-    """Training's hindsight marks a run that the gateway's window flags at its S-th period."""
+    """Training's hindsight marks a run that the gateway's counter flags from its S-th period."""
     rng = np.random.default_rng(3)
-    s, n = 6, 16
+    s = 6
     series = np.round(rng.gamma(2.0, 3.0, 400), 1)
     series[100:110] = 0.0  # frozen for 10 periods
     series[200:205] = 4.0  # 5 equal periods: not frozen
-    windows = np.lib.stride_tricks.sliding_window_view(series, n)
-    online = stuck_windows(windows, np.full(len(windows), n), s)
-    ends = np.flatnonzero(online) + n - 1
-    assert ends.tolist() == list(range(100 + s - 1, 110))
+    online = np.array(online_runs(series)) >= s
+    assert np.flatnonzero(online).tolist() == list(range(100 + s - 1, 110))
     assert np.flatnonzero(stuck_positions(series, s)).tolist() == list(range(100, 110))

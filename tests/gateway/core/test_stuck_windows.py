@@ -83,13 +83,15 @@ def test_a_young_sensor_whose_padded_window_is_constant_is_not_stuck() -> None:
     assert flags[K] == (Quality.STUCK,)
 
 
-def test_an_interpolated_short_gap_between_identical_values_counts() -> None:
+def test_a_missing_period_neither_breaks_nor_lengthens_a_run() -> None:
+    """Observed periods count (the contract, as training counts its rows): a period without a
+    reading, interpolated in the window, is not one of the run's."""
     series = {p: 10.0 + p for p in range(N)}
-    series |= {N: 25.0, N + 1: 25.0, N + 3: 25.0}  # N + 2 missing: interpolated, 25.0
+    series |= {N: 25.0, N + 1: 25.0, N + 3: 25.0, N + 4: 25.0}  # N + 2 missing
     flags = flags_by_period(ring(max_gap=1), series)
     assert N + 2 not in flags  # no reading: no period of its own to publish
-    assert flags[N + 1] == ()
-    assert flags[N + 3] == (Quality.STUCK,)  # N, N + 1, (N + 2), N + 3
+    assert flags[N + 3] == ()  # three observed
+    assert flags[N + 4] == (Quality.STUCK,)  # N, N + 1, N + 3, N + 4
 
 
 def test_withholding_off_leaves_a_constant_window_valid() -> None:
