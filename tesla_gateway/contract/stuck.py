@@ -10,8 +10,9 @@ the shared data). Such a window holds no information, and the model's answer to 
 * the gateway counts, per sensor, the run of equal first-channel period means it has observed
   (:func:`next_run`, kept beside the window and saved with it) and withholds the calibrated value
   of every period whose run is at least ``stuck_periods`` long (quality ``stuck``), however
-  long or young the model's window; when a new value ends such a run the sensor starts anew,
-  like a new one, so the frozen values feed no window (training never sees them either);
+  long or young the model's window; when a new value ends such a run (:func:`ends_frozen_run`)
+  the sensor starts anew, like a new one, so the frozen values feed no window (training never
+  sees them either);
 * training drops every reading of such a run (:func:`stuck_positions`, reason ``raw:stuck``):
   in hindsight the whole run is known to be dead, its first periods included.
 
@@ -67,15 +68,27 @@ def ends_frozen_run(previous_run: int, run: int, stuck_periods: int | None) -> b
     return stuck_periods is not None and run <= 1 and previous_run >= stuck_periods
 
 
-def stuck_positions(values: npt.ArrayLike, stuck_periods: int = STUCK_PERIODS) -> BoolArray:
-    """Mask of every position of a 1-D series (one sensor, oldest first) inside a run of at least
-    ``stuck_periods`` equal values: the whole run, seen in hindsight."""
+def stuck_positions(
+    values: npt.ArrayLike,
+    stuck_periods: int = STUCK_PERIODS,
+    *,
+    starts: npt.ArrayLike | None = None,
+) -> BoolArray:
+    """Mask of every position of a 1-D series (oldest first) inside a run of at least
+    ``stuck_periods`` equal values: the whole run, seen in hindsight. ``starts`` marks positions
+    where a new sensor's series begins (a run never continues across one), so many sensors'
+    series laid end to end are judged in one pass."""
     if stuck_periods < 2:
         raise ValueError(f"stuck_periods must be at least 2, got {stuck_periods}")
-    lengths = run_lengths(values)
-    mask = np.zeros(lengths.shape, dtype=np.bool_)
-    # A run's last position holds its length; mark back from there.
-    ends = np.flatnonzero((lengths >= stuck_periods) & np.append(lengths[1:] <= lengths[:-1], True))
-    for end in ends.tolist():
-        mask[end - int(lengths[end]) + 1 : end + 1] = True
+    series = np.asarray(values, dtype=np.float64)
+    if series.ndim != 1:
+        raise ValueError(f"expected a 1-D series, got shape {series.shape}")
+    present = ~np.isnan(series)
+    same = np.zeros(series.shape, dtype=np.bool_)
+    same[1:] = (series[1:] == series[:-1]) & present[1:]
+    if starts is not None:
+        same &= ~np.asarray(starts, dtype=np.bool_)
+    run = np.cumsum(~same)  # one id per run
+    length = np.bincount(run)[run]
+    mask: BoolArray = (length >= stuck_periods) & present
     return mask

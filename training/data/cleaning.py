@@ -12,7 +12,6 @@ dropped entirely.
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -172,19 +171,27 @@ def _reasons(
 def _stuck_rows(
     frame: pd.DataFrame, valid: npt.NDArray[np.bool_], stuck_periods: int
 ) -> npt.NDArray[np.bool_]:
-    """Rows inside a frozen run: per sensor, its valid raw values in time order."""
+    """Rows inside a frozen run: per sensor, its valid readings in time order, one value per
+    timestamp (duplicates averaged first, as cleaning collapses them), judged in one pass."""
     stuck = np.zeros(len(frame), dtype=np.bool_)
     rows = np.flatnonzero(valid)
     if rows.size < stuck_periods:
         return stuck
-    kept = frame.iloc[rows]
-    order = np.lexsort((kept["timestamp"].to_numpy(), kept["sensor_id"].to_numpy()))
-    ordered_rows = rows[order]
-    sensors = kept["sensor_id"].to_numpy()[order]
-    raw = kept["raw"].to_numpy(dtype=np.float64)[order]
-    bounds = np.flatnonzero(np.r_[True, sensors[1:] != sensors[:-1], True])
-    for start, end in itertools.pairwise(bounds.tolist()):
-        stuck[ordered_rows[start:end][stuck_positions(raw[start:end], stuck_periods)]] = True
+    # integer codes and nanoseconds: sorting strings and Timestamp objects took 10x the cleaning
+    sensors = pd.factorize(frame["sensor_id"])[0][rows]
+    times = pd.DatetimeIndex(frame["timestamp"]).asi8[rows]
+    order = np.lexsort((times, sensors))
+    sensors, times = sensors[order], times[order]
+    raw = frame["raw"].to_numpy(dtype=np.float64)[rows][order]
+    first = np.ones(rows.size, dtype=np.bool_)
+    first[1:] = (sensors[1:] != sensors[:-1]) | (times[1:] != times[:-1])
+    group = np.cumsum(first) - 1  # one group per (sensor, timestamp)
+    means = np.bincount(group, weights=raw) / np.bincount(group)
+    group_sensors = sensors[first]
+    new_sensor = np.ones(means.size, dtype=np.bool_)
+    new_sensor[1:] = group_sensors[1:] != group_sensors[:-1]
+    frozen = stuck_positions(means, stuck_periods, starts=new_sensor)
+    stuck[rows[order]] = frozen[group]
     return stuck
 
 

@@ -78,3 +78,26 @@ def test_offline_and_online_agree_on_when_a_run_is_frozen() -> None:
     online = np.array(online_runs(series)) >= s
     assert np.flatnonzero(online).tolist() == list(range(100 + s - 1, 110))
     assert np.flatnonzero(stuck_positions(series, s)).tolist() == list(range(100, 110))
+
+
+def test_series_laid_end_to_end_never_share_a_run() -> None:
+    tail_of_one = np.zeros(3)
+    head_of_next = np.zeros(3)
+    series = np.r_[[1.0], tail_of_one, head_of_next, [2.0]]
+    starts = np.zeros(series.size, dtype=np.bool_)
+    starts[4] = True  # the second sensor's first value
+    assert np.flatnonzero(stuck_positions(series, 4)).tolist() == [1, 2, 3, 4, 5, 6]
+    assert not stuck_positions(series, 4, starts=starts).any()
+
+
+def test_stuck_positions_agree_with_run_lengths_on_random_series() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        series = rng.integers(0, 3, rng.integers(0, 60)).astype(np.float64)
+        series[rng.random(series.size) < 0.05] = NAN
+        lengths = run_lengths(series)
+        expected = np.zeros(series.size, dtype=np.bool_)
+        for end in range(series.size):
+            if lengths[end] >= 4 and (end + 1 == series.size or lengths[end + 1] <= lengths[end]):
+                expected[end - lengths[end] + 1 : end + 1] = True
+        assert stuck_positions(series, 4).tolist() == expected.tolist()

@@ -162,3 +162,13 @@ def test_invalid_readings_inside_a_frozen_run_do_not_hide_it() -> None:
     rows.insert(2, ("a", 3, NAN, 9.0, 50.0, 5.0))  # a missing raw: dropped for itself
     _, report = clean(_data(rows), CleaningRules(stuck_periods=5, max_removed_fraction=1.0))
     assert report.rows_dropped == {"raw:missing": 1, "raw:stuck": 5}
+
+
+def test_duplicate_rows_count_once_toward_a_frozen_run() -> None:
+    """Fifteen periods of 0.0, each reported twice, are fifteen periods: not frozen at 30."""
+    rows = [("a", m, 0.0, 9.0, 50.0, 5.0) for m in range(15) for _ in range(2)]
+    rows.append(("a", 20, 4.0, 9.0, 50.0, 5.0))
+    cleaned, report = clean(_data(rows), CleaningRules(max_removed_fraction=1.0))
+    assert "raw:stuck" not in report.rows_dropped
+    assert report.rows_dropped == {"duplicate": 15}
+    assert len(cleaned.frame) == 16
