@@ -112,7 +112,8 @@ class Ticker:
         stuck_periods: int | None = STUCK_PERIODS,
     ) -> None:
         self.store = WindowStore(clock_sanity=clock_sanity)
-        # a window frozen this long is published without a value ([health]; None: never)
+        # a sensor frozen this long (its run: windows/ring.py) is published without a value
+        # ([health]; None: never)
         self._stuck_periods = stuck_periods
         # the sensors' zone, for models that read the hour: named once here, not at every tick
         self._timezone = timezone or system_zone()
