@@ -13,7 +13,7 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from tesla_gateway.errors import ConfigError
+from tesla_gateway.password_file import read_password_file
 
 __all__ = ["EXTRA_HINT", "MAX_PIN_TTL_S", "SUBJECT_TOKEN", "ClusterConfig", "gateway_id_problem"]
 
@@ -178,13 +178,7 @@ class ClusterConfig(BaseModel):
             return None, None
         password = self.password.get_secret_value() if self.password is not None else None
         if self.password_file is not None:
-            try:
-                text = self.password_file.read_text(encoding="utf-8")
-            except OSError as exc:
-                raise ConfigError(
-                    f"[cluster] password_file {self.password_file} cannot be read: {exc.strerror}"
-                ) from exc
-            password = (text.splitlines() or [""])[0]
+            password = read_password_file(self.password_file, "[cluster] password_file")
         return self.user, password
 
     @property

@@ -8,7 +8,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from tesla_gateway.errors import ConfigError
+from tesla_gateway.password_file import read_password_file
 
 __all__ = ["DEFAULT_MAX_INBOX", "ClientKind", "IoLoop", "MqttBrokerConfig", "MqttTlsConfig", "Will"]
 
@@ -101,14 +101,7 @@ class MqttBrokerConfig(BaseModel):
         """The password, reading ``password_file`` if configured (at connect, so rotation works)."""
         if self.password_file is None:
             return self.password
-        try:
-            text = self.password_file.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(
-                f"mqtt password_file {self.password_file} cannot be read: {exc.strerror}"
-            ) from exc
-        lines = text.splitlines()
-        return SecretStr(lines[0] if lines else "")
+        return SecretStr(read_password_file(self.password_file, "mqtt password_file"))
 
 
 @dataclass(frozen=True, slots=True)
