@@ -16,7 +16,9 @@ the shared data). Such a window holds no information, and the model's answer to 
 * training drops every reading of such a run (:func:`stuck_positions`, reason ``raw:stuck``):
   in hindsight the whole run is known to be dead, its first periods included.
 
-Both sides count the same thing: consecutive period means of one sensor that are equal. Missing
+Both sides count the same thing: consecutive period means of one sensor that are equal to
+4 decimals (:func:`run_key`, the pairs files' precision: a mean of 2 and of 3 readings of 12.3
+differ in the last bit, and must not end the run). Missing
 periods do not break a run (a dead sensor with dropouts is still dead); a missing value (NaN)
 does. Air so clean that a sensor reads exactly 0 for ``STUCK_PERIODS`` periods looks the same;
 an operator who has it raises ``health.stuck_periods`` or turns ``health.withhold_stuck`` off.
@@ -25,21 +27,52 @@ an operator who has it raises ``health.stuck_periods`` or turns ``health.withhol
 from __future__ import annotations
 
 import math
+from typing import overload
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["STUCK_PERIODS", "ends_frozen_run", "next_run", "run_lengths", "stuck_positions"]
+__all__ = [
+    "RUN_CAP",
+    "RUN_DECIMALS",
+    "STUCK_PERIODS",
+    "ends_frozen_run",
+    "next_run",
+    "run_key",
+    "run_lengths",
+    "stuck_positions",
+]
 
 STUCK_PERIODS = 30
+RUN_DECIMALS = 4  # equal means: equal to this many decimals (the pairs files' raw column)
+RUN_CAP = 2**31  # a run counts no further (int64 arithmetic never overflows; 4,000 years of 1 min)
 
 BoolArray = npt.NDArray[np.bool_]
 
 
+@overload
+def run_key(value: float) -> float: ...
+
+
+@overload
+def run_key(value: npt.ArrayLike) -> npt.NDArray[np.float64]: ...
+
+
+def run_key(value: float | npt.ArrayLike) -> float | npt.NDArray[np.float64]:
+    """What two period means must share to continue a run: the mean rounded to
+    :data:`RUN_DECIMALS` decimals, by NumPy for a scalar and an array alike (so the gateway's
+    online count and training's series agree bit for bit); NaN stays NaN."""
+    if isinstance(value, float | int):
+        return float(np.round(np.float64(value), RUN_DECIMALS))
+    rounded = np.round(np.asarray(value, dtype=np.float64), RUN_DECIMALS)
+    return np.asarray(rounded, dtype=np.float64)
+
+
 def run_lengths(values: npt.ArrayLike) -> npt.NDArray[np.int64]:
-    """Per position of a 1-D series (oldest first): the length of the run of equal values that
-    ends there (1 where the value differs from the previous one, 0 for NaN)."""
-    series = np.asarray(values, dtype=np.float64)
+    """Per position of a 1-D series (oldest first): the length of the run of equal values
+    (:func:`run_key`) that ends there (1 where the value differs from the previous one, 0 for
+    NaN)."""
+    series = run_key(values)
     if series.ndim != 1:
         raise ValueError(f"expected a 1-D series, got shape {series.shape}")
     present = ~np.isnan(series)
@@ -54,12 +87,14 @@ def run_lengths(values: npt.ArrayLike) -> npt.NDArray[np.int64]:
 
 def next_run(previous_value: float, previous_run: int, value: float) -> int:
     """The run ending at a newly observed period mean ``value``, after a run of ``previous_run``
-    periods of ``previous_value``: one more when equal, 1 when it differs, 0 for NaN (the online
-    form of :func:`run_lengths`; a period with no mean at all is not observed and changes
-    nothing)."""
+    periods of ``previous_value``: one more when equal (:func:`run_key`; never above
+    :data:`RUN_CAP`), 1 when it differs, 0 for NaN (the online form of :func:`run_lengths`; a
+    period with no mean at all is not observed and changes nothing)."""
     if math.isnan(value):
         return 0
-    return previous_run + 1 if value == previous_value else 1
+    if run_key(value) != run_key(previous_value):
+        return 1
+    return min(previous_run + 1, RUN_CAP)
 
 
 def ends_frozen_run(previous_run: int, run: int, stuck_periods: int | None) -> bool:
@@ -80,7 +115,7 @@ def stuck_positions(
     series laid end to end are judged in one pass."""
     if stuck_periods < 2:
         raise ValueError(f"stuck_periods must be at least 2, got {stuck_periods}")
-    series = np.asarray(values, dtype=np.float64)
+    series = run_key(values)
     if series.ndim != 1:
         raise ValueError(f"expected a 1-D series, got shape {series.shape}")
     present = ~np.isnan(series)

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tesla_gateway.contract.calibrated import Quality
 from tesla_gateway.contract.manifest import InputRange
-from tesla_gateway.contract.stuck import STUCK_PERIODS
+from tesla_gateway.contract.stuck import STUCK_PERIODS, next_run
 
 __all__ = ["HealthConfig", "HealthFlag", "HealthReport", "SensorHealth"]
 
@@ -275,7 +275,8 @@ class SensorHealth:
                 bits |= 1 << _BELOW_P01
         self._advance(period)
         self._set_slot(period % self._window, bits)
-        self._run = self._run + 1 if raw == self._last_raw else 1
+        last = math.nan if self._last_raw is None else self._last_raw
+        self._run = max(next_run(last, self._run, raw), 1)  # the windows' rule (stuck.py)
         self._mean = raw if self._mean is None else self._mean + self._alpha * (raw - self._mean)
         self._missing_channel = Quality.MISSING_CHANNEL in quality
         self._withheld_stuck = Quality.STUCK in quality

@@ -172,3 +172,13 @@ def test_duplicate_rows_count_once_toward_a_frozen_run() -> None:
     assert "raw:stuck" not in report.rows_dropped
     assert report.rows_dropped == {"duplicate": 15}
     assert len(cleaned.frame) == 16
+
+
+@pytest.mark.parametrize("value", [12.3, 0.1])
+def test_a_frozen_decimal_with_three_duplicates_is_one_run(value: float) -> None:
+    """Three duplicates of 12.3 average to 12.300000000000002: equal to 4 decimals (the
+    contract's run_key), so the 40-timestamp frozen run stays one run, not 20 | 1 | 19."""
+    rows = [("a", m, value, 9.0, 50.0, 5.0) for m in range(40) for _ in range(3 if m == 20 else 1)]
+    rows.append(("a", 45, 4.0, 9.0, 50.0, 5.0))
+    _, report = clean(_data(rows), CleaningRules(stuck_periods=30, max_removed_fraction=1.0))
+    assert report.rows_dropped == {"raw:stuck": 42}  # every row of the run, duplicates too
