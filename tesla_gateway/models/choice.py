@@ -8,7 +8,9 @@ that does not report a covariate has no window (or an invalid one) in the covari
 gets the PM-only model; one whose humidity stops arriving falls back as soon as its covariate
 window turns invalid (a gap longer than the gap rule, a missing channel) and returns once it is
 valid again. When no model calibrated the period, the reading of the model with the fewest
-channels is published, with that model's reason (warming up, gap), as with one model.
+channels is published, with that model's reason (warming up, gap), as with one model. A
+``stuck`` verdict of any model wins, whatever another calibrated: the sensor is frozen whichever
+model reads it (a covariate model that admitted it late has counted a shorter run).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from tesla_gateway.contract.calibrated import CalibratedReading
+from tesla_gateway.contract.calibrated import CalibratedReading, Quality
 from tesla_gateway.models.calibrator import Calibrator
 
 __all__ = ["ModelRank", "choose_per_sensor", "model_rank"]
@@ -54,6 +56,9 @@ def choose_per_sensor(
 def _better(
     rank: ModelRank, reading: CalibratedReading, held_rank: ModelRank, held: CalibratedReading
 ) -> bool:
+    stuck, held_stuck = Quality.STUCK in reading.quality, Quality.STUCK in held.quality
+    if stuck != held_stuck:
+        return stuck
     if (reading.calibrated is None) != (held.calibrated is None):
         return reading.calibrated is not None
     if reading.calibrated is not None:

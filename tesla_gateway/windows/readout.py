@@ -19,6 +19,7 @@ from tesla_gateway.contract.series import pad_history, window_is_valid
 from tesla_gateway.contract.time_of_day import window_hours
 from tesla_gateway.windows.state import (
     NO_PERIOD,
+    BoolArray,
     Float32Array,
     FloatArray,
     IntArray,
@@ -32,6 +33,7 @@ __all__ = [
     "history_periods",
     "pad_young",
     "qualities",
+    "saved_raw",
     "stacked",
     "warm_up",
     "window_quality",
@@ -189,3 +191,14 @@ def window_quality(
     if holes.any():
         flags.append(Quality.GAP)
     return tuple(flags) or (Quality.GAP,)
+
+
+def saved_raw(ring: Float32Array, pending_period: IntArray, pending: BoolArray) -> FloatArray:
+    """The pending periods' raw means after a restore (NaN where none pends): the exact mean is
+    not saved, so the ring's float32 value, read back as the shortest decimal that rounds to it
+    (what the sensor sent, for a mean of few digits)."""
+    raw = np.full(pending.shape, np.nan)
+    n = ring.shape[2]
+    for row in np.flatnonzero(pending).tolist():
+        raw[row] = float(str(ring[row, 0, int(pending_period[row]) % n]))
+    return raw

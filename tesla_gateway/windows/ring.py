@@ -26,7 +26,7 @@ import numpy as np
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import Reading
 from tesla_gateway.contract.series import gap_fill, period_index
-from tesla_gateway.contract.stuck import ends_frozen_run, next_run
+from tesla_gateway.contract.stuck import RUN_CAP, ends_frozen_run, next_run
 from tesla_gateway.windows import readout
 from tesla_gateway.windows.outcome import AddOutcome
 from tesla_gateway.windows.seen import ChannelValues, SeenReadings, all_channels, channel_mask
@@ -142,7 +142,8 @@ class ModelWindows:
         the geometry): a sensor frozen before the swap is frozen after it."""
         rows = np.flatnonzero(previous._run_length[: len(previous._ids)] > 0).tolist()
         values, lengths = previous._run_value.tolist(), previous._run_length.tolist()
-        self._carried = {previous._ids[row]: (values[row], lengths[row]) for row in rows}
+        self._carried = dict(previous._carried)  # its own, from a swap before (there and back)
+        self._carried |= {previous._ids[row]: (values[row], lengths[row]) for row in rows}
 
     def remove(self, sensor_id: str) -> bool:
         """Forget a sensor's window (evicted, or handed to another gateway) and its periods
@@ -466,6 +467,7 @@ class ModelWindows:
             waiting=list(self._overflow),  # frozen items: the list is the copy
             run_value=self._run_value[:live].copy(),
             run_length=self._run_length[:live].copy(),
+            carried=dict(self._carried),
         )
 
     @classmethod
@@ -473,7 +475,7 @@ class ModelWindows:
         """Rebuild from :meth:`export_state`; raises :class:`WindowStoreError` on bad shapes."""
         state.check_shapes()
         windows = cls(state.geometry, capacity=max(len(state.sensor_ids), _INITIAL_CAPACITY))
-        s, n = len(state.sensor_ids), windows._n
+        s = len(state.sensor_ids)
         for sensor_id in state.sensor_ids:
             windows._row(sensor_id)
         windows._ring[:s] = state.ring
@@ -486,15 +488,13 @@ class ModelWindows:
         windows._open_count[:s] = state.open_count
         windows._pending_period[:s] = state.pending_period
         windows._run_value[:s] = state.run_value
-        windows._run_length[:s] = state.run_length
+        windows._run_length[:s] = np.minimum(state.run_length, RUN_CAP)  # a run counts no further
+        windows._carried = {k: (v, min(r, RUN_CAP)) for k, (v, r) in state.carried.items()}
         windows._pending[:s] = state.pending_period != NO_PERIOD
         windows._pending_rows = int(np.count_nonzero(windows._pending[:s]))
         windows._overflow = list(state.waiting)
-        for row in np.flatnonzero(windows._pending[:s]).tolist():
-            # The exact mean is not saved: the ring's float32 value, read back as the shortest
-            # decimal that rounds to it (what the sensor sent, for a mean of few digits).
-            value = windows._ring[row, 0, int(state.pending_period[row]) % n]
-            windows._pending_raw[row] = float(str(value))
+        ring, pending = windows._ring[:s], windows._pending[:s]
+        windows._pending_raw[:s] = readout.saved_raw(ring, state.pending_period, pending)
         for row, seen in enumerate(state.open_seen):
             windows._seen.restore(row, seen)
         return windows

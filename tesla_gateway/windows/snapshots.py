@@ -132,6 +132,8 @@ class StateStore:
             "sensor_ids": state.sensor_ids,
             "open_seen": state.open_seen,
             "saved_at": self._clock(),
+            # runs of sensors not back since a model swap: [sensor id, mean, run length]
+            "carried_runs": [[k, v, r] for k, (v, r) in state.carried.items()],
         }
         arrays = {name: getattr(state, name) for name in STATE_ARRAYS}
         meta["waiting_sensor_ids"], waiting = waiting_as_arrays(state.waiting, geometry)
@@ -313,8 +315,26 @@ def window_state(
         open_count=arrays["open_count"],
         pending_period=arrays["pending_period"],
         waiting=waiting_from_arrays(waiting_ids, arrays, geometry) if waiting_ids else [],
+        carried=_carried_runs(meta.get("carried_runs", [])),  # older snapshots: none
         **{name: arrays[name] for name in ("run_value", "run_length") if name in arrays},
     )
+
+
+def _carried_runs(entries: object) -> dict[str, tuple[float, int]]:
+    """The meta's carried runs ([sensor id, mean, run length] each); a run's sign is checked
+    with the state's other runs."""
+    if not isinstance(entries, list) or not all(
+        isinstance(entry, list)
+        and len(entry) == 3
+        and isinstance(entry[0], str)
+        and SENSOR_ID_PATTERN.fullmatch(entry[0])
+        and _is_number(entry[1])
+        and isinstance(entry[2], int)
+        and not isinstance(entry[2], bool)
+        for entry in entries
+    ):
+        raise CorruptSnapshotError("snapshot carried_runs must be [sensor id, mean, run] lists")
+    return {sensor_id: (float(value), run) for sensor_id, value, run in entries}
 
 
 def _is_number(value: object) -> bool:

@@ -215,6 +215,9 @@ class WindowState:
     # run yet, filled in below
     run_value: FloatArray = field(default_factory=lambda: np.empty(0))
     run_length: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    # Runs of sensors with no row yet, taken over a model swap (ModelWindows.carry_runs):
+    # sensor -> (newest first-channel mean, run length)
+    carried: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         s = len(self.sensor_ids)
@@ -251,6 +254,17 @@ class WindowState:
         if any(np.shape(item.window) != (c, n) for item in self.waiting):
             raise WindowStoreError(f"a waiting period's window is not of shape {(c, n)}")
         self._check_periods()
+        self._check_runs()
+
+    def _check_runs(self) -> None:
+        """No run is negative: what no gateway wrote (a too long one is clipped at load)."""
+        runs = (
+            np.asarray(self.run_length),
+            np.array([item.run for item in self.waiting], dtype=np.int64),
+            np.array([run for _, run in self.carried.values()], dtype=np.int64),
+        )
+        if any((values < 0).any() for values in runs):
+            raise WindowStoreError("state holds a negative frozen-sensor run")
 
     def _check_periods(self) -> None:
         """Every period a time (or :data:`NO_PERIOD`), every waiting period one of a sensor with
