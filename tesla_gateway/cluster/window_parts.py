@@ -50,40 +50,47 @@ class PartitionSnapshot:
 def subset(state: WindowState, sensor_ids: Collection[str]) -> WindowState:
     """The rows of ``sensor_ids`` (those present) as a state of their own."""
     rows = [row for row, sensor_id in enumerate(state.sensor_ids) if sensor_id in sensor_ids]
-    return _rows(state, rows)
+    return _rows(state, rows, {k: v for k, v in state.carried.items() if k in sensor_ids})
 
 
 def remove(state: WindowState, sensor_ids: Collection[str]) -> WindowState:
     """``state`` without the rows of ``sensor_ids``."""
     rows = [row for row, sensor_id in enumerate(state.sensor_ids) if sensor_id not in sensor_ids]
-    return _rows(state, rows)
+    return _rows(state, rows, {k: v for k, v in state.carried.items() if k not in sensor_ids})
 
 
 def merge(base: WindowState, extra: WindowState) -> WindowState:
     """``base`` with ``extra``'s rows, which replace base's rows of the same sensors."""
     kept = remove(base, set(extra.sensor_ids))
+    arrays: dict[str, Any] = {
+        name: np.concatenate([getattr(kept, name), getattr(extra, name)]) for name in STATE_ARRAYS
+    }
     return WindowState(
         geometry=base.geometry,
         sensor_ids=[*kept.sensor_ids, *extra.sensor_ids],
-        **{
-            name: np.concatenate([getattr(kept, name), getattr(extra, name)])
-            for name in STATE_ARRAYS
-        },
+        **arrays,
         open_seen=[*kept.open_seen, *extra.open_seen],
         waiting=[*kept.waiting, *extra.waiting],
+        carried={**kept.carried, **extra.carried},  # frozen runs of sensors not back since a swap
     )
 
 
-def _rows(state: WindowState, rows: list[int]) -> WindowState:
+def _rows(
+    state: WindowState, rows: list[int], carried: dict[str, tuple[float, int]]
+) -> WindowState:
     index = np.asarray(rows, dtype=np.intp)
     sensor_ids = [state.sensor_ids[row] for row in rows]
     chosen = set(sensor_ids)
+    arrays: dict[str, Any] = {
+        name: np.asarray(getattr(state, name))[index].copy() for name in STATE_ARRAYS
+    }
     return WindowState(
         geometry=state.geometry,
         sensor_ids=sensor_ids,
-        **{name: np.asarray(getattr(state, name))[index].copy() for name in STATE_ARRAYS},
+        **arrays,
         open_seen=[list(state.open_seen[row]) for row in rows],
         waiting=[item for item in state.waiting if item.sensor_id in chosen],
+        carried=carried,
     )
 
 
