@@ -72,16 +72,11 @@ def run_lengths(values: npt.ArrayLike) -> npt.NDArray[np.int64]:
     """Per position of a 1-D series (oldest first): the length of the run of equal values
     (:func:`run_key`) that ends there (1 where the value differs from the previous one, 0 for
     NaN)."""
-    series = run_key(values)
-    if series.ndim != 1:
-        raise ValueError(f"expected a 1-D series, got shape {series.shape}")
-    present = ~np.isnan(series)
-    same = np.zeros(series.shape, dtype=np.bool_)
-    same[1:] = (series[1:] == series[:-1]) & present[1:]
+    present, same = _continues(values)
     # A run restarts wherever the value changes: count positions since the last restart.
-    index = np.arange(series.size, dtype=np.int64)
+    index = np.arange(same.size, dtype=np.int64)
     starts = np.where(same, 0, index)
-    lengths = index - np.maximum.accumulate(starts) + 1 if series.size else index
+    lengths = index - np.maximum.accumulate(starts) + 1 if same.size else index
     return np.where(present, lengths, 0).astype(np.int64)
 
 
@@ -115,15 +110,22 @@ def stuck_positions(
     series laid end to end are judged in one pass."""
     if stuck_periods < 2:
         raise ValueError(f"stuck_periods must be at least 2, got {stuck_periods}")
-    series = run_key(values)
-    if series.ndim != 1:
-        raise ValueError(f"expected a 1-D series, got shape {series.shape}")
-    present = ~np.isnan(series)
-    same = np.zeros(series.shape, dtype=np.bool_)
-    same[1:] = (series[1:] == series[:-1]) & present[1:]
+    present, same = _continues(values)
     if starts is not None:
         same &= ~np.asarray(starts, dtype=np.bool_)
     run = np.cumsum(~same)  # one id per run
     length = np.bincount(run)[run]
     mask: BoolArray = (length >= stuck_periods) & present
     return mask
+
+
+def _continues(values: npt.ArrayLike) -> tuple[BoolArray, BoolArray]:
+    """Per position of a 1-D series: is its value present, and does it continue the previous
+    position's run (equal by :func:`run_key`, both present)?"""
+    series = run_key(values)
+    if series.ndim != 1:
+        raise ValueError(f"expected a 1-D series, got shape {series.shape}")
+    present: BoolArray = ~np.isnan(series)
+    same = np.zeros(series.shape, dtype=np.bool_)
+    same[1:] = (series[1:] == series[:-1]) & present[1:]
+    return present, same
