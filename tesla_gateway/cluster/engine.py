@@ -14,7 +14,7 @@ import contextlib
 import json
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -96,10 +96,19 @@ class Engine:
     objects: ObjectStore
     subjects: Subjects
     api_level: int
+    request_s: float = _REQUEST_S  # how long a request waits for its reply
+
+    async def bounded(self, request_s: float) -> Engine:
+        """The same connection, its requests (JetStream, KV, ``$JS.API``) given up after
+        ``request_s``: the heartbeat's, so that a request the server never answers (it died
+        holding it) fails well inside the lease TTL and the next beat renews in time."""
+        js = self.nc.jetstream(timeout=request_s)
+        kv = await js.key_value(self.subjects.config.bucket)
+        return replace(self, js=js, kv=kv, request_s=request_s)
 
     async def request(self, subject: str, body: dict[str, Any]) -> dict[str, Any]:
         """One ``$JS.API`` request; a JetStream error becomes :class:`ClusterError`."""
-        reply = await self.nc.request(subject, json.dumps(body).encode(), timeout=_REQUEST_S)
+        reply = await self.nc.request(subject, json.dumps(body).encode(), timeout=self.request_s)
         document = json.loads(reply.data)
         if not isinstance(document, dict):
             raise ClusterError(f"{subject}: unexpected reply {reply.data[:200]!r}")

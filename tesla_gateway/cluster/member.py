@@ -49,6 +49,7 @@ _INSTALL_WAIT_S = 30.0  # then the windows are rebuilt anyway (logged)
 # each bounded; what does not fit is abandoned with a warning, the others take over by the TTL.
 LEAVE_S = 10.0
 CLOSE_S = 3.0
+_BEAT_REQUEST_SHARE = 0.25  # of the lease TTL: how long one heartbeat request may wait
 
 
 class ClusterMember:
@@ -180,14 +181,17 @@ class ClusterMember:
 
     async def _agree(self, engine: Engine) -> None:
         """Before the partition consumers are touched: no live twin, and this gateway's
-        shared settings are the cluster's (:mod:`.agreement`)."""
-        leases = self._leases = Leases(engine, self.gateway_id, self.config.pin_ttl_s)
+        shared settings are the cluster's (:mod:`.agreement`). Their requests give up after a
+        quarter of the TTL: one a dying server held waited 10 s, past the 5 s TTL, and the
+        leases were lost to that wait, not by the TTL rule (now the next beat renews in time)."""
+        beat = await engine.bounded(self.config.pin_ttl_s * _BEAT_REQUEST_SHARE)
+        leases = self._leases = Leases(beat, self.gateway_id, self.config.pin_ttl_s)
         await leases.refuse_a_twin()
         store = self._ticker.store.items()
         geometries = {slot: windows.geometry for slot, windows in store}
         offsets = {slot: windows.utc_offset_s for slot, windows in store}
         settings = shared_settings(self.config, geometries, offsets)
-        self._agreement = Agreement(engine, self.gateway_id, settings, leases.members)
+        self._agreement = Agreement(beat, self.gateway_id, settings, leases.members)
         await self._agreement.join()
 
     async def _leave(self, engine: Engine) -> None:
@@ -291,10 +295,8 @@ class ClusterMember:
             ends, now = self._ticker.last_seen(), self._clock()
             self._on_taken({s: max(0.0, now - ends[s]) for s in owned.sensors if s in ends})
         self.counters.acquired += 1
-        if snapshot is None:
-            self.counters.cold += 1
-        else:
-            self.counters.warm += 1
+        self.counters.cold += snapshot is None
+        self.counters.warm += snapshot is not None
         self.counters.last_takeover_s = time.monotonic() - started
         _log.info(
             "cluster_partition_taken",
@@ -360,14 +362,16 @@ class ClusterMember:
             return None
 
     async def _lose(self, partition: int, why: str) -> None:
-        """Another gateway has it: drop its windows now, nothing more to say to anyone."""
-        owned = self._owned.pop(partition, None)
+        """Another gateway has it: drop its windows now, nothing more to say to anyone. Its
+        puller refuses what it brings before the release is awaited (it pulled on meanwhile,
+        acknowledging readings no longer owned: dropped, lost for good)."""
+        if (owned := self._owned.pop(partition, None)) is not None:
+            await stop_pulling(owned, lost=True)
         if self._leases is not None:
             with contextlib.suppress(*transient()):  # it may be another's by now
                 await self._leases.release(partition)
         if owned is None:
             return
-        await stop_pulling(owned, lost=True)
         async with self._tick_lock:
             self._drop_windows(owned.sensors)
         self.counters.lost += 1

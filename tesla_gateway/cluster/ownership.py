@@ -233,7 +233,9 @@ class Leases:
 
         A partition's own task may release its lease while a renewal is on the wire (it lost
         its pin): the renewal is then refused (the release came first) or lands after it, and
-        the lease it made is given back at once. Neither counts as lost: it was let go.
+        the lease it made is given back at once. Neither counts as lost: it was let go. Nor
+        does a refusal because an earlier renewal of ours was stored after its request gave up
+        (its answer lost with a dying server): that revision is adopted.
         """
         lost: list[int] = []
         for partition, revision in list(self._revisions.items()):
@@ -244,15 +246,35 @@ class Leases:
             except transient() as exc:
                 if getattr(exc, "err_code", None) not in WRONG_LAST_SEQUENCE:
                     raise
-                if self._revisions.get(partition) == revision:
+                later = await self._own_later_renewal(partition, revision)
+                if self._revisions.get(partition) != revision:
+                    continue  # released, or taken anew, meanwhile
+                if later is None:
                     del self._revisions[partition]
                     lost.append(partition)
+                else:
+                    self._revisions[partition] = later
                 continue
             if self._revisions.get(partition) == revision:
                 self._revisions[partition] = renewed
             elif partition not in self._revisions:  # released meanwhile: give this one back
                 await self._delete(f"lease.{partition}", renewed)
         return lost
+
+    async def _own_later_renewal(self, partition: int, revision: int) -> int | None:
+        """The lease's revision if it is still ours, written after ``revision`` (a renewal whose
+        answer never came) with a TTL as a gateway writes it; None when another holds it, or
+        nobody (it expired)."""
+        stored = await read_key(self._engine, f"lease.{partition}")
+        if (
+            stored is None
+            or stored.value != self.me.encode()
+            or stored.revision <= revision
+            or stored.ttl_s is None
+            or not 0 < stored.ttl_s <= MAX_PIN_TTL_S
+        ):
+            return None
+        return stored.revision
 
     async def release(self, partition: int) -> None:
         """Delete our lease (only if it is still ours) so another member may take it now."""

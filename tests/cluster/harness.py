@@ -206,17 +206,32 @@ def stream_messages(servers: Sequence[str], stream: str) -> list[tuple[str, dict
     return [(m.msg_id, m.document, m.stored_at) for m in read_stream(servers, stream)]
 
 
+class UnexpectedValuesError(AssertionError):
+    """The calibrated stream holds a value no test expected."""
+
+
 def wait_calibrated(
     servers: Sequence[str], expected: set[str], what: str, timeout_s: float = WAIT_S
 ) -> None:
-    """Until the calibrated stream holds as many values as ``expected``; on time-out the
-    failure names what is missing."""
+    """Until the calibrated stream holds every value of ``expected``; a value not expected (a
+    sensor made up, a last period closed only by the grace as a reading was lost) fails it at
+    once, naming it and what is missing, where a count waited out the time-out or ended
+    with one missing. On time-out the failure names what is missing."""
+
+    def arrived() -> bool:
+        have = {msg_id for msg_id, _, _ in stream_messages(servers, "TESLA_CALIBRATED")}
+        if unexpected := sorted(have - expected):
+            missing = sorted(expected - have)
+            raise UnexpectedValuesError(
+                f"{what}: {len(unexpected)} calibrated values not expected, e.g. "
+                f"{unexpected[:5]} ({len(missing)} missing, e.g. {missing[:5]})"
+            )
+        return expected <= have
+
     try:
-        wait_for(
-            lambda: len(stream_messages(servers, "TESLA_CALIBRATED")) >= len(expected),
-            what,
-            timeout_s,
-        )
+        wait_for(arrived, what, timeout_s)
+    except UnexpectedValuesError:
+        raise
     except AssertionError as exc:
         have = {msg_id for msg_id, _, _ in stream_messages(servers, "TESLA_CALIBRATED")}
         missing = sorted(expected - have)
