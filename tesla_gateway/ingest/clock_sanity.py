@@ -11,7 +11,10 @@ the sensor has, is *held* (one per sensor and model), not added. It is added whe
 next reading is for the same period or a later one (the sensor's clock is consistently ahead,
 or the gateway's is behind: its readings go in one reading late), or when the gateway clock
 reaches its period. It is dropped, counted and logged as ``clock_outlier`` when the next reading
-is for an earlier period: that reading contradicts it. So the window never runs ahead of the
+is for an earlier period and the window takes it: that reading contradicts it. A reading the
+window refuses (``late``: its period is already closed, a redelivery after a reconnect or a
+cluster takeover; a duplicate; none of the model's channels) says nothing of the held one, which
+stays held. So the window never runs ahead of the
 gateway clock on the word of one reading, and after an outlier it holds only true readings.
 Readings that are late all the same (out of order, redelivered after their period closed) are
 counted as the ``late`` reject and logged with the sensor. A held reading lives in memory only;
@@ -53,16 +56,20 @@ class ClockSanity:
         refuted: list[str] = []
         held: tuple[Reading, float] | None = None
         for feature, model in models.items():
-            if self._held:
-                outlier = self._settle(feature, model, reading)
-                if outlier is not None:
-                    refuted.append(feature)
-                    held = outlier
+            key = (feature, reading.sensor_id)
+            earlier = self._confirm(key, model, reading) if self._held else None
             if model.would_run_ahead(reading, arrival):
-                self._held[feature, reading.sensor_id] = (reading, arrival)
+                self._held[key] = (reading, arrival)
                 outcomes[feature] = model.note(AddOutcome.HELD)
             else:
                 outcomes[feature] = model.add(reading, arrival)
+                if earlier is not None and outcomes[feature] is not AddOutcome.ACCEPTED:
+                    self._held[key] = earlier  # refused here: it says nothing of the held one
+                    earlier = None
+            if earlier is not None:
+                model.note(AddOutcome.CLOCK_OUTLIER)
+                refuted.append(feature)
+                held = earlier
         if held is not None:  # one reject per reading, whatever number of windows held it
             self._reject_outlier(held, reading, refuted)
         if _LATE in outcomes.values():  # (a test per reading: the usual answer is no)
@@ -111,19 +118,19 @@ class ClockSanity:
         for key, (reading, arrival) in self._held.items():
             self._held[key] = (reading, arrival + step_s)
 
-    def _settle(
-        self, feature: str, model: ModelWindows, reading: Reading
+    def _confirm(
+        self, key: _Key, model: ModelWindows, reading: Reading
     ) -> tuple[Reading, float] | None:
-        """The sensor's next reading confirms (same or later period) or refutes a held one;
-        returns the refuted reading (and its arrival), counted in this window."""
-        entry = self._held.pop((feature, reading.sensor_id), None)
+        """The sensor's next reading confirms a held one when it is for the same period or a
+        later one (the held reading is added); otherwise the held reading is returned, taken out,
+        for the caller to judge by whether the window takes the new one."""
+        entry = self._held.pop(key, None)
         if entry is None:
             return None
         held, held_arrival = entry
         if model.period_of(reading) >= model.period_of(held):
             model.add(held, held_arrival)
             return None
-        model.note(AddOutcome.CLOCK_OUTLIER)
         return entry
 
     def _reject_outlier(

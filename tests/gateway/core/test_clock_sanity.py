@@ -282,3 +282,29 @@ def test_a_held_reading_confirmed_by_a_held_one_closes_by_its_own_arrival() -> N
     assert store.close_idle(T0 + 3 * P + 5.0, grace_s=5.0) == 1
     assert store["pm10"].ready_windows().raw.tolist() == [1.0]
     assert rejects.count() == 0
+
+
+def test_a_redelivered_reading_of_a_closed_period_does_not_refute_a_held_one() -> None:
+    """After a reconnect or a cluster takeover a broker redelivers readings the window already
+    holds: refused (late, duplicate), they say nothing of a reading held ahead of the clock,
+    which goes in when the sensor's next reading confirms it. It was dropped as a clock outlier,
+    and its period then closed only by the wall-clock grace (the cluster's leader-kill stall)."""
+    store, rejects = daemon_store()
+    now = T0 + 7.0
+    first = Reading("s", now, {"pm10": 20.0}, source="mqtt")
+    second = Reading("s", now + P, {"pm10": 21.0}, source="mqtt")
+    assert store.add(first, now) == {"pm10": AddOutcome.ACCEPTED}
+    now += P
+    assert store.add(second, now) == {"pm10": AddOutcome.ACCEPTED}  # closes the first period
+    ahead = Reading("s", now + 2 * P, {"pm10": 23.0}, source="mqtt")
+    assert store.add(ahead, now) == {"pm10": AddOutcome.HELD}
+    assert store.add(first, now + 1) == {"pm10": AddOutcome.LATE}  # redelivered
+    assert store.add(second, now + 2) == {"pm10": AddOutcome.DUPLICATE}  # redelivered
+    assert rejects.count(RejectReason.CLOCK_OUTLIER) == 0
+    confirming = Reading("s", now + 2 * P + 5, {"pm10": 23.0}, source="mqtt")
+    assert store.add(confirming, now + 2 * P) == {"pm10": AddOutcome.ACCEPTED}
+    assert store["pm10"].counts[AddOutcome.CLOCK_OUTLIER] == 0
+    windows = windows_after(store, now + 4 * P)
+    assert sorted(windows) == [(T0 + 7) // P + k for k in (0, 1, 3)]
+    newest = windows[(T0 + 7) // P + 3]
+    assert newest[-1] == 23.0  # the held reading went in: its period closed with it
