@@ -63,9 +63,16 @@ def run_key(value: float | npt.ArrayLike) -> float | npt.NDArray[np.float64]:
     :data:`RUN_DECIMALS` decimals, by NumPy for a scalar and an array alike (so the gateway's
     online count and training's series agree bit for bit); NaN stays NaN."""
     if isinstance(value, float | int):
-        return float(np.round(np.float64(value), RUN_DECIMALS))
-    rounded = np.round(np.asarray(value, dtype=np.float64), RUN_DECIMALS)
-    return np.asarray(rounded, dtype=np.float64)
+        return float(_rounded(np.asarray(value, dtype=np.float64)))
+    return _rounded(np.asarray(value, dtype=np.float64))
+
+
+def _rounded(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Rounded to :data:`RUN_DECIMALS`; a value too large to scale by 10^decimals (over ~1e304,
+    where rounding overflowed to inf and made distinct values one run) is kept as it is."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        rounded = np.round(values, RUN_DECIMALS)
+    return np.asarray(np.where(np.isinf(rounded) & np.isfinite(values), values, rounded))
 
 
 def run_lengths(values: npt.ArrayLike) -> npt.NDArray[np.int64]:

@@ -27,6 +27,7 @@ import structlog
 
 from tesla_gateway.contract.geometry import WindowGeometry
 from tesla_gateway.contract.readings import SENSOR_ID_PATTERN
+from tesla_gateway.contract.stuck import RUN_CAP
 from tesla_gateway.contract.time_of_day import is_hour_channel
 from tesla_gateway.errors import GatewayError
 from tesla_gateway.set_aside import SetAsideLog
@@ -321,8 +322,9 @@ def window_state(
 
 
 def _carried_runs(entries: object) -> dict[str, tuple[float, int]]:
-    """The meta's carried runs ([sensor id, mean, run length] each); a run's sign is checked
-    with the state's other runs."""
+    """The meta's carried runs ([sensor id, mean, run length] each), a run clipped at
+    :data:`RUN_CAP` here (JSON integers have no bound); its sign is checked with the state's
+    other runs."""
     if not isinstance(entries, list) or not all(
         isinstance(entry, list)
         and len(entry) == 3
@@ -334,7 +336,7 @@ def _carried_runs(entries: object) -> dict[str, tuple[float, int]]:
         for entry in entries
     ):
         raise CorruptSnapshotError("snapshot carried_runs must be [sensor id, mean, run] lists")
-    return {sensor_id: (float(value), run) for sensor_id, value, run in entries}
+    return {sensor_id: (float(value), min(run, RUN_CAP)) for sensor_id, value, run in entries}
 
 
 def _is_number(value: object) -> bool:

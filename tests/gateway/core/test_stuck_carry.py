@@ -159,3 +159,27 @@ def test_a_negative_waiting_or_carried_run_is_refused() -> None:
     state.carried["s2"] = (0.0, -5)
     with pytest.raises(WindowStoreError, match="negative"):
         ModelWindows.from_state(state)
+
+
+@pytest.mark.parametrize("run", [2**63, 10**30])
+def test_a_carried_run_beyond_any_integer_type_is_clipped_at_load(tmp_path: Path, run: int) -> None:
+    """JSON integers have no bound: a carried run of 2**63 raised OverflowError out of the
+    restore (the daemon failed at every start) instead of being clipped like the others."""
+    windows = ring(16)
+    windows.add(Reading("s", T0 + 5, {"pm10": 1.0}, source="mqtt"), T0 + 5)
+    state = windows.export_state()
+    state.carried = {"t": (0.0, run)}
+    store = StateStore(tmp_path)
+    store.write("pm10", state)
+    restored = store.restore("pm10", geometry(16))
+    assert restored is not None
+    assert restored.export_state().carried == {"t": (0.0, RUN_CAP)}
+
+
+def test_huge_distinct_values_are_no_run() -> None:
+    """Rounding scales by 10**4: above ~1e304 it overflowed to inf, and four distinct values
+    became one frozen run."""
+    huge = [1e305, 2e305, 3e305, 4e305]
+    assert not stuck_positions(huge, 2).any()
+    assert run_key(1e305) == 1e305 and next_run(1e305, 5, 2e305) == 1
+    assert stuck_positions([1e305] * 3, 2).all()
