@@ -14,8 +14,11 @@ reaches its period. It is dropped, counted and logged as ``clock_outlier`` when 
 is for an earlier period and the window takes it: that reading contradicts it. A reading the
 window refuses (``late``: its period is already closed, a redelivery after a reconnect or a
 cluster takeover; a duplicate; none of the model's channels) says nothing of the held one, which
-stays held. So the window never runs ahead of the
-gateway clock on the word of one reading, and after an outlier it holds only true readings.
+stays held; so does any earlier reading when the held one was at most :data:`EARLY_S` ahead (a
+clock that close has not jumped: a redelivery of an earlier reading comes after it, and the
+held one goes in when confirmed or when the clock reaches its period). So the window never
+runs ahead of the gateway clock on the word of one reading, and after an outlier it holds only
+true readings.
 Readings that are late all the same (out of order, redelivered after their period closed) are
 counted as the ``late`` reject and logged with the sensor. A held reading lives in memory only;
 a restart forgets it (it is at most one reading per sensor, and its time is doubtful).
@@ -35,6 +38,7 @@ __all__ = ["ClockSanity"]
 
 _Key = tuple[str, str]  # (feature, sensor id)
 _LATE = AddOutcome.LATE  # (an enum member looked up once: on 3.11 each lookup costs ~0.1 µs)
+EARLY_S = 10.0  # a reading held at most this far ahead of the gateway clock is early, not wrong
 
 
 class ClockSanity:
@@ -43,6 +47,10 @@ class ClockSanity:
     def __init__(self, rejects: RejectCounter) -> None:
         self._rejects = rejects
         self._held: dict[_Key, tuple[Reading, float]] = {}
+        # readings counted as clock_outlier once and still held by another model's windows
+        # (PM in one message, rh in the next refute them one model at a time): ids, pruned
+        # as soon as no window holds the reading
+        self._counted: set[int] = set()
 
     @property
     def held(self) -> int:
@@ -63,15 +71,21 @@ class ClockSanity:
                 outcomes[feature] = model.note(AddOutcome.HELD)
             else:
                 outcomes[feature] = model.add(reading, arrival)
-                if earlier is not None and outcomes[feature] is not AddOutcome.ACCEPTED:
-                    self._held[key] = earlier  # refused here: it says nothing of the held one
+                if earlier is not None and (
+                    outcomes[feature] is not AddOutcome.ACCEPTED
+                    or earlier[0].timestamp - earlier[1] <= EARLY_S
+                ):
+                    self._held[key] = earlier  # it says nothing of the held one
                     earlier = None
             if earlier is not None:
                 model.note(AddOutcome.CLOCK_OUTLIER)
                 refuted.append(feature)
                 held = earlier
         if held is not None:  # one reject per reading, whatever number of windows held it
-            self._reject_outlier(held, reading, refuted)
+            if id(held[0]) not in self._counted:
+                self._reject_outlier(held, reading, refuted)
+            self._counted.add(id(held[0]))
+            self._prune(held[0])
         if _LATE in outcomes.values():  # (a test per reading: the usual answer is no)
             late = [feature for feature, outcome in outcomes.items() if outcome is _LATE]
             self._rejects.reject(
@@ -100,17 +114,18 @@ class ClockSanity:
                 del self._held[key]
                 model.add(reading, arrival)
                 released += 1
+                self._prune(reading)
         return released
 
     def forget_feature(self, feature: str) -> None:
         """The feature's windows were replaced or dropped: its held readings go with them."""
         for key in [key for key in self._held if key[0] == feature]:
-            del self._held[key]
+            self._prune(self._held.pop(key)[0])
 
     def forget_sensors(self, sensor_ids: Iterable[str]) -> None:
         gone = set(sensor_ids)
         for key in [key for key in self._held if key[1] in gone]:
-            del self._held[key]
+            self._prune(self._held.pop(key)[0])
 
     def clock_stepped(self, step_s: float) -> None:
         """The gateway clock stepped: a held reading's arrival moves with it (it becomes the
@@ -130,8 +145,17 @@ class ClockSanity:
         held, held_arrival = entry
         if model.period_of(reading) >= model.period_of(held):
             model.add(held, held_arrival)
+            self._prune(held)
             return None
         return entry
+
+    def _prune(self, reading: Reading) -> None:
+        """Forget that ``reading`` was counted once no window holds it any more (so the id of
+        a later reading can never be taken for it)."""
+        if id(reading) in self._counted and not any(
+            entry[0] is reading for entry in self._held.values()
+        ):
+            self._counted.discard(id(reading))
 
     def _reject_outlier(
         self, entry: tuple[Reading, float], reading: Reading, windows: list[str]

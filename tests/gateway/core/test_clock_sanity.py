@@ -308,3 +308,41 @@ def test_a_redelivered_reading_of_a_closed_period_does_not_refute_a_held_one() -
     assert sorted(windows) == [(T0 + 7) // P + k for k in (0, 1, 3)]
     newest = windows[(T0 + 7) // P + 3]
     assert newest[-1] == 23.0  # the held reading went in: its period closed with it
+
+
+def test_one_fast_reading_held_by_two_models_is_one_outlier() -> None:
+    """PM in one message and rh in the next refute a reading held by both a PM and an rh model
+    one model at a time: it was counted as two clock outliers."""
+    rejects = RejectCounter()
+    store = WindowStore(clock_sanity=ClockSanity(rejects))
+    store.ensure("pm10", GEOMETRY)
+    store.ensure("rh", WindowGeometry(12, P, ("rh",), GapPolicy(max_interpolated_periods=10)))
+    now = T0 + 5.0
+    store.add(Reading("s", now, {"pm10": 10.0, "rh": 50.0}, source="mqtt"), now)
+    fast = Reading("s", now + 310, {"pm10": 99.0, "rh": 99.0}, source="mqtt")
+    assert store.add(fast, now + 10) == {"pm10": AddOutcome.HELD, "rh": AddOutcome.HELD}
+    assert store.add(Reading("s", now + 20, {"rh": 51.0}, source="mqtt"), now + 20)["rh"] is (
+        AddOutcome.ACCEPTED
+    )
+    assert store.add(Reading("s", now + 30, {"pm10": 11.0}, source="mqtt"), now + 30)["pm10"] is (
+        AddOutcome.ACCEPTED
+    )
+    assert rejects.count(RejectReason.CLOCK_OUTLIER) == 1
+    assert store["pm10"].counts[AddOutcome.CLOCK_OUTLIER] == 1
+    assert store["rh"].counts[AddOutcome.CLOCK_OUTLIER] == 1
+
+
+def test_a_reading_barely_ahead_is_early_not_wrong() -> None:
+    """A true reading 0.5 s ahead of the gateway clock across a period boundary is held; an
+    earlier reading redelivered out of order (never seen by this window) then arrives. Both are
+    true: the held one goes in when the clock reaches its period (it was dropped as an outlier)."""
+    store, rejects = daemon_store()
+    assert store.add(Reading("s", T0 + 30, {"pm10": 10.0}, source="mqtt"), T0 + 30)
+    early = Reading("s", T0 + P + 0.2, {"pm10": 12.0}, source="mqtt")
+    assert store.add(early, T0 + P - 0.3) == {"pm10": AddOutcome.HELD}
+    late_delivery = Reading("s", T0 + 45, {"pm10": 11.0}, source="mqtt")
+    assert store.add(late_delivery, T0 + P - 0.1) == {"pm10": AddOutcome.ACCEPTED}
+    assert rejects.count(RejectReason.CLOCK_OUTLIER) == 0
+    windows = windows_after(store, T0 + 3 * P)
+    assert windows[T0 // P][-1] == 10.5  # both readings of the first period
+    assert windows[T0 // P + 1][-1] == 12.0  # the early one, in its own period
