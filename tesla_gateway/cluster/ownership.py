@@ -248,6 +248,8 @@ class Leases:
                     raise
                 later = await self._own_later_renewal(partition, revision)
                 if self._revisions.get(partition) != revision:
+                    if later is not None and partition not in self._revisions:
+                        await self._delete(f"lease.{partition}", later)  # released meanwhile
                     continue  # released, or taken anew, meanwhile
                 if later is None:
                     del self._revisions[partition]

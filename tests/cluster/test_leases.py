@@ -56,3 +56,41 @@ def test_a_lease_released_during_its_renewal_is_free_and_not_lost(
     assert lost == []  # let go by its own task, not taken by another member
     assert held == [1]
     assert holders == {0: None, 1: "g0"}  # free for any member at once; the other renewed
+
+
+def test_a_lease_released_while_a_lost_answer_renewal_is_read_back_is_given_back(
+    nats_server: NatsServer,
+) -> None:
+    """A renewal stored whose answer was lost makes the next one refused; the refusal reads the
+    key back and finds our later revision. If the partition's task released the lease while
+    that read was on the wire (its delete named the older revision, refused), the later
+    revision was kept by nobody: the partition stayed ours, unpulled, for up to a TTL."""
+
+    async def run() -> tuple[list[int], dict[int, str | None], list[int]]:
+        config = ClusterConfig(servers=[nats_server.url], partitions=1, replicas=1, pin_ttl_s=30.0)
+        engine = await connect(config, "leases-test")
+        try:
+            leases = Leases(engine, "g0", ttl_s=30.0)
+            assert await leases.acquire(0)
+            on_the_wire: Publish = leases._publish
+
+            async def answer_lost(key: str, value: bytes, last: int | None) -> int:
+                await on_the_wire(key, value, last)  # stored; its answer never came ...
+                return await on_the_wire(key, value, last)  # ... so the next one is refused
+
+            read_back = leases._own_later_renewal
+
+            async def released_meanwhile(partition: int, revision: int) -> int | None:
+                await leases.release(partition)
+                return await read_back(partition, revision)
+
+            leases._publish = answer_lost  # type: ignore[method-assign]
+            leases._own_later_renewal = released_meanwhile  # type: ignore[method-assign]
+            lost = await leases.renew()
+            return lost, await leases.holders(1), leases.held
+        finally:
+            await engine.close()
+
+    lost, holders, held = asyncio.run(run())
+    assert (lost, held) == ([], [])
+    assert holders == {0: None}  # free for any member at once
