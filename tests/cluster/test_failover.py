@@ -215,9 +215,10 @@ def test_killed_stream_leader_loses_nothing(
         time.sleep(6 * PERIOD_S)
         feeder.stop()
         expected = expected_periods(feeder.sent)
-        # Up to 3 min: a partition's last period still closes only by the 60 s grace in about
-        # 1 run of 6 under load (a known limit, docs/deployment.md); a value not expected (a
-        # reading lost) fails the wait at once, and _each_period_once names what is missing.
+        # Up to 3 min: a partition's last period closed only by the 60 s grace in 1 run of 6
+        # under load until a redelivery could no longer refute a held reading (0 of 12 since;
+        # docs/deployment.md), kept as a margin; a value not expected (a reading lost) fails
+        # the wait at once, and _each_period_once names what is missing.
         wait_calibrated(
             urls, expected, "every period calibrated after the leader's death", timeout_s=180.0
         )
