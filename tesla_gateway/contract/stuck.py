@@ -38,6 +38,7 @@ __all__ = [
     "STUCK_PERIODS",
     "ends_frozen_run",
     "next_run",
+    "run_ids",
     "run_key",
     "run_lengths",
     "stuck_positions",
@@ -106,6 +107,18 @@ def ends_frozen_run(previous_run: int, run: int, stuck_periods: int | None) -> b
     return stuck_periods is not None and run <= 1 and previous_run >= stuck_periods
 
 
+def run_ids(values: npt.ArrayLike, *, starts: npt.ArrayLike | None = None) -> npt.NDArray[np.int64]:
+    """Per position of a 1-D series (oldest first): the id of its run of equal values
+    (:func:`run_key`; ids rise along the series, a NaN is a run of its own). ``starts`` marks
+    positions where a new sensor's series begins (a run never continues across one), so many
+    sensors' series laid end to end are grouped in one pass."""
+    _, same = _continues(values)
+    if starts is not None:
+        same &= ~np.asarray(starts, dtype=np.bool_)
+    ids: npt.NDArray[np.int64] = np.cumsum(~same, dtype=np.int64)
+    return ids
+
+
 def stuck_positions(
     values: npt.ArrayLike,
     stuck_periods: int = STUCK_PERIODS,
@@ -113,17 +126,13 @@ def stuck_positions(
     starts: npt.ArrayLike | None = None,
 ) -> BoolArray:
     """Mask of every position of a 1-D series (oldest first) inside a run of at least
-    ``stuck_periods`` equal values: the whole run, seen in hindsight. ``starts`` marks positions
-    where a new sensor's series begins (a run never continues across one), so many sensors'
-    series laid end to end are judged in one pass."""
+    ``stuck_periods`` equal values (:func:`run_ids`, ``starts`` as there): the whole run, seen in
+    hindsight."""
     if stuck_periods < 2:
         raise ValueError(f"stuck_periods must be at least 2, got {stuck_periods}")
-    present, same = _continues(values)
-    if starts is not None:
-        same &= ~np.asarray(starts, dtype=np.bool_)
-    run = np.cumsum(~same)  # one id per run
+    run = run_ids(values, starts=starts)
     length = np.bincount(run)[run]
-    mask: BoolArray = (length >= stuck_periods) & present
+    mask: BoolArray = (length >= stuck_periods) & ~np.isnan(run_key(values))
     return mask
 
 

@@ -38,7 +38,7 @@ import pandas as pd
 
 from tesla_gateway.contract.calibrated import Quality
 from tesla_gateway.contract.readings import COVARIATES, Feature
-from tesla_gateway.contract.stuck import run_lengths
+from tesla_gateway.contract.stuck import run_ids
 from tesla_gateway.monitor.pairs import QUALITY_SEPARATOR, pairs_file_part
 from training.data._files import parse_timestamps, read_csv
 from training.data.frame import (
@@ -306,12 +306,10 @@ def _flagged_runs(frame: pd.DataFrame, stuck: pd.DataFrame | None) -> npt.NDArra
     keys = pd.MultiIndex.from_frame(frame[["sensor_id", "timestamp"]])
     flagged = keys.isin(pd.MultiIndex.from_frame(stuck[["sensor_id", "timestamp"]]))
     sensors = frame["sensor_id"].to_numpy()
-    raw = frame["raw"].to_numpy(dtype=np.float64)
     # The tidy frame is sorted by sensor, then time: a run is a stretch of one sensor's rows
     # whose raw value repeats; it restarts where the value (or the sensor) changes.
-    lengths = run_lengths(raw)
-    starts = (lengths <= 1) | np.r_[True, sensors[1:] != sensors[:-1]]
-    run = np.cumsum(starts)
+    new_sensor = np.r_[True, sensors[1:] != sensors[:-1]]
+    run = run_ids(frame["raw"].to_numpy(dtype=np.float64), starts=new_sensor)
     hit = np.unique(run[flagged])
     mask[np.isin(run, hit)] = True
     return mask
